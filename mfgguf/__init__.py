@@ -1,0 +1,13 @@
+"""mfgguf: train a Mixture-of-Experts LLM as independent small modules, assemble one GGUF, run it with llama.cpp.
+
+Pipeline (each stage one module of this package):
+    data/        corpus sources, tokenizer, partition into expert shards, held-out split
+    model.py     the llama-style decoder with anchor + routed experts (granitemoe graph)
+    train/       trunk and expert training, router statistics, checkpoints
+    converters/  GGUF layout, quantization, router, streaming assembly, inspect
+    runtime/     llama-cpp-python: chat, generate, serve, perplexity
+    evaluate.py  the honest comparison report
+    cli/         the typer app (thin)
+"""
+
+__version__ = "0.1.0"

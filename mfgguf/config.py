@@ -1,0 +1,131 @@
+"""Model and training configuration: dataclasses with a comment on every default, and named presets.
+
+A preset is plain data: a `ModelConfig` (shapes) plus one `TrainConfig` for the trunk and one
+for each expert. `vocab_size` and `n_experts` come from the RUN directory (the tokenizer and
+the partition), not from the preset.
+
+Example:
+    >>> from mfgguf.config import get_preset
+    >>> p = get_preset("tiny")
+    >>> p.model.dim
+    64
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from .errors import MfggufError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 4096  # overwritten by the RUN's tokenizer size
+    dim: int = 256  # residual width (n_embd)
+    n_layers: int = 4  # transformer blocks
+    n_heads: int = 8  # query heads; head_dim = dim // n_heads
+    n_kv_heads: int = 4  # key/value heads (grouped-query attention when < n_heads)
+    anchor_ff: int = 512  # hidden width of the always-on anchor SwiGLU (the shared expert)
+    expert_ff: int = 512  # hidden width of each routed expert SwiGLU
+    n_experts: int = 0  # routed experts in the assembled model; overwritten by the RUN
+    top_k: int = 1  # experts used per token at inference (top-1 = the exact trained function)
+    ctx_len: int = 256  # training context; also written as the GGUF context length
+    rope_theta: float = 10000.0  # RoPE base frequency (llama.cpp's "normal" adjacent-pair rotation)
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def validate(self) -> None:
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise MfggufError(
+                f"bad model shape: dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads};"
+                " dim must divide by n_heads and n_heads by n_kv_heads"
+            )
+        if self.head_dim % 2:
+            raise MfggufError(f"head_dim {self.head_dim} must be even for RoPE; change dim or n_heads")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    # Parameter counts, used by `inspect`, the benchmarks and the dense baseline.
+    def trunk_params(self) -> int:
+        attn = self.dim * self.dim * 2 + self.dim * self.n_kv_heads * self.head_dim * 2
+        per_layer = attn + 3 * self.dim * self.anchor_ff + 2 * self.dim
+        return 2 * self.vocab_size * self.dim + self.n_layers * per_layer + self.dim
+
+    def expert_params(self) -> int:
+        return self.n_layers * 3 * self.dim * self.expert_ff
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    tokens: int = 2_000_000  # training tokens (steps = tokens // (batch_size * ctx_len))
+    batch_size: int = 16  # sequences per step
+    lr: float = 3e-3  # peak learning rate (AdamW)
+    min_lr_frac: float = 0.1  # cosine decays to lr * min_lr_frac
+    warmup_frac: float = 0.05  # share of steps with linear warm-up
+    weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices (not norms)
+    grad_clip: float = 1.0  # global gradient-norm clip
+    seed: int = 1234  # init and data-order seed
+    ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
+    eval_tokens: int = 65_536  # held-out tokens scored at the end of training
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    model: ModelConfig
+    trunk: TrainConfig
+    expert: TrainConfig
+    description: str = ""
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(
+        name="tiny",
+        description="tests: trains in seconds",
+        model=ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, anchor_ff=128, expert_ff=128, ctx_len=64),
+        trunk=TrainConfig(tokens=40_000, batch_size=8, lr=3e-3, ckpt_every=10, eval_tokens=4096),
+        expert=TrainConfig(tokens=20_000, batch_size=8, lr=3e-3, ckpt_every=10, eval_tokens=4096),
+    ),
+    "small": Preset(
+        name="small",
+        description="the demo: minutes on 2 cores",
+        model=ModelConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, anchor_ff=512, expert_ff=512, ctx_len=256),
+        trunk=TrainConfig(tokens=1_500_000, batch_size=16, lr=2e-3, ckpt_every=25),
+        expert=TrainConfig(tokens=400_000, batch_size=16, lr=2e-3, ckpt_every=25),
+    ),
+    "1b": Preset(
+        name="1b",
+        description="the mission: 100 experts of ~9.4M parameters, ~1.27B in total",
+        model=ModelConfig(
+            vocab_size=32768, dim=1024, n_layers=12, n_heads=16, n_kv_heads=4,
+            anchor_ff=6144, expert_ff=256, n_experts=100, ctx_len=512,
+        ),
+        trunk=TrainConfig(tokens=50_000_000, batch_size=8, lr=6e-4, ckpt_every=100),
+        expert=TrainConfig(tokens=5_000_000, batch_size=4, lr=1e-3, ckpt_every=100),
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Return the named preset; raise a one-line error listing the names otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise MfggufError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+
+
+def with_overrides(cfg, **kw):
+    """`dataclasses.replace` that ignores None values (unset CLI options)."""
+    return replace(cfg, **{k: v for k, v in kw.items() if v is not None})
+
+
+__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "get_preset", "with_overrides"]

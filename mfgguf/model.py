@@ -1,0 +1,234 @@
+"""A llama-style decoder whose FFN is anchor + top-k routed experts: the `granitemoe` graph.
+
+One class serves three uses, picked by `route` in `forward`:
+  - "anchor": trunk alone (anchor FFN only) -- trunk training and the trunk-alone baseline;
+  - "single": anchor + the one loaded expert -- expert training, and exactly what the assembled
+    model computes for a token routed to that expert (top-1 weight is exactly 1);
+  - "router": anchor + softmax-top-k over all loaded experts with renormalised weights -- the
+    PyTorch reference forward of an assembled model, which parity tests compare llama.cpp with.
+
+RoPE uses llama.cpp's "normal" rotation of adjacent pairs (x[2i], x[2i+1]), so Q and K are
+written to GGUF without any row permutation.
+
+Module files use GGUF tensor names (see `trunk_name_map`), so the assembler only adds `_exps` stacking.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):  # x: (B, T, C)
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)); llama.cpp's LLM_FFN_SILU with a parallel gate."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(dim, hidden, bias=False)  # weight: (hidden, dim) = ggml {dim, hidden}
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)  # weight: (dim, hidden)
+
+    def forward(self, x):  # (..., dim) -> (..., dim)
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+def rope_tables(head_dim: int, T: int, theta: float, device=None):
+    inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)  # (hd/2,)
+    ang = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv[None, :]  # (T, hd/2)
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x, cos, sin):  # x: (B, H, T, hd); rotate adjacent pairs like llama.cpp's normal mode
+    x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()  # (B, H, T, hd/2)
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, hd/2, 2)
+    return out.flatten(-2).type_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, n_experts: int):
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn_q = nn.Linear(cfg.dim, cfg.n_heads * hd, bias=False)
+        self.attn_k = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        self.attn_v = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        self.attn_output = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.anchor = SwiGLU(cfg.dim, cfg.anchor_ff)
+        self.experts = nn.ModuleList(SwiGLU(cfg.dim, cfg.expert_ff) for _ in range(n_experts))
+        # Router rows, one per expert: logits = x @ router.T, as llama.cpp's ffn_gate_inp.
+        self.router = nn.Parameter(torch.zeros(n_experts, cfg.dim), requires_grad=False) if n_experts else None
+
+    def attention(self, x, cos, sin):  # x: (B, T, C)
+        B, T, _ = x.shape
+        H, KV, hd = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim
+        q = self.attn_q(x).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
+        k = self.attn_k(x).view(B, T, KV, hd).transpose(1, 2)  # (B, KV, T, hd)
+        v = self.attn_v(x).view(B, T, KV, hd).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if KV != H:  # query head h reads kv head h // (H // KV), as in llama.cpp
+            k = k.repeat_interleave(H // KV, dim=1)  # (B, H, T, hd)
+            v = v.repeat_interleave(H // KV, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        return self.attn_output(y.transpose(1, 2).reshape(B, T, H * hd))
+
+    def moe(self, x, route: str):  # x: (B, T, C) after ffn_norm
+        if route == "anchor" or not len(self.experts):
+            return 0
+        if route == "single":
+            assert len(self.experts) == 1, "route='single' needs exactly one loaded expert"
+            return self.experts[0](x)
+        k = min(self.cfg.top_k, len(self.experts))
+        probs = F.softmax(x.float() @ self.router.float().T, dim=-1)  # (B, T, E)
+        w, idx = probs.topk(k, dim=-1)  # (B, T, k)
+        w = w / w.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            sel = (idx == e)  # (B, T, k)
+            if sel.any():
+                we = (w * sel).sum(-1, keepdim=True).type_as(x)  # (B, T, 1)
+                mask = sel.any(-1)
+                out[mask] += (we[mask] * expert(x[mask]))
+        return out
+
+    def forward(self, x, cos, sin, route: str, hook=None, layer: int = 0):
+        h = x + self.attention(self.attn_norm(x), cos, sin)
+        n = self.ffn_norm(h)  # (B, T, C): the vector the router and all FFNs see
+        if hook is not None:
+            hook(layer, n)
+        return h + self.anchor(n) + self.moe(n, route)
+
+
+class Transformer(nn.Module):
+    """Trunk + anchor + `n_experts` loaded experts (0 for the trunk, 1 for expert training)."""
+
+    def __init__(self, cfg: ModelConfig, n_experts: int = 0):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.tok_embd = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg, n_experts) for _ in range(cfg.n_layers))
+        self.output_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None):
+        std = 0.02
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and ".router" not in name:
+                # Residual-output projections get the GPT-2 depth scaling.
+                s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("attn_output.weight", "down.weight")) else std
+                p.normal_(0.0, s, generator=generator)
+
+    def forward(self, idx, targets=None, route: str = "anchor", hook: Callable | None = None):
+        """idx: (B, T) int64 -> logits (B, T, V), or the mean cross-entropy when targets are given."""
+        B, T = idx.shape
+        cos, sin = rope_tables(self.cfg.head_dim, T, self.cfg.rope_theta, idx.device)
+        x = self.tok_embd(idx)  # (B, T, C)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, route, hook, i)
+        logits = self.output(self.output_norm(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    # ---- module files: GGUF tensor names <-> parameters -----------------------------------------
+
+    def trunk_tensors(self) -> dict[str, torch.Tensor]:
+        """The trunk module's tensors under their GGUF names (anchor = shared expert)."""
+        sd = self.state_dict()
+        return {gguf: sd[name] for name, gguf in trunk_name_map(self.cfg.n_layers).items()}
+
+    def expert_tensors(self, slot: int = 0) -> dict[str, torch.Tensor]:
+        """Loaded expert `slot`'s tensors as `blk.{l}.ffn_{gate,up,down}.weight`."""
+        out = {}
+        for l, layer in enumerate(self.layers):
+            e = layer.experts[slot]
+            out[f"blk.{l}.ffn_gate.weight"] = e.gate.weight.detach()  # (expert_ff, dim)
+            out[f"blk.{l}.ffn_up.weight"] = e.up.weight.detach()  # (expert_ff, dim)
+            out[f"blk.{l}.ffn_down.weight"] = e.down.weight.detach()  # (dim, expert_ff)
+        return out
+
+    @torch.no_grad()
+    def load_trunk(self, tensors: dict[str, torch.Tensor]) -> None:
+        sd = {name: tensors[gguf] for name, gguf in trunk_name_map(self.cfg.n_layers).items()}
+        missing, _ = self.load_state_dict(sd, strict=False)
+        missing = [m for m in missing if ".experts." not in m and ".router" not in m]
+        assert not missing, f"trunk tensors missing: {missing}"
+
+    @torch.no_grad()
+    def load_expert(self, tensors: dict[str, torch.Tensor], slot: int = 0) -> None:
+        for l, layer in enumerate(self.layers):
+            e = layer.experts[slot]
+            e.gate.weight.copy_(tensors[f"blk.{l}.ffn_gate.weight"])
+            e.up.weight.copy_(tensors[f"blk.{l}.ffn_up.weight"])
+            e.down.weight.copy_(tensors[f"blk.{l}.ffn_down.weight"])
+
+    @torch.no_grad()
+    def set_router(self, layer_weights: list[torch.Tensor]) -> None:
+        """layer_weights[l]: (n_experts, dim) router rows for layer l."""
+        for layer, w in zip(self.layers, layer_weights):
+            layer.router.copy_(torch.as_tensor(w, dtype=torch.float32))
+
+
+def trunk_name_map(n_layers: int) -> dict[str, str]:
+    """Torch parameter name (dots) -> GGUF name, for every trunk tensor."""
+    m = {"tok_embd.weight": "token_embd.weight", "output_norm.weight": "output_norm.weight", "output.weight": "output.weight"}
+    per = {
+        "attn_norm.weight": "attn_norm.weight", "attn_q.weight": "attn_q.weight", "attn_k.weight": "attn_k.weight",
+        "attn_v.weight": "attn_v.weight", "attn_output.weight": "attn_output.weight", "ffn_norm.weight": "ffn_norm.weight",
+        "anchor.gate.weight": "ffn_gate_shexp.weight", "anchor.up.weight": "ffn_up_shexp.weight",
+        "anchor.down.weight": "ffn_down_shexp.weight",
+    }
+    for l in range(n_layers):
+        for a, b in per.items():
+            m[f"layers.{l}.{a}"] = f"blk.{l}.{b}"
+    return m
+
+
+def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Torch-layout (row-major) shape of every trunk tensor, by GGUF name; the assembler's layout source."""
+    hd, C = cfg.head_dim, cfg.dim
+    s = {"token_embd.weight": (cfg.vocab_size, C), "output_norm.weight": (C,), "output.weight": (cfg.vocab_size, C)}
+    for l in range(cfg.n_layers):
+        s.update({
+            f"blk.{l}.attn_norm.weight": (C,),
+            f"blk.{l}.attn_q.weight": (cfg.n_heads * hd, C),
+            f"blk.{l}.attn_k.weight": (cfg.n_kv_heads * hd, C),
+            f"blk.{l}.attn_v.weight": (cfg.n_kv_heads * hd, C),
+            f"blk.{l}.attn_output.weight": (C, cfg.n_heads * hd),
+            f"blk.{l}.ffn_norm.weight": (C,),
+            f"blk.{l}.ffn_gate_shexp.weight": (cfg.anchor_ff, C),
+            f"blk.{l}.ffn_up_shexp.weight": (cfg.anchor_ff, C),
+            f"blk.{l}.ffn_down_shexp.weight": (C, cfg.anchor_ff),
+        })
+    return s
+
+
+def expert_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Torch-layout shape of every expert tensor, by module-file name."""
+    s = {}
+    for l in range(cfg.n_layers):
+        s[f"blk.{l}.ffn_gate.weight"] = (cfg.expert_ff, cfg.dim)
+        s[f"blk.{l}.ffn_up.weight"] = (cfg.expert_ff, cfg.dim)
+        s[f"blk.{l}.ffn_down.weight"] = (cfg.dim, cfg.expert_ff)
+    return s

@@ -1,0 +1,245 @@
+"""The RUN directory contract: where every stage reads and writes, and the module-file format.
+
+    RUN/
+      run.json                  format/version, n_experts, partition, domains, shards, held-out sizes
+      tokenizer.json            byte-level BPE (tokenizers); llama.cpp tokenizes it identically
+      data/train.npy            mixed training tokens for the trunk (uint16/uint32, memory-mapped)
+      data/shard_001.npy ...    expert i's training tokens
+      data/heldout/<domain>.npy held-out tokens per domain (no module ever trains on them)
+      data/heldout/<domain>.txt the same held-out documents as text (for `perplexity --data`)
+      data/clusters.safetensors k-means centres (partition=cluster only)
+      modules/trunk.safetensors + trunk.json            module 0
+      modules/expert_001.safetensors + expert_001.json  experts 1..N
+      manifest.json             every finished module with its sha256
+      checkpoints/<module>/     resumable training state
+      plots/                    loss curves
+
+A module file is one safetensors file of GGUF-named tensors (see `model.trunk_name_map`); an
+expert's file also holds its router statistics as `router_stats.blk.{l}.mean` (dim,) and
+`router_stats.blk.{l}.second_moment` (dim, dim), both f32 means over `router_stats_count` tokens
+(the count lives in the JSON). The JSON beside it holds everything else (see `write_module`).
+No pickle anywhere: safetensors, numpy .npy (allow_pickle=False) and JSON only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import MfggufError
+
+RUN_FORMAT = "mfgguf-run"
+RUN_VERSION = 1
+MODULE_FORMAT = "mfgguf-module"
+MODULE_VERSION = 1
+STATS_PREFIX = "router_stats."
+
+
+def module_name(index: int) -> str:
+    """0 -> 'trunk', i -> 'expert_00i'."""
+    return "trunk" if index == 0 else f"expert_{index:03d}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside a RUN directory. Creating one touches nothing on disk."""
+
+    root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def run_json(self) -> Path: return self.root / "run.json"
+    @property
+    def tokenizer(self) -> Path: return self.root / "tokenizer.json"
+    @property
+    def data(self) -> Path: return self.root / "data"
+    @property
+    def train_tokens(self) -> Path: return self.data / "train.npy"
+    @property
+    def heldout_dir(self) -> Path: return self.data / "heldout"
+    @property
+    def clusters(self) -> Path: return self.data / "clusters.safetensors"
+    @property
+    def modules(self) -> Path: return self.root / "modules"
+    @property
+    def manifest(self) -> Path: return self.root / "manifest.json"
+    @property
+    def plots(self) -> Path: return self.root / "plots"
+
+    def shard(self, i: int) -> Path:
+        return self.data / f"shard_{i:03d}.npy"
+
+    def heldout(self, domain: str) -> Path:
+        return self.heldout_dir / f"{domain}.npy"
+
+    def heldout_text(self, domain: str) -> Path:
+        return self.heldout_dir / f"{domain}.txt"
+
+    def module_file(self, index: int) -> Path:
+        return self.modules / f"{module_name(index)}.safetensors"
+
+    def module_meta(self, index: int) -> Path:
+        return self.modules / f"{module_name(index)}.json"
+
+    def checkpoint_dir(self, index: int) -> Path:
+        return self.root / "checkpoints" / module_name(index)
+
+    # ---- run.json ----------------------------------------------------------------------------
+
+    def info(self) -> dict:
+        """run.json, validated: a clear error for a missing or incompatible RUN directory."""
+        if not self.run_json.is_file():
+            raise MfggufError(f"{self.root} is not a RUN directory (no run.json); create one with `mfgguf prepare`")
+        try:
+            info = json.loads(self.run_json.read_text())
+        except (OSError, ValueError) as e:
+            raise MfggufError(f"{self.run_json} is unreadable ({e}); re-create the run with `mfgguf prepare`") from None
+        if info.get("format") != RUN_FORMAT or info.get("version") != RUN_VERSION:
+            raise MfggufError(
+                f"{self.root} was made by an incompatible mfgguf (format {info.get('format')!r} version"
+                f" {info.get('version')!r}, this mfgguf reads {RUN_FORMAT!r} version {RUN_VERSION});"
+                " re-create it with `mfgguf prepare`"
+            )
+        return info
+
+    def check_expert_index(self, i: int) -> int:
+        n = self.info()["n_experts"]
+        if not 1 <= i <= n:
+            raise MfggufError(f"expert index {i} is out of range; this run has experts 1..{n}")
+        return i
+
+
+# ---- small file helpers ------------------------------------------------------------------------
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+@contextmanager
+def atomic_path(dest: Path, suffix: str = ""):
+    """Yield a temporary path beside `dest`; on success fsync and rename it over `dest`.
+
+    On any error the temporary file is removed and `dest` is untouched.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=suffix + ".tmp", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, obj) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise MfggufError(f"{what} is missing: {path}") from None
+    except (OSError, ValueError) as e:
+        raise MfggufError(f"{what} is unreadable: {path} ({e})") from None
+
+
+# ---- modules and the manifest --------------------------------------------------------------------
+
+
+def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
+    """Write module `index` (safetensors of GGUF-named tensors + JSON), then record it in the manifest.
+
+    `tensors` maps names to torch tensors or numpy arrays (router statistics included for
+    experts). `meta` should carry kind, preset, config, trunk_sha256 (experts), shard,
+    partition, tokens_seen, final_loss, heldout_loss, router_stats_count (experts).
+    Returns the full metadata written.
+
+    Example:
+        >>> write_module(RunDir("RUN"), 0, model.trunk_tensors(), {"kind": "trunk", ...})
+    """
+    path = run.module_file(index)
+    import numpy as np
+
+    arrays = {}
+    for k, v in tensors.items():
+        if hasattr(v, "detach"):
+            v = v.detach().to("cpu").float().contiguous().numpy()
+        arrays[k] = np.ascontiguousarray(v, dtype=np.float32)
+    from safetensors.numpy import save_file
+
+    with atomic_path(path) as tmp:
+        save_file(arrays, str(tmp), metadata={"format": MODULE_FORMAT, "module": module_name(index)})
+    full = {
+        "format": MODULE_FORMAT,
+        "version": MODULE_VERSION,
+        "name": module_name(index),
+        "index": index,
+        **meta,
+        "file": path.name,
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+        "tensors": {k: list(a.shape) for k, a in arrays.items() if not k.startswith(STATS_PREFIX)},
+    }
+    write_json(run.module_meta(index), full)
+    update_manifest(run, index, full)
+    return full
+
+
+def read_module_meta(run: RunDir, index: int) -> dict:
+    name = module_name(index)
+    if not run.module_meta(index).is_file() or not run.module_file(index).is_file():
+        hint = "mfgguf train-trunk RUN" if index == 0 else f"mfgguf train-expert RUN --expert {index}"
+        raise MfggufError(f"module {name} is missing in {run.modules}; train it with `{hint}`")
+    meta = read_json(run.module_meta(index), f"metadata of module {name}")
+    if meta.get("format") != MODULE_FORMAT or meta.get("version") != MODULE_VERSION:
+        raise MfggufError(f"module {name} was written by an incompatible mfgguf; retrain it")
+    return meta
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # experts may finish at once in parallel processes
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def update_manifest(run: RunDir, index: int, meta: dict) -> None:
+    with _locked(run.manifest):
+        man = json.loads(run.manifest.read_text()) if run.manifest.is_file() else {"format": "mfgguf-manifest", "modules": {}}
+        man["modules"][module_name(index)] = {
+            "index": index,
+            "file": f"modules/{meta['file']}",
+            "sha256": meta["sha256"],
+            "bytes": meta["bytes"],
+            "kind": meta.get("kind"),
+            "trunk_sha256": meta.get("trunk_sha256"),
+        }
+        man["modules"] = dict(sorted(man["modules"].items(), key=lambda kv: kv[1]["index"]))
+        write_json(run.manifest, man)
+
+
+def read_manifest(run: RunDir) -> dict:
+    return read_json(run.manifest, "the run manifest (train the trunk first)")

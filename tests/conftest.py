@@ -1,0 +1,46 @@
+"""Shared fixtures: one real tiny pipeline per test session, built from the built-in corpus.
+
+Each fixture is a stage of the pipeline run for real (real text, real tokenizer, real training,
+real GGUF). Tests that modify a RUN copy it first with `copy_run`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+TINY_EXPERTS = 3  # one per built-in domain with partition=label
+TINY_CHARS = 400_000  # per domain: enough text for a 512-token BPE and a few thousand training steps
+
+
+@pytest.fixture(scope="session")
+def prepared_run(tmp_path_factory) -> Path:
+    """A RUN directory after `prepare` on the built-in corpus (3 domains, 3 experts, vocab 512)."""
+    from mfgguf.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("prepared") / "run"
+    prepare(["builtin"], root, n_experts=TINY_EXPERTS, partition="label", vocab_size=512,
+            max_chars_per_domain=TINY_CHARS, seed=0)
+    return root
+
+
+@pytest.fixture(scope="session")
+def trained_run(prepared_run, tmp_path_factory) -> Path:
+    """`prepared_run` copied, with a trained `tiny` trunk and all experts trained."""
+    from mfgguf.train.expert import train_expert
+    from mfgguf.train.trunk import train_trunk
+
+    root = tmp_path_factory.mktemp("trained") / "run"
+    shutil.copytree(prepared_run, root)
+    train_trunk(root, preset="tiny", progress=False)
+    for i in range(1, TINY_EXPERTS + 1):
+        train_expert(root, i, progress=False)
+    return root
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    """Copy a RUN directory (without checkpoints) so a test may modify it."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoints"))
+    return dst
