@@ -25,8 +25,9 @@ app = typer.Typer(
 
 def doc_help(fn) -> str:
     """The library function's docstring up to its 'Example' section: the verb's help text."""
-    doc = inspect.getdoc(fn) or ""
-    return doc.split("\nExample")[0].strip()
+    doc = (inspect.getdoc(fn) or "").split("\nExample")[0].strip()
+    # typer keeps single newlines inside a paragraph; join them so help text reflows.
+    return "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
 
 
 def command(name: str, library_fn=None, **kw):

@@ -1,0 +1,51 @@
+"""CLI verbs `assemble` (modules -> one GGUF) and `inspect` (what is in a GGUF). Torch-free imports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..converters.assemble import assemble
+from ..converters.inspect import format_inspect, inspect_gguf
+from ..converters.schema import LAYOUTS, ROUTERS, USER_QUANTS
+from ..errors import MfggufError
+from .app import command
+
+
+def _experts(s: str | None) -> list[int] | None:
+    if s is None:
+        return None
+    s = s.strip()
+    if s in ("", "none"):
+        return []
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise MfggufError(f"--experts {s!r} is not a comma-separated list of expert numbers, e.g. 1,3,7") from None
+
+
+@command("assemble", assemble)
+def assemble_cmd(
+    run: Path = typer.Argument(..., help="The RUN directory (trunk and experts trained)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Output .gguf file."),
+    quant: str = typer.Option("q8_0", "--quant", help=f"Weight type: {'|'.join(USER_QUANTS)}."),
+    top_k: int = typer.Option(1, "--top-k", help="Experts used per token (1 = the exact trained function)."),
+    router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}."),
+    layout: str = typer.Option("granitemoe", "--layout", help=f"GGUF layout: {'|'.join(LAYOUTS)}."),
+    experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 (default all; 'none' = trunk alone)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    threads: int = typer.Option(None, "--threads", help="Quantizer threads (default: all cores)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+):
+    r = assemble(run, out, quant=quant, top_k=top_k, router=router, layout=layout, experts=_experts(experts),
+                 force=force, threads=threads, progress=not quiet)
+    n = len(r["experts"])
+    what = f"{n} experts, top-{r['top_k']}, router {r['router']}" if n else "trunk alone (dense)"
+    typer.echo(f"wrote {r['path']}: {r['arch']} ({r['layout']}), {what}, {r['quant']}, "
+               f"{r['bytes'] / 1e6:.1f} MB in {r['seconds']:.1f} s")
+
+
+@command("inspect", inspect_gguf)
+def inspect_cmd(path: Path = typer.Argument(..., help="A .gguf file.")):
+    typer.echo(format_inspect(inspect_gguf(path)))

@@ -1,0 +1,48 @@
+"""CLI verbs `demo` (the main job) and `eval` (the comparison report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..demo import DemoConfig, check_demo_dir, demo
+from ..evaluate import EvalConfig, evaluate
+from .app import command
+
+
+@command("demo", demo)
+def demo_cmd(
+    out: Path = typer.Option(Path("demo-run"), "--out", help="Directory for the run, the GGUFs and the summary."),
+    preset: str = typer.Option(DemoConfig.preset, help="Model preset: tiny, small or 1b."),
+    experts: int = typer.Option(DemoConfig.experts, help="Number of expert modules."),
+    trunk_tokens: int = typer.Option(None, help="Trunk training tokens (default: the preset's)."),
+    expert_tokens: int = typer.Option(None, help="Training tokens per expert (default: the preset's)."),
+    max_chars_per_domain: int = typer.Option(DemoConfig.max_chars_per_domain, help="Cap on each built-in domain's text."),
+):
+    check_demo_dir(out)
+    demo(out, DemoConfig(preset=preset, experts=experts, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
+                         max_chars_per_domain=max_chars_per_domain))
+
+
+@command("eval", evaluate)
+def eval_cmd(
+    run: Path = typer.Argument(..., help="The RUN directory (trunk and all experts trained)."),
+    out: Path = typer.Option(None, "--out", help="Report directory (default: RUN/eval)."),
+    routers: str = typer.Option(",".join(EvalConfig.routers), help="Router methods to compare, comma-separated."),
+    top_k: str = typer.Option(",".join(map(str, EvalConfig.top_ks)), "--top-k", help="Top-k values to compare."),
+    no_dense: bool = typer.Option(False, "--no-dense", help="Skip training the compute-matched dense baseline."),
+    max_tokens: int = typer.Option(EvalConfig.max_tokens_per_domain, help="Held-out tokens scored per domain."),
+    ctx: int = typer.Option(None, help="Perplexity window (default: the model's context)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild every model and retrain the dense baseline."),
+):
+    cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
+                     dense=not no_dense, max_tokens_per_domain=max_tokens, ctx=ctx)
+    r = evaluate(run, out, cfg, force=force)
+    out = Path(out) if out else Path(run) / "eval"
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    Console().print(Markdown((out / "report.md").read_text().split("## Routing")[0]))
+    typer.echo(f"report: {out / 'report.md'} (raw figures: report.json; plots: *.png)")
+    return r

@@ -1,0 +1,88 @@
+"""CLI verbs that run a GGUF with llama.cpp: chat, generate, serve, perplexity."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from ..runtime.chat import chat
+from ..runtime.generate import generate
+from ..runtime.perplexity import perplexity_files
+from ..runtime.serve import serve
+from .app import command
+
+_MODEL = typer.Argument(..., help="A .gguf written by `mfgguf assemble`.")
+_CTX = typer.Option(None, "--ctx", help="Context length (default and maximum: the model's trained context).")
+
+
+@command("chat", chat)
+def chat_cmd(
+    model: Path = _MODEL,
+    temperature: float = typer.Option(0.8, help="Sampling temperature; 0 is greedy."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling: keep the smallest set of tokens with this total probability."),
+    top_k: int = typer.Option(40, "--top-k", help="Sample among the k most likely tokens; 0 turns it off."),
+    seed: int = typer.Option(0, help="Random seed: the same seed replays the same conversation."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="Longest reply, in tokens."),
+    ctx: int = _CTX,
+):
+    chat(model, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, n_ctx=ctx)
+
+
+@command("generate", generate)
+def generate_cmd(
+    model: Path = _MODEL,
+    prompt: str = typer.Argument(..., help="The text to continue."),
+    max_tokens: int = typer.Option(128, "--max-tokens", help="Most tokens to generate."),
+    temperature: float = typer.Option(0.8, help="Sampling temperature; 0 is greedy."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling threshold."),
+    top_k: int = typer.Option(40, "--top-k", help="Sample among the k most likely tokens; 0 turns it off."),
+    seed: int = typer.Option(0, help="Random seed: the same seed gives the same text."),
+    ctx: int = _CTX,
+):
+    for piece in generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                          seed=seed, stream=True, n_ctx=ctx):
+        sys.stdout.write(piece)  # only the generated text: scripts read stdout
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+@command("serve", serve)
+def serve_cmd(
+    model: Path = _MODEL,
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 exposes the API to the network)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    ctx: int = _CTX,
+    api_key: str = typer.Option(None, "--api-key", help="Require this bearer token from clients."),
+):
+    serve(model, host=host, port=port, n_ctx=ctx, api_key=api_key)
+
+
+@command("perplexity", perplexity_files)
+def perplexity_cmd(
+    model: Path = _MODEL,
+    data: list[Path] = typer.Option(None, "--data", help="UTF-8 text file to score (repeat for several domains)."),
+    run: Path = typer.Option(None, "--run", help="A RUN directory: score each held-out domain."),
+    ctx: int = _CTX,
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
+):
+    r = perplexity_files(model, data=data or None, run=run, ctx=ctx, progress=not as_json and sys.stderr.isatty())
+    if as_json:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    o = r["overall"]
+    t = Table(title=f"perplexity of {model.name} (llama.cpp, ctx {o['ctx']}, second half of each window scored)")
+    for col in ("domain", "perplexity", "nll/token", "scored tokens", "input tokens", "windows"):
+        t.add_column(col, justify="left" if col == "domain" else "right")
+    row = lambda name, v, **kw: t.add_row(name, f"{v['ppl']:.3f}", f"{v['nll']:.4f}", f"{v['n_tokens']:,}",
+                                          f"{v['n_input_tokens']:,}", f"{v['n_windows']:,}", **kw)
+    for name, v in r["domains"].items():
+        row(name, v)
+    if len(r["domains"]) > 1:
+        row("overall", o, style="bold")
+    Console().print(t)

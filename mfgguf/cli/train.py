@@ -1,0 +1,82 @@
+"""CLI verbs `train-trunk` and `train-expert`.
+
+torch is imported only when a verb runs: the help text is read from the library docstrings with
+`ast`, so other verbs (assemble, chat) never pay for torch's import time and memory.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import typer
+
+from .app import command
+
+
+def _doc(module: str, fn: str) -> str:
+    """The docstring of mfgguf.train.<module>.<fn> up to 'Example', without importing it."""
+    src = (Path(__file__).parent.parent / "train" / f"{module}.py").read_text()
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.FunctionDef) and node.name == fn:
+            doc = (ast.get_docstring(node) or "").split("\nExample")[0].strip()
+            return "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))  # reflow paragraphs
+    return ""
+
+
+_RUN = typer.Argument(..., help="The RUN directory made by `mfgguf prepare`.")
+_TOKENS = typer.Option(None, "--tokens", help="Training tokens (default: the preset's).")
+_DEVICE = typer.Option("cpu", "--device", help="cpu or cuda.")
+_PRECISION = typer.Option("auto", "--precision", help="auto (bf16 where native, else fp32), bf16 or fp32.")
+_LR = typer.Option(None, "--lr", help="Peak learning rate (default: the preset's).")
+_BATCH = typer.Option(None, "--batch-size", help="Sequences per step (default: the preset's).")
+_CKPT = typer.Option(None, "--ckpt-every", help="Steps between checkpoints (default: the preset's).")
+_SEED = typer.Option(None, "--seed", help="Init and data-order seed (default: the preset's).")
+_EVAL = typer.Option(None, "--eval-tokens", help="Held-out tokens scored per domain at the end (default: the preset's).")
+_RESTART = typer.Option(False, "--restart", help="Delete this module's checkpoint and start over.")
+_PROGRESS = typer.Option(True, "--progress/--no-progress", help="Show a progress bar.")
+
+
+def _line(meta: dict, run: Path) -> str:
+    held = meta["heldout_loss"]
+    extra = ""
+    if meta["kind"] == "expert":
+        base = meta.get("trunk_heldout_loss") or {}
+        own = [d for d in (meta.get("shard_domains") or []) if d in held and d in base]
+        if own:
+            extra = " | own domain " + ", ".join(f"{d} {base[d]:.3f}->{held[d]:.3f}" for d in own)
+    return (f"{meta['name']}: final loss {meta['final_loss']:.3f}, held-out loss {meta['heldout_loss_mean']:.3f}"
+            f" (mean of {len(held)} domains){extra}, {meta['tokens_seen']:,} tokens,"
+            f" {Path(run) / 'modules' / meta['file']}, {meta['wall_s']:.1f} s")
+
+
+@command("train-trunk", help=_doc("trunk", "train_trunk"))
+def train_trunk_cmd(
+    run: Path = _RUN,
+    preset: str = typer.Option("small", "--preset", help="Model size: tiny, small or 1b."),
+    tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
+    batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
+    restart: bool = _RESTART, progress: bool = _PROGRESS,
+):
+    from ..train.trunk import train_trunk
+
+    meta = train_trunk(run, preset=preset, tokens=tokens, device=device, progress=progress, precision=precision,
+                       restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
+                       eval_tokens=eval_tokens)
+    typer.echo(_line(meta, run))
+
+
+@command("train-expert", help=_doc("expert", "train_expert"))
+def train_expert_cmd(
+    run: Path = _RUN,
+    expert: int = typer.Option(..., "--expert", help="Expert index, 1..N."),
+    tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
+    batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
+    restart: bool = _RESTART, progress: bool = _PROGRESS,
+):
+    from ..train.expert import train_expert
+
+    meta = train_expert(run, expert, tokens=tokens, device=device, progress=progress, precision=precision,
+                        restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
+                        eval_tokens=eval_tokens)
+    typer.echo(_line(meta, run))

@@ -1,0 +1,409 @@
+"""Stream the trunk and N experts into one preallocated Mixture-of-Experts GGUF, quantizing on the fly.
+
+Phases, each checking its own state before the next runs:
+  1. validate + layout  (layout.plan: metadata and headers only, nothing written yet)
+  2. header             key-values, tokenizer, provenance and tensor infos, at offset 0
+  3. preallocate        the whole file (posix_fallocate): a full disk fails now, not in an hour
+  4. stream trunk       tensor by tensor, in row chunks of at most CHUNK_BYTES, each quantized and
+                        written at its precomputed offset with os.pwrite
+  5. stream experts     one module file open at a time; expert slot p of a stacked tensor lives at
+                        `offset + p * expert_bytes`; router statistics are pooled as they pass
+  6. router             closed form from the pooled statistics (router.py), F32
+  7. fsync + verify     every slot fully written (own byte accounting), then the file is re-read
+                        with llama.cpp's GGUF parser (gguf-py's reader as fallback): names, types,
+                        sizes, offsets
+  8. rename             the temporary file beside the destination replaces it atomically
+
+Memory is one chunk of one tensor (plus its quantized bytes) and the router accumulator
+(layers x dim x dim f32 for ridge): it does not grow with the number of experts. Every module
+file is read once, sequentially; its sha256 is computed on that same read and compared with the
+manifest's, and every chunk is checked for NaN/Inf, so a damaged module aborts assembly before
+anything reaches the destination. This path imports no torch.
+
+Layouts:
+  granitemoe  anchor = always-on shared expert; with top-1 the selected weight is exactly 1, so a
+              token routed to expert i computes exactly what expert i was trained on.
+  mixtral     `llama` arch: no shared expert, and llama.cpp renormalises the top-k softmax
+              weights. We fold the anchor into every routed expert: expert i' is one SwiGLU of
+              hidden width anchor_ff + expert_ff (gate/up rows stacked, down columns joined), which
+              computes anchor(x) + expert_i(x) exactly. Since the renormalised weights sum to 1,
+              sum_j w_j (anchor + e_j) = anchor + sum_j w_j e_j for any top-k: the same function as
+              granitemoe. The anchor is not added as a separate routed "expert 0": llama's router
+              has no bias, so nothing could keep it from being selected (and displacing a real
+              expert). Cost: the file holds N copies of the anchor, fine for tiny/small presets.
+  dense       no experts (`experts=[]`): the trunk alone as a plain `llama` file.
+
+Example:
+    >>> assemble(Path("RUN"), Path("model.gguf"), quant="q8_0", top_k=1)
+    {'path': 'model.gguf', 'bytes': ..., 'arch': 'granitemoe', ...}
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MfggufError
+from ..run import STATS_PREFIX, RunDir, atomic_path
+from . import quant as Q
+from .layout import Module, Plan, plan
+from .router import RouterBuilder, needs_stats
+from .schema import FFN, blk
+
+CHUNK_BYTES = 8 << 20  # f32 bytes read, quantized and written per step
+_FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)(_shexp)?\.weight")
+_STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.(mean|second_moment)")
+
+
+def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, router: str = "ridge",
+             layout: str = "granitemoe", experts: list[int] | None = None, force: bool = False,
+             threads: int | None = None, progress: bool = True) -> dict:
+    """Assemble the trunk and experts of RUN into one GGUF that stock llama.cpp runs.
+
+    Streams one tensor at a time into a preallocated file, quantizing as it goes (ggml's own
+    quantizer); the router is computed from the experts' recorded statistics. `experts=None`
+    takes all experts, `experts=[]` writes the trunk alone as a dense llama file. The output
+    appears only when complete and verified; an existing file is replaced only with force=True.
+
+    Example:
+        mfgguf assemble RUN -o model.gguf --quant q8_0 --top-k 1 --router ridge
+    """
+    t0 = time.perf_counter()
+    rd, out = RunDir(run), Path(out)
+    if out.is_dir():
+        raise MfggufError(f"{out} is a directory; give a file name such as {out / 'model.gguf'}")
+    if out.exists() and not force:
+        raise MfggufError(f"{out} already exists; pass --force to overwrite it")
+    p = plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out)
+    threads = threads or Q.default_threads()
+    with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
+        w = _Writer(p, tmp, threads, progress)
+        try:
+            w.header()
+            w.preallocate()
+            w.stream_trunk()
+            w.stream_experts()
+            w.router()
+            w.finish()
+        finally:
+            w.close()
+        verify(p, tmp)
+        os.chmod(tmp, 0o644 & ~_umask())
+    return {
+        "path": str(out), "bytes": p.total_size, "arch": p.arch, "layout": p.layout, "quant": p.quant,
+        "top_k": p.top_k, "router": p.router if p.experts else None, "experts": p.experts,
+        "n_tensors": len(p.slots), "input_bytes": p.input_bytes, "quantizer": Q.backend(), "threads": threads,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+class _Writer:
+    def __init__(self, p: Plan, path: Path, threads: int, progress: bool):
+        self.p, self.threads = p, threads
+        self.fd = os.open(path, os.O_RDWR)
+        self.phase = "open"
+        self.rb = RouterBuilder(p.router, n_layers=p.cfg.n_layers, dim=p.cfg.dim, n_experts=len(p.experts)) if p.experts else None
+        self.bar = _Bar(p.input_bytes, progress)
+        self.anchor_fd: int | None = None  # mixtral: the trunk stays readable for the folded anchor
+
+    def _enter(self, phase: str, after: str) -> None:
+        assert self.phase == after, f"phase {phase} after {self.phase}, expected after {after}"
+        self.phase = phase
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.anchor_fd is not None:
+            os.close(self.anchor_fd)
+            self.anchor_fd = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # ---- phases --------------------------------------------------------------------------------
+
+    def header(self) -> None:
+        self._enter("header", "open")
+        pad = self.p.data_offset - len(self.p.header)
+        self._pwrite(self.p.header + b"\0" * pad, 0)
+
+    def preallocate(self) -> None:
+        self._enter("preallocate", "header")
+        try:
+            os.posix_fallocate(self.fd, 0, self.p.total_size)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise MfggufError(
+                    f"not enough disk space for the output: it needs {self.p.total_size / 1e9:.2f} GB;"
+                    " free some space or write it elsewhere with -o"
+                ) from None
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate: just grow
+                raise
+            os.ftruncate(self.fd, self.p.total_size)
+        assert os.fstat(self.fd).st_size == self.p.total_size
+
+    def stream_trunk(self) -> None:
+        self._enter("trunk", "preallocate")
+        p, lay = self.p, self.p.layout
+        for name, r0, x in self._stream(p.trunk):
+            m = _FFN_RE.fullmatch(name)
+            if m and m.group(3):  # anchor
+                if lay == "mixtral":
+                    continue  # folded into every expert slot (stream_experts)
+                if lay == "dense":
+                    name = blk(int(m.group(1)), f"ffn_{m.group(2)}")
+            s = p.slot(name)
+            self._put(s, s.offset + r0 * s.row_bytes, x)
+        if lay == "mixtral":
+            self.anchor_fd = os.open(p.trunk.path, os.O_RDONLY)
+
+    def stream_experts(self) -> None:
+        self._enter("experts", "trunk")
+        p = self.p
+        for slot_i, mod in enumerate(p.expert_modules):
+            count = int(mod.meta.get("router_stats_count") or 0)
+            if p.layout == "mixtral":
+                self._fold_anchor_rows(slot_i)
+            for name, r0, x in self._stream(mod):
+                if (st := _STATS_RE.fullmatch(name)) is not None:
+                    if needs_stats(p.router):
+                        l = int(st.group(1))
+                        if st.group(2) == "mean":
+                            self.rb.add_mean(slot_i, l, x.reshape(-1), count)
+                        else:
+                            self.rb.add_second_moment(slot_i, l, r0, x, count)
+                    continue
+                m = _FFN_RE.fullmatch(name)
+                if m is None:
+                    continue  # an extra tensor: hashed, not part of the model
+                l, f = int(m.group(1)), m.group(2)
+                s = p.slot(blk(l, f"ffn_{f}_exps"))
+                base = s.offset + slot_i * s.expert_bytes
+                if p.layout == "mixtral":
+                    if f == "down":  # rows (dim, anchor_ff + expert_ff): join anchor and expert columns
+                        a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r0 + len(x))  # (rows, anchor_ff)
+                        x = np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
+                    else:  # expert rows follow the anchor's anchor_ff rows
+                        r0 += p.cfg.anchor_ff
+                self._put(s, base + r0 * s.row_bytes, x)
+
+    def router(self) -> None:
+        self._enter("router", "experts")
+        if not self.p.experts:
+            return
+        for l, w in enumerate(self.rb.finish()):  # w: (n_experts, dim)
+            s = self.p.slot(blk(l, "ffn_gate_inp"))
+            self._put(s, s.offset, w)
+        self.rb = None
+
+    def finish(self) -> None:
+        self._enter("fsync", "router")
+        missing = [s.name for s in self.p.slots if s.written != s.nbytes]
+        if missing:
+            s = self.p.slot(missing[0])
+            raise AssertionError(f"{len(missing)} tensors incompletely written, e.g. {s.name}: {s.written}/{s.nbytes}")
+        os.fsync(self.fd)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _pwrite(self, data, offset: int) -> None:
+        mv = memoryview(data).cast("B")
+        while len(mv):
+            n = os.pwrite(self.fd, mv, offset)
+            mv, offset = mv[n:], offset + n
+
+    def _put(self, s, offset: int, x: np.ndarray) -> None:
+        q = Q.quantize(x, s.qtype, threads=self.threads)
+        assert s.offset <= offset and offset + q.nbytes <= s.offset + s.nbytes, (s.name, offset)
+        self._pwrite(q, self.p.data_offset + offset)
+        s.written += q.nbytes
+
+    def _fold_anchor_rows(self, slot_i: int) -> None:
+        """mixtral: the first anchor_ff rows of expert slot_i's gate/up are the anchor's."""
+        for l in range(self.p.cfg.n_layers):
+            for f in ("gate", "up"):
+                s = self.p.slot(blk(l, f"ffn_{f}_exps"))
+                base = s.offset + slot_i * s.expert_bytes
+                src = blk(l, f"ffn_{f}_shexp")
+                step = max(1, CHUNK_BYTES // (self.p.cfg.dim * 4))
+                for r0 in range(0, self.p.cfg.anchor_ff, step):
+                    r1 = min(self.p.cfg.anchor_ff, r0 + step)
+                    self._put(s, base + r0 * s.row_bytes, self._anchor_rows(src, r0, r1))
+
+    def _anchor_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        e = self.p.trunk.entries[name]
+        cols = e.shape[-1]
+        buf = np.empty((r1 - r0, cols), np.float32)
+        _pread_into(self.anchor_fd, buf, e.begin + r0 * cols * 4)
+        return buf
+
+    def _stream(self, mod: Module):
+        """Yield (tensor name, first row, (rows, cols) f32 chunk) reading `mod` once, in file order.
+
+        Hashes every byte on the way and checks the sha256 against the module's record at the
+        end; checks each chunk for NaN/Inf.
+        """
+        h = hashlib.sha256()
+        entries = sorted(mod.entries.values(), key=lambda e: e.begin)
+        max_cols = max((e.shape[-1] if e.shape else 1) for e in entries)
+        buf = np.empty(max(CHUNK_BYTES // 4, max_cols), np.float32)
+        with open(mod.path, "rb", buffering=0) as f:
+            pos = 0
+            head = _read_exact(f, mod.header_len)
+            h.update(head)
+            pos = len(head)
+            for e in entries:
+                if e.begin > pos:
+                    h.update(_read_exact(f, e.begin - pos))
+                cols = e.shape[-1] if e.shape else 1
+                rows = (e.end - e.begin) // 4 // cols
+                per = max(1, len(buf) // cols)
+                for r0 in range(0, rows, per):
+                    n = min(per, rows - r0)
+                    x = buf[: n * cols]
+                    _readinto_exact(f, x, mod)
+                    h.update(x)
+                    if not np.isfinite(x.sum(dtype=np.float64)) and not np.isfinite(x).all():
+                        raise MfggufError(f"module {mod.name}: tensor {e.name} contains NaN or Inf; retrain it")
+                    self.bar.advance(x.nbytes)
+                    yield e.name, r0, x.reshape(n, cols)
+                pos = e.end
+            h.update(f.read())
+        if h.hexdigest() != mod.meta["sha256"]:
+            raise MfggufError(f"module {mod.name} ({mod.path.name}) does not match its recorded sha256: the file changed after training; retrain it")
+
+
+def _read_exact(f, n: int) -> bytes:
+    b = f.read(n)
+    if len(b) != n:
+        raise MfggufError(f"{f.name} ended early; retrain the module")
+    return b
+
+
+def _readinto_exact(f, x: np.ndarray, mod: Module) -> None:
+    mv = memoryview(x).cast("B")
+    while len(mv):
+        n = f.readinto(mv)
+        if not n:
+            raise MfggufError(f"module {mod.name} ({mod.path.name}) is truncated; retrain it")
+        mv = mv[n:]
+
+
+def _pread_into(fd: int, x: np.ndarray, offset: int) -> None:
+    mv = memoryview(x).cast("B")
+    while len(mv):
+        n = os.preadv(fd, [mv], offset)
+        if not n:
+            raise MfggufError("the trunk module ended early; retrain the trunk")
+        mv, offset = mv[n:], offset + n
+
+
+def verify(p: Plan, path: Path) -> None:
+    """Re-read the written file: size, then every tensor's name, type, size and offset, and the arch.
+
+    The parser is llama.cpp's own (gguf_init_from_file in libggml-base, header only), falling back
+    to gguf-py's GGUFReader where that library is unavailable (slower: it builds one numpy view per
+    token string).
+    """
+    from .schema import QTYPES
+
+    size = os.path.getsize(path)
+    if size != p.total_size:
+        raise AssertionError(f"written file is {size} bytes, the layout says {p.total_size}")
+    infos, data_offset, arch = _read_back(path)
+    if len(infos) != len(p.slots):
+        raise AssertionError(f"re-read {len(infos)} tensors, wrote {len(p.slots)}")
+    if data_offset != p.data_offset or arch != p.arch:
+        raise AssertionError(f"re-read data offset {data_offset} / arch {arch}, wrote {p.data_offset} / {p.arch}")
+    for (name, ggml_type, nbytes, offset), s in zip(infos, p.slots):
+        if (name, ggml_type, nbytes, offset) != (s.name, QTYPES[s.qtype].ggml, s.nbytes, s.offset):
+            raise AssertionError(f"re-read tensor {name} differs from the layout of {s.name}")
+
+
+def _read_back(path: Path) -> tuple[list[tuple[str, int, int, int]], int, str]:
+    """[(name, ggml type, bytes, offset in data)], data offset, architecture, as a reader parses them."""
+    import ctypes
+
+    lib = Q.ggml_lib()
+    if lib is None or os.environ.get("MFGGUF_VERIFY") == "gguf-py":
+        import gguf
+
+        r = gguf.GGUFReader(path)
+        f = r.fields["general.architecture"]
+        d0 = r.tensors[0].data_offset if r.tensors else 0
+        infos = [(t.name, int(t.tensor_type), int(t.n_bytes), int(t.data_offset) - d0) for t in r.tensors]
+        return infos, d0, bytes(f.parts[f.data[0]]).decode()
+
+    class Params(ctypes.Structure):
+        _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    for fn, res, args in (("gguf_init_from_file", vp, [ctypes.c_char_p, Params]), ("gguf_free", None, [vp]),
+                          ("gguf_get_n_tensors", i64, [vp]), ("gguf_get_tensor_name", ctypes.c_char_p, [vp, i64]),
+                          ("gguf_get_tensor_offset", ctypes.c_size_t, [vp, i64]), ("gguf_get_tensor_type", ctypes.c_int, [vp, i64]),
+                          ("gguf_get_tensor_size", ctypes.c_size_t, [vp, i64]), ("gguf_get_data_offset", ctypes.c_size_t, [vp]),
+                          ("gguf_find_key", i64, [vp, ctypes.c_char_p]), ("gguf_get_val_str", ctypes.c_char_p, [vp, i64])):
+        getattr(lib, fn).restype, getattr(lib, fn).argtypes = res, args
+    ctx = lib.gguf_init_from_file(str(path).encode(), Params(True, None))
+    if not ctx:
+        raise AssertionError(f"llama.cpp's GGUF parser rejected {path}")
+    try:
+        n = lib.gguf_get_n_tensors(ctx)
+        infos = [(lib.gguf_get_tensor_name(ctx, i).decode(), lib.gguf_get_tensor_type(ctx, i),
+                  lib.gguf_get_tensor_size(ctx, i), lib.gguf_get_tensor_offset(ctx, i)) for i in range(n)]
+        key = lib.gguf_find_key(ctx, b"general.architecture")
+        arch = lib.gguf_get_val_str(ctx, key).decode() if key >= 0 else ""
+        return infos, lib.gguf_get_data_offset(ctx), arch
+    finally:
+        lib.gguf_free(ctx)
+
+
+def _remove_stale_temps(out: Path) -> None:
+    """Temporary files of killed assemblies (`.NAME.XXXX.PID.tmp` whose PID is gone) are removed."""
+    for t in out.parent.glob(f".{out.name}.*.tmp"):
+        try:
+            pid = int(t.name.rsplit(".", 2)[-2])
+            os.kill(pid, 0)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            t.unlink(missing_ok=True)
+        except PermissionError:
+            continue
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+class _Bar:
+    """A rich progress bar over input bytes (MB/s, ETA), or nothing."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.p = None
+        if enabled:
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                       TransferSpeedColumn)
+
+            self.p = Progress(TextColumn("assemble"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                              TimeRemainingColumn(), transient=False)
+            self.p.start()
+            self.task = self.p.add_task("assemble", total=total)
+
+    def advance(self, n: int) -> None:
+        if self.p is not None:
+            self.p.advance(self.task, n)
+
+    def close(self) -> None:
+        if self.p is not None:
+            self.p.stop()
+            self.p = None

@@ -1,0 +1,106 @@
+"""Router weights without retraining, computed from the statistics each expert recorded on its own shard.
+
+Each expert file holds, per layer l, the mean mu_i (dim,) and uncentred second moment M_i
+(dim, dim) of the FFN-input vectors (after ffn_norm) over n_i tokens of its shard. The router
+is llama.cpp's `ffn_gate_inp`: logits = x @ R.T with R (n_expert, dim), no bias.
+
+Methods:
+  ridge     closed-form ridge regression from x to one-hot expert labels over the union of the
+            shards: W = (sum_i n_i M_i + lam I)^-1 [n_1 mu_1 ... n_N mu_N]  (dim, N), computed in
+            normalised form (divided by n = sum n_i); lam = 1e-3 * trace(G) / dim.
+  centroid  R_i = unit(mu_i - m), m the pooled mean: the direction that separates shard i.
+  uniform   zeros: every expert equally likely (ties broken by llama.cpp's sort).
+  random    seeded Gaussian rows, std 1/sqrt(dim): a floor for comparisons.
+
+Scale. Top-1 only needs the argmax, but with top-k > 1 the softmax weights depend on the scale.
+ridge and centroid are scaled so that, at each shard's mean vector, the shard's own expert's
+logit exceeds the average of the others by MARGIN_NATS = 4 on average (about 55x the weight of
+a typical other expert): confident for in-domain tokens, still mixing near the boundaries.
+
+Streaming: `RouterBuilder.add_*` is fed one expert's statistics at a time (even one row chunk of
+a second moment at a time); the only state is the pooled second moment (layers x dim x dim,
+f32) plus the N small means, so memory does not grow with the experts' sizes.
+
+Example:
+    >>> rb = RouterBuilder("ridge", n_layers=2, dim=64, n_experts=3)
+    >>> # for each expert p: rb.add_mean(p, l, mu, n); rb.add_second_moment(p, l, row0, rows, n)
+    >>> weights = rb.finish()  # list over layers of (3, 64) f32
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MfggufError
+from .schema import ROUTERS
+
+MARGIN_NATS = 4.0
+RIDGE_REL_LAMBDA = 1e-3
+
+
+def needs_stats(method: str) -> bool:
+    return method in ("ridge", "centroid")
+
+
+class RouterBuilder:
+    def __init__(self, method: str, *, n_layers: int, dim: int, n_experts: int, seed: int = 0):
+        if method not in ROUTERS:
+            raise MfggufError(f"unknown router {method!r}; choose one of {', '.join(ROUTERS)}")
+        self.method, self.L, self.dim, self.N, self.seed = method, n_layers, dim, n_experts, seed
+        self.counts = np.zeros(n_experts)  # n_i
+        self.mu = np.zeros((n_layers, n_experts, dim), np.float32)  # (L, N, dim)
+        self.seen_mean = np.zeros((n_layers, n_experts), bool)
+        # pooled sum_i n_i M_i, only for ridge: (L, dim, dim) f32, filled row chunk by row chunk
+        self.G = np.zeros((n_layers, dim, dim), np.float32) if method == "ridge" else None
+        self.rows_seen = np.zeros((n_layers, n_experts), np.int64)
+
+    def add_mean(self, p: int, layer: int, mu: np.ndarray, count: int) -> None:
+        """Expert in slot p: its layer-`layer` mean (dim,) over `count` tokens."""
+        self.counts[p] = count
+        self.mu[layer, p] = mu
+        self.seen_mean[layer, p] = True
+
+    def add_second_moment(self, p: int, layer: int, row0: int, rows: np.ndarray, count: int) -> None:
+        """Rows row0.. of expert p's second moment (rows, dim): pooled as count * M."""
+        if self.G is not None:
+            self.G[layer, row0:row0 + len(rows)] += np.float32(count) * rows
+        self.rows_seen[layer, p] += len(rows)
+
+    def finish(self) -> list[np.ndarray]:
+        """Router rows per layer: list of (n_experts, dim) f32."""
+        L, N, D = self.L, self.N, self.dim
+        if self.method == "uniform":
+            return [np.zeros((N, D), np.float32) for _ in range(L)]
+        if self.method == "random":
+            rng = np.random.default_rng(self.seed)
+            return [(rng.standard_normal((N, D)) / np.sqrt(D)).astype(np.float32) for _ in range(L)]
+        if not self.seen_mean.all() or (self.counts <= 0).any():
+            raise MfggufError("router statistics are incomplete (an expert recorded no tokens); retrain it or use --router uniform")
+        if self.G is not None and not (self.rows_seen == D).all():
+            raise MfggufError("router second moments are incomplete; retrain the experts or use --router centroid")
+        n = self.counts.sum()
+        out = []
+        for l in range(L):
+            mu = self.mu[l].astype(np.float64)  # (N, D)
+            if self.method == "ridge":
+                G = self.G[l].astype(np.float64) / n  # (D, D) pooled second moment
+                B = (self.counts[:, None] * mu).T / n  # (D, N)
+                lam = RIDGE_REL_LAMBDA * np.trace(G) / D + 1e-12
+                W = np.linalg.solve(G + lam * np.eye(D), B)  # (D, N)
+                R = W.T  # (N, D)
+            else:  # centroid
+                m = (self.counts[:, None] * mu).sum(0) / n  # (D,)
+                d = mu - m  # (N, D)
+                R = d / np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-12)
+            out.append((R * _scale(R, mu)).astype(np.float32))
+        return out
+
+
+def _scale(R: np.ndarray, mu: np.ndarray) -> float:
+    """Factor that makes the average own-vs-others logit margin at the shard means MARGIN_NATS."""
+    N = len(R)
+    if N < 2:
+        return 1.0
+    S = mu @ R.T  # (N, N): logits of every expert at every shard mean
+    margin = np.mean(np.diag(S) - (S.sum(1) - np.diag(S)) / (N - 1))
+    return MARGIN_NATS / margin if margin > 1e-12 else 1.0

@@ -1,0 +1,242 @@
+"""`prepare`: sources -> a RUN directory with a tokenizer, token shards and a held-out split.
+
+Order matters: the held-out split is drawn first (per domain, whole documents), the tokenizer is
+trained on the training documents only, then everything is tokenized and the training documents
+are partitioned into expert shards. The RUN is built in a temporary sibling directory and renamed
+into place at the end, so a failure leaves no half-written RUN (and `force` replaces an old one
+only once the new one is complete).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MfggufError
+from ..run import RUN_FORMAT, RUN_VERSION, RunDir, write_json
+from .partition import PARTITIONS, partition as _partition_docs, split_heldout
+from .sources import load_corpus
+from .tokenizer import EOS_ID, EOS_TOKEN, MIN_VOCAB, encode_documents, token_dtype, train_tokenizer
+
+
+def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "label", vocab_size: int = 4096,
+            heldout_frac: float = 0.05, overlap: float = 0.0, seed: int = 0, max_chars_per_domain: int | None = None,
+            text_field: str = "text", force: bool = False, progress: bool = True) -> dict:
+    """Read SOURCES, train a byte-level BPE tokenizer, and write a RUN directory: tokens for the
+    trunk, one shard per expert, and a held-out split per domain that no module trains on.
+
+    Sources: text files, directories, globs, JSONL (`domain` field optional), `hf:NAME[:CONFIG][:SPLIT]`,
+    `hf:json:FILES`, or `builtin` (Python's own code, English docs and C headers); `LABEL=SOURCE`
+    names the domain. Partitions: `label` (by domain), `random` (with OVERLAP, a document may join
+    a second expert), `cluster` (balanced k-means over tf-idf, c-BTM style). Returns run.json.
+
+    Example:
+        >>> prepare(["builtin"], Path("RUN"), n_experts=3, vocab_size=4096, max_chars_per_domain=2_000_000)
+    """
+    out = Path(out)
+    _validate(sources, out, n_experts, partition, vocab_size, heldout_frac, overlap, max_chars_per_domain, force)
+    t0 = time.time()
+    docs, source_stats = load_corpus(sources, text_field=text_field, max_chars_per_domain=max_chars_per_domain,
+                                     progress=progress)
+    domains = [d.domain for d in docs]
+    train_idx, held_idx = split_heldout(domains, heldout_frac, seed)
+    if len(train_idx) == 0:
+        raise MfggufError("no training documents left after the held-out split; add data or lower --heldout-frac")
+
+    with _status(progress, f"training a {vocab_size}-token BPE on {len(train_idx)} documents"):
+        tok = train_tokenizer((docs[i].text for i in train_idx), vocab_size)
+    vocab = tok.get_vocab_size()
+    dtype = token_dtype(vocab)
+    tokens = _tokenize(tok, [d.text for d in docs], dtype, progress)
+
+    with _status(progress, f"partitioning {len(train_idx)} documents into {n_experts} shards ({partition})"):
+        part = _partition(partition, tokens, domains, train_idx, n_experts, overlap, seed)
+    shard_docs = [train_idx[s] for s in part.shards]  # indices into `docs`
+    _check_shards(shard_docs, partition, n_experts, len(train_idx))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the RUN should be an ordinary directory
+    try:
+        run = RunDir(tmp)
+        run.heldout_dir.mkdir(parents=True)
+        tok.save(str(run.tokenizer))
+        rng = np.random.default_rng([seed, 5])
+        # training order is shuffled once, so a reader that streams the file sees mixed domains
+        train_tokens = _write_tokens(run.train_tokens, tokens, rng.permutation(train_idx), dtype)
+        shards = []
+        for i, idx in enumerate(shard_docs, 1):
+            n = _write_tokens(run.shard(i), tokens, rng.permutation(idx), dtype)
+            comp = {}
+            for j in idx:
+                comp[domains[j]] = comp.get(domains[j], 0) + len(tokens[j]) + 1
+            shards.append({"id": i, "docs": len(idx), "tokens": n, "domains": dict(sorted(comp.items()))})
+        heldout = {}
+        for d in sorted(set(domains[i] for i in held_idx)):
+            idx = [i for i in held_idx if domains[i] == d]
+            n = _write_tokens(run.heldout(d), tokens, idx, dtype)
+            run.heldout_text(d).write_text("\n\n".join(docs[i].text for i in idx), encoding="utf-8")
+            heldout[d] = {"docs": len(idx), "tokens": n}
+        if partition == "cluster":
+            _save_clusters(run.clusters, part)
+        info = {
+            "format": RUN_FORMAT,
+            "version": RUN_VERSION,
+            "n_experts": n_experts,
+            "partition": partition,
+            "overlap": overlap,
+            "vocab_size": vocab,
+            "eos_id": EOS_ID,
+            "eos_token": EOS_TOKEN,
+            "token_dtype": dtype.name,
+            "domains": sorted(set(domains)),
+            "shards": shards,
+            "train_tokens": train_tokens,
+            "train_docs": len(train_idx),
+            "heldout": heldout,
+            "sources": list(sources),
+            "source_stats": source_stats,
+            "seed": seed,
+            "heldout_frac": heldout_frac,
+            "max_chars_per_domain": max_chars_per_domain,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "prepare_seconds": round(time.time() - t0, 2),
+        }
+        write_json(run.run_json, info)
+        _fsync_tree(tmp)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+# ---- checks ------------------------------------------------------------------------------------------
+
+
+def _validate(sources, out: Path, n_experts, partition, vocab_size, heldout_frac, overlap, max_chars, force) -> None:
+    if not sources:
+        raise MfggufError("no sources given; pass files, directories, globs, JSONL, hf:NAME or `builtin`")
+    if isinstance(n_experts, bool) or not isinstance(n_experts, int) or n_experts < 1:
+        raise MfggufError(f"number of experts must be at least 1, got {n_experts}; pass --experts N")
+    if partition not in PARTITIONS:
+        raise MfggufError(f"unknown partition {partition!r}; use one of: {', '.join(PARTITIONS)}")
+    if vocab_size < MIN_VOCAB:
+        raise MfggufError(f"vocab size {vocab_size} is too small; byte-level BPE needs at least {MIN_VOCAB}")
+    if not 0.0 <= heldout_frac < 1.0:
+        raise MfggufError(f"held-out fraction must be in [0, 1), got {heldout_frac}")
+    if not 0.0 <= overlap < 1.0:
+        raise MfggufError(f"overlap must be in [0, 1), got {overlap}")
+    if max_chars is not None and max_chars < 1:
+        raise MfggufError(f"max chars per domain must be positive, got {max_chars}")
+    if out.exists() and not out.is_dir():
+        raise MfggufError(f"{out} exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise MfggufError(f"{out} already exists and is not empty; choose another --out or pass --force to replace it")
+
+
+def _check_shards(shards, partition: str, n_experts: int, n_train: int) -> None:
+    empty = [i for i, s in enumerate(shards, 1) if len(s) == 0]
+    if not empty:
+        return
+    which = ", ".join(map(str, empty[:8])) + ("..." if len(empty) > 8 else "")
+    if n_train < n_experts:
+        raise MfggufError(f"only {n_train} training documents for {n_experts} experts (shards {which} are empty);"
+                          " use fewer experts or more data")
+    hint = "use fewer experts, more data, or --partition label" if partition == "random" else "use fewer experts or more data"
+    raise MfggufError(f"expert shards {which} of {n_experts} got no documents with --partition {partition}; {hint}")
+
+
+# ---- steps -------------------------------------------------------------------------------------------
+
+
+def _partition(name, tokens, domains, train_idx, n, overlap, seed):
+    return _partition_docs(name, [tokens[i] for i in train_idx], [domains[i] for i in train_idx], n,
+                     overlap=overlap, seed=seed)
+
+
+def _tokenize(tok, texts: list[str], dtype, progress: bool) -> list[np.ndarray]:
+    if not progress:
+        return list(encode_documents(tok, texts, dtype=dtype))
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True)) as bar:
+        task = bar.add_task("tokenizing", total=len(texts), rate="")
+        state = {"tokens": 0, "t0": time.time()}
+
+        def on_batch(n_texts, n_tokens):
+            state["tokens"] += n_tokens
+            rate = state["tokens"] / max(time.time() - state["t0"], 1e-9)
+            bar.update(task, advance=n_texts, rate=f"{state['tokens']:,} tokens, {rate:,.0f} tok/s")
+
+        return list(encode_documents(tok, texts, dtype=dtype, on_batch=on_batch))
+
+
+def _write_tokens(path: Path, tokens: list[np.ndarray], order, dtype) -> int:
+    """Docs in `order`, each followed by EOS, into one .npy (written in place via a memmap)."""
+    order = list(order)
+    total = sum(len(tokens[i]) + 1 for i in order)
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(total,))
+    pos = 0
+    for i in order:
+        t = tokens[i]
+        arr[pos: pos + len(t)] = t
+        arr[pos + len(t)] = EOS_ID
+        pos += len(t) + 1
+    arr.flush()
+    del arr
+    return total
+
+
+def _save_clusters(path: Path, part) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({"centres": np.ascontiguousarray(part.centres, dtype=np.float32),   # (k, n_terms)
+               "terms": np.ascontiguousarray(part.terms, dtype=np.int64),          # (n_terms,) token ids
+               "idf": np.ascontiguousarray(part.idf, dtype=np.float32)},           # (n_terms,)
+              str(path), metadata={"format": "mfgguf-clusters", "features": "l2-normalised tf-idf of token ids"})
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            with open(os.path.join(dirpath, n), "rb") as f:
+                os.fsync(f.fileno())
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished tmp dir to `out`; an old `out` is moved aside first and removed after."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.rmdir(old)
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)  # put the old RUN back
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _status(progress: bool, text: str):
+    if not progress:
+        yield
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(text):
+        yield

@@ -1,0 +1,148 @@
+"""`mfgguf demo`: the whole pipeline on the built-in corpus, one command, resumable.
+
+prepare -> train the trunk -> train each expert in its own process -> assemble q8_0 (and the
+trunk alone, for comparison) -> perplexity by llama.cpp -> a sample generation -> a summary
+table of every stage (wall time, peak RSS, sizes, perplexities), saved as JSON and Markdown.
+
+Each stage is a child process (`mfgguf.stages`), so its peak RSS is its own and each expert
+really trains alone. Finished stages are skipped when the demo is re-run; an interrupted
+training stage resumes from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import MfggufError
+from .run import RunDir, write_json
+from .stages import StageResult, run_stage
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    preset: str = "small"  # model shape and training lengths (see mfgguf.config.PRESETS)
+    experts: int = 3  # one per built-in domain (python, english, c) with partition=label
+    partition: str = "label"  # how documents are split into expert shards
+    vocab_size: int = 4096  # BPE vocabulary
+    max_chars_per_domain: int = 3_000_000  # caps the built-in corpus so the demo stays within 15 minutes
+    trunk_tokens: int | None = None  # None: the preset's
+    expert_tokens: int | None = None  # None: the preset's
+    quant: str = "q8_0"  # quantization of the assembled GGUF
+    prompt: str = "def main():"  # the sample generation's prompt
+
+
+def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample_tokens: int = 64) -> dict:
+    """Run the whole pipeline on the built-in corpus: prepare, train trunk and experts, assemble, evaluate.
+
+    Re-running resumes: finished stages are skipped and a killed training stage continues from
+    its last checkpoint. Ends with a summary table and the commands to chat with and evaluate
+    the model.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = RunDir(out / "run")
+    moe = out / f"model-{cfg.quant}.gguf"
+    trunk_gguf = out / f"trunk-{cfg.quant}.gguf"
+    results: list[StageResult] = []
+
+    def stage(name: str, done: bool, args: list[str]) -> None:
+        if done:
+            results.append(StageResult(name, 0.0, 0.0, skipped=True))
+            return
+        _banner(name)
+        results.append(run_stage(name, args)[0])
+
+    stage("prepare", run.run_json.is_file(), [
+        "prepare", "builtin", "--out", run.root, "--experts", cfg.experts, "--partition", cfg.partition,
+        "--vocab-size", cfg.vocab_size, "--max-chars-per-domain", cfg.max_chars_per_domain,
+    ])
+    n = run.info()["n_experts"]
+    tok = ["--tokens", cfg.trunk_tokens] if cfg.trunk_tokens else []
+    stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok])
+    etok = ["--tokens", cfg.expert_tokens] if cfg.expert_tokens else []
+    for i in range(1, n + 1):
+        stage(f"train-expert {i}", run.module_meta(i).is_file(), ["train-expert", run.root, "--expert", i, *etok])
+    stamp = run.manifest.stat().st_mtime
+    fresh = lambda p: p.is_file() and p.stat().st_mtime >= stamp  # noqa: E731  (stale after retraining)
+    stage("assemble", fresh(moe), ["assemble", run.root, "-o", moe, "--quant", cfg.quant, "--force"])
+    stage("assemble trunk", fresh(trunk_gguf), ["assemble", run.root, "-o", trunk_gguf, "--quant", cfg.quant,
+                                                 "--experts", "none", "--force"])
+
+    ppl = {}
+    for label, path in (("trunk alone", trunk_gguf), ("assembled MoE", moe)):
+        _banner(f"perplexity: {label}")
+        res, text = run_stage(f"perplexity {label}", ["perplexity", path, "--run", run.root, "--json"], capture=True)
+        results.append(res)
+        ppl[label] = json.loads(text)
+
+    _banner("sample generation")
+    from .runtime.generate import generate
+
+    t0 = time.perf_counter()
+    sample = generate(moe, cfg.prompt, max_tokens=sample_tokens, temperature=0.7, seed=0)
+    results.append(StageResult("generate", round(time.perf_counter() - t0, 2), float("nan")))
+
+    summary = {
+        "config": asdict(cfg),
+        "run": str(run.root),
+        "stages": [r.to_dict() for r in results],
+        "files": {p.name: p.stat().st_size for p in (moe, trunk_gguf)},
+        "perplexity": ppl,
+        "sample": {"prompt": cfg.prompt, "text": sample},
+    }
+    write_json(out / "summary.json", summary)
+    (out / "summary.md").write_text(summary_markdown(summary))
+    _print_summary(summary, moe, run.root)
+    return summary
+
+
+def _banner(text: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).rule(f"[bold]{text}")
+
+
+def _overall(p: dict) -> float:
+    return p["overall"]["ppl"]
+
+
+def summary_markdown(s: dict) -> str:
+    lines = ["| stage | wall (s) | peak RSS (MB) |", "|---|---:|---:|"]
+    for r in s["stages"]:
+        wall = "done earlier" if r["skipped"] else f"{r['wall_s']:.1f}"
+        rss = "" if r["skipped"] or r["peak_rss_mb"] != r["peak_rss_mb"] else f"{r['peak_rss_mb']:.0f}"
+        lines.append(f"| {r['stage']} | {wall} | {rss} |")
+    lines += ["", "| file | size (MB) |", "|---|---:|"]
+    lines += [f"| {k} | {v / 1e6:.1f} |" for k, v in s["files"].items()]
+    ppl = s["perplexity"]
+    domains = list(next(iter(ppl.values()))["domains"])
+    lines += ["", "| held-out perplexity (llama.cpp) | " + " | ".join(domains) + " | mixed |",
+              "|---|" + "---:|" * (len(domains) + 1)]
+    for label, p in ppl.items():
+        lines.append(f"| {label} | " + " | ".join(f"{p['domains'][d]['ppl']:.2f}" for d in domains)
+                     + f" | {_overall(p):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _print_summary(s: dict, moe: Path, run: Path) -> None:
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    c = Console()
+    c.rule("[bold]mfgguf demo: summary")
+    c.print(Markdown(summary_markdown(s)))
+    c.print(f"\n[bold]sample[/] ({s['sample']['prompt']!r}):\n{s['sample']['prompt']}{s['sample']['text']}\n", highlight=False)
+    c.print("[bold]next:[/]", highlight=False)
+    c.print(f"  mfgguf chat {moe}", highlight=False)
+    c.print(f"  mfgguf eval {run}", highlight=False)
+    c.print(f"  mfgguf inspect {moe}", highlight=False)
+
+
+def check_demo_dir(out: Path) -> None:
+    """A demo directory holds our files or nothing: refuse to write into someone else's folder."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / "run").exists() and not (out / "summary.json").exists():
+        raise MfggufError(f"{out} exists and is not a demo directory; pass --out with a new or demo directory")

@@ -1,0 +1,340 @@
+"""`mfgguf eval RUN`: does assembling independently trained modules, without retraining, work?
+
+Every figure is measured by llama.cpp on a GGUF written by `mfgguf assemble`, on the held-out
+split no module trained on:
+  - the assembled MoE for each router method, top-1 and top-2 (at `base_quant`, f16 by default);
+  - the trunk alone (anchor only, no experts);
+  - oracle routing: each domain's text through a model holding only its best expert;
+  - a compute-matched dense baseline: a trunk whose anchor is as wide as anchor + expert (the
+    same active parameters per token), trained with the same code on the union of all shards for
+    as many tokens as the trunk and all experts together;
+  - q8_0 and q4_k against f16 of the assembled MoE with the best router.
+Plus per-layer routing accuracy (from the PyTorch reference with the same router weights),
+llama.cpp prompt/decode tokens/s and peak RSS per model (each model in its own process).
+Writes report.md, report.json and PNG plots into RUN/eval/ (or `out`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MfggufError
+from .run import RunDir, read_module_meta, write_json
+from .stages import run_stage
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    routers: tuple[str, ...] = ("ridge", "centroid", "uniform", "random")  # router methods compared
+    top_ks: tuple[int, ...] = (1, 2)  # experts per token compared
+    base_quant: str = "f16"  # the reference type every comparison uses
+    quants: tuple[str, ...] = ("q8_0", "q4_k")  # compared against base_quant for the best router
+    dense: bool = True  # train the compute-matched dense baseline (the longest step)
+    max_tokens_per_domain: int = 32768  # held-out tokens scored per domain (bounds the run time)
+    ctx: int | None = None  # perplexity window; None = the model's training context
+    decode_tokens: int = 64  # tokens generated to measure decode speed
+
+
+def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *, force: bool = False) -> dict:
+    """Compare the assembled MoE against the trunk alone, oracle routing and a compute-matched dense model.
+
+    Perplexity per domain and on the mixed held-out set, measured by llama.cpp on GGUFs written
+    by `mfgguf assemble`; routing accuracy per layer; q8_0/q4_k against f16; tokens/s and peak
+    RSS per model. Writes report.md (tables), report.json (raw figures) and PNG plots.
+    """
+    from .converters.assemble import assemble
+
+    rd = RunDir(run)
+    info = rd.info()
+    n = info["n_experts"]
+    metas = {i: read_module_meta(rd, i) for i in range(0, n + 1)}
+    domains = list(info["domains"])
+    out = Path(out) if out else rd.root / "eval"
+    models_dir = out / "models"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    def build(name: str, **kw) -> Path:
+        path = models_dir / f"{name}.gguf"
+        if force or not path.is_file() or path.stat().st_mtime < rd.manifest.stat().st_mtime:
+            _say(f"assemble {name}")
+            assemble(rd.root, path, force=True, progress=False, **kw)
+        return path
+
+    models: dict[str, dict] = {}  # name -> {"path", "domains" (evaluated), "kind"}
+    for router in cfg.routers:
+        for k in cfg.top_ks:
+            if k > n:
+                continue
+            models[f"moe {router} top-{k}"] = {"path": build(f"moe-{router}-top{k}-{cfg.base_quant}", quant=cfg.base_quant,
+                                                              router=router, top_k=k), "kind": "moe"}
+    models["trunk alone"] = {"path": build(f"trunk-{cfg.base_quant}", quant=cfg.base_quant, experts=[]), "kind": "trunk"}
+    best_expert = _best_expert_per_domain(metas, domains)
+    for d, e in best_expert.items():
+        models[f"oracle {d}"] = {"path": build(f"oracle-{d}-{cfg.base_quant}", quant=cfg.base_quant, experts=[e]),
+                                 "kind": "oracle", "domains": [d], "expert": e}
+    if cfg.dense:
+        models["dense (compute-matched)"] = {"path": _dense_baseline(rd, metas, out, cfg, force), "kind": "dense"}
+
+    heldout = _heldout_tokens(rd, domains, cfg.max_tokens_per_domain)
+    results = {}
+    for name, m in models.items():
+        _say(f"measure {name}")
+        results[name] = _measure(m["path"], rd, m.get("domains", domains), cfg)
+
+    moe_names = [k for k, m in models.items() if m["kind"] == "moe"]
+    best = min(moe_names, key=lambda k: results[k]["overall"]["ppl"])
+    best_router, best_k = models[best]["path"].stem.split("-")[1], int(best.split("top-")[1])
+    quant_rows = {cfg.base_quant: results[best]}
+    for q in cfg.quants:
+        p = build(f"moe-{best_router}-top{best_k}-{q}", quant=q, router=best_router, top_k=best_k)
+        _say(f"measure {best} {q}")
+        quant_rows[q] = _measure(p, rd, domains, cfg)
+        models[f"{best} {q}"] = {"path": p, "kind": "quant"}
+        results[f"{best} {q}"] = quant_rows[q]
+
+    _say("routing accuracy")
+    routing = {r: _routing_accuracy(rd, metas, domains, heldout, r) for r in cfg.routers}
+
+    oracle_mixed = _mixed({d: results[f"oracle {d}"]["domains"][d] for d in domains})
+    report = {
+        "run": str(rd.root),
+        "config": asdict(cfg),
+        "domains": domains,
+        "models": {k: {**{kk: vv for kk, vv in m.items() if kk != "path"}, "file": m["path"].name,
+                       "bytes": m["path"].stat().st_size} for k, m in models.items()},
+        "results": results,
+        "oracle": {"experts": best_expert, "mixed": oracle_mixed},
+        "best": best,
+        "quant": {q: r["overall"]["ppl"] for q, r in quant_rows.items()},
+        "routing": routing,
+        "goals": _goals(results, best, oracle_mixed, quant_rows, cfg, domains),
+        "wall_s": round(time.perf_counter() - t_start, 1),
+    }
+    write_json(out / "report.json", report)
+    _plots(report, out)
+    (out / "report.md").write_text(report_markdown(report))
+    return report
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+
+def _best_expert_per_domain(metas: dict, domains: list[str]) -> dict[str, int]:
+    """The oracle's choice: for each domain the expert with the lowest held-out loss on it."""
+    best = {}
+    for d in domains:
+        losses = {i: m["heldout_loss"][d] for i, m in metas.items() if i > 0 and d in m.get("heldout_loss", {})}
+        if not losses:
+            raise MfggufError(f"no expert recorded a held-out loss on domain {d!r}; retrain the experts with this mfgguf")
+        best[d] = min(losses, key=losses.get)
+    return best
+
+
+def _dense_baseline(rd: RunDir, metas: dict, out: Path, cfg: EvalConfig, force: bool) -> Path:
+    """Train (once) a dense model with the MoE's active parameters on the union for the same tokens."""
+    from .converters.assemble import assemble
+
+    trunk = metas[0]
+    mc = trunk["config"]
+    tokens = sum(m["tokens_seen"] for m in metas.values())
+    dense = RunDir(out / "dense-run")
+    if force and dense.root.exists():
+        shutil.rmtree(dense.root)
+    if not dense.module_meta(0).is_file():
+        dense.root.mkdir(parents=True, exist_ok=True)
+        for name in ("run.json", "tokenizer.json"):
+            shutil.copy2(rd.root / name, dense.root / name)
+        if not dense.data.exists():
+            os.symlink(rd.data.resolve(), dense.data)  # the same shards and held-out split, not copied
+        _say(f"train the compute-matched dense baseline ({tokens:,} tokens, anchor_ff {mc['anchor_ff']}+{mc['expert_ff']})")
+        run_stage("train dense", ["train-trunk", dense.root, "--preset", trunk["preset"], "--tokens", tokens,
+                                  "--anchor-ff", mc["anchor_ff"] + mc["expert_ff"]])
+    path = out / "models" / f"dense-{cfg.base_quant}.gguf"
+    if force or not path.is_file():
+        assemble(dense.root, path, quant=cfg.base_quant, experts=[], force=True, progress=False)
+    return path
+
+
+def _heldout_tokens(rd: RunDir, domains: list[str], cap: int) -> dict[str, np.ndarray]:
+    return {d: np.load(rd.heldout(d), mmap_mode="r", allow_pickle=False)[:cap] for d in domains}
+
+
+def _measure(path: Path, rd: RunDir, domains: list[str], cfg: EvalConfig) -> dict:
+    """Perplexity per domain, tokens/s and peak RSS of one GGUF, in a process of its own."""
+    args = [sys.executable, "-m", "mfgguf.evaluate", str(path), str(rd.root), ",".join(domains),
+            str(cfg.max_tokens_per_domain), str(cfg.ctx or 0), str(cfg.decode_tokens)]
+    res, text = run_stage(f"measure {path.name}", args, capture=True)
+    m = json.loads(text.strip().splitlines()[-1])
+    m["peak_rss_mb"] = res.peak_rss_mb
+    return m
+
+
+def _measure_main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str) -> None:
+    from .runtime.perplexity import perplexity_by_domain
+
+    rd = RunDir(Path(run))
+    toks = {d: np.asarray(np.load(rd.heldout(d), mmap_mode="r", allow_pickle=False)[: int(cap)]) for d in domains.split(",")}
+    r = perplexity_by_domain(Path(path), toks, ctx=int(ctx) or None)
+    per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens")} for d, v in r["domains"].items()}
+    from .runtime.llm import loaded
+
+    with loaded(Path(path)) as llm:
+        t0 = time.perf_counter()
+        c = llm.create_completion("def ", max_tokens=int(decode), temperature=0.0, seed=0)
+        n_dec, t_dec = c["usage"]["completion_tokens"], time.perf_counter() - t0
+    print(json.dumps({"domains": per, "overall": _mixed(per), "prompt_tps": r["overall"]["tokens_per_s"],
+                      "decode_tps": n_dec / t_dec if n_dec else float("nan")}))
+
+
+def _mixed(per: dict) -> dict:
+    """Token-weighted perplexity over domains: the mixed held-out set."""
+    n = sum(v["n_tokens"] for v in per.values())
+    nll = sum(v["nll"] * v["n_tokens"] for v in per.values()) / n
+    return {"ppl": math.exp(nll), "nll": nll, "n_tokens": n}
+
+
+# ---- routing -------------------------------------------------------------------------------------
+
+
+def _routing_accuracy(rd: RunDir, metas: dict, domains: list[str], heldout: dict, router: str) -> dict:
+    """Per layer, the share of each domain's tokens whose top-1 expert was trained mostly on that domain."""
+    import torch
+
+    from .reference import reference_model
+
+    model = reference_model(rd.root, router=router, top_k=1)
+    info = rd.info()
+    home = {s["id"]: max(s["domains"], key=s["domains"].get) for s in info["shards"]}  # expert -> its main domain
+    n_layers, n_exp = model.cfg.n_layers, len(home)
+    counts = np.zeros((len(domains), n_layers, n_exp))  # domain x layer x expert
+    ctx = model.cfg.ctx_len
+    for di, d in enumerate(domains):
+        toks = torch.as_tensor(np.asarray(heldout[d][: (len(heldout[d]) // ctx) * ctx], dtype=np.int64)).view(-1, ctx)
+
+        def hook(layer, x, di=di):
+            choice = (x.float() @ model.layers[layer].router.float().T).argmax(-1)  # (B, T)
+            counts[di, layer] += np.bincount(choice.flatten().numpy(), minlength=n_exp)
+
+        with torch.no_grad():
+            for b in range(0, len(toks), 8):
+                model(toks[b: b + 8], route="router", hook=hook)
+    share = counts / counts.sum(-1, keepdims=True).clip(min=1)  # domain x layer x expert
+    acc = {d: [float(sum(share[di, l, e - 1] for e in home if home[e] == d)) for l in range(n_layers)]
+           for di, d in enumerate(domains)}
+    return {"accuracy": acc, "confusion": share.mean(1).tolist(), "expert_domain": home}
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+
+def _goals(results, best, oracle_mixed, quant_rows, cfg, domains) -> dict:
+    trunk, moe = results["trunk alone"], results[best]
+    g = {"moe_beats_trunk_every_domain": all(moe["domains"][d]["ppl"] < trunk["domains"][d]["ppl"] for d in domains),
+         "best_router_vs_oracle": moe["overall"]["ppl"] / oracle_mixed["ppl"]}
+    if "dense (compute-matched)" in results:
+        g["moe_over_dense_mixed"] = moe["overall"]["ppl"] / results["dense (compute-matched)"]["overall"]["ppl"]
+    base = quant_rows[cfg.base_quant]["overall"]["ppl"]
+    for q in cfg.quants:
+        g[f"{q}_over_{cfg.base_quant}"] = quant_rows[q]["overall"]["ppl"] / base
+    return g
+
+
+def report_markdown(r: dict) -> str:
+    ds = r["domains"]
+    L = [f"# mfgguf evaluation: {r['run']}", "",
+         f"Held-out perplexity measured by llama.cpp ({r['config']['base_quant']} unless named; "
+         f"up to {r['config']['max_tokens_per_domain']} tokens per domain). Lower is better.", "",
+         "| model | " + " | ".join(ds) + " | mixed | prompt tok/s | decode tok/s | peak RSS (MB) |",
+         "|---|" + "---:|" * (len(ds) + 4)]
+    for name, m in r["results"].items():
+        if name.startswith("oracle"):
+            continue
+        cells = [f"{m['domains'][d]['ppl']:.3f}" if d in m["domains"] else "" for d in ds]
+        L.append(f"| {name} | " + " | ".join(cells) + f" | {m['overall']['ppl']:.3f} | {m['prompt_tps']:.0f} |"
+                 f" {m['decode_tps']:.0f} | {m['peak_rss_mb']:.0f} |")
+    orc = [f"{r['results'][f'oracle {d}']['domains'][d]['ppl']:.3f} (expert {r['oracle']['experts'][d]})" for d in ds]
+    L.append("| oracle routing | " + " | ".join(orc) + f" | {r['oracle']['mixed']['ppl']:.3f} | | | |")
+    g = r["goals"]
+    L += ["", "## Goals", "", "| goal | measured | met |", "|---|---:|:-:|",
+          f"| best MoE ({r['best']}) beats the trunk alone on every domain | | {_yes(g['moe_beats_trunk_every_domain'])} |",
+          f"| best router within 3% of oracle (ratio) | {g['best_router_vs_oracle']:.4f} | {_yes(g['best_router_vs_oracle'] <= 1.03)} |"]
+    if "moe_over_dense_mixed" in g:
+        L.append(f"| MoE / dense on the mixed set below 1.0 | {g['moe_over_dense_mixed']:.4f} | {_yes(g['moe_over_dense_mixed'] < 1)} |")
+    for q, lim in (("q8_0", 1.005), ("q4_k", 1.05)):
+        key = f"{q}_over_{r['config']['base_quant']}"
+        if key in g:
+            L.append(f"| {q} within {100 * (lim - 1):.1f}% of {r['config']['base_quant']} | {g[key]:.4f} | {_yes(g[key] <= lim)} |")
+    L += ["", "## Routing accuracy (share of a domain's tokens routed to that domain's experts, top-1)", ""]
+    for router, ra in r["routing"].items():
+        n_layers = len(next(iter(ra["accuracy"].values())))
+        L += [f"**{router}**", "", "| domain | " + " | ".join(f"layer {l}" for l in range(n_layers)) + " |",
+              "|---|" + "---:|" * n_layers]
+        L += [f"| {d} | " + " | ".join(f"{a:.2f}" for a in acc) + " |" for d, acc in ra["accuracy"].items()]
+        L.append("")
+    L += ["![perplexity by domain](ppl_by_domain.png)", "", "![routing confusion](routing_confusion.png)", "",
+          f"Wall time of this evaluation: {r['wall_s']:.0f} s. Raw figures: report.json."]
+    return "\n".join(L) + "\n"
+
+
+def _yes(b: bool) -> str:
+    return "yes" if b else "no"
+
+
+def _plots(r: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ds = r["domains"]
+    names = [n for n in r["results"] if not n.startswith("oracle")]
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(names)), 4.5))
+    w = 0.8 / (len(ds) + 1)
+    for j, d in enumerate([*ds, "mixed"]):
+        vals = [r["results"][n]["overall"]["ppl"] if d == "mixed" else r["results"][n]["domains"].get(d, {}).get("ppl", np.nan)
+                for n in names]
+        ax.bar(np.arange(len(names)) + j * w, vals, w, label=d)
+    ax.set_xticks(np.arange(len(names)) + 0.4 - w / 2, names, rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("held-out perplexity (llama.cpp)")
+    ax.set_title("Perplexity by domain and model (lower is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "ppl_by_domain.png", dpi=110)
+    plt.close(fig)
+
+    ra = r["routing"].get("ridge") or next(iter(r["routing"].values()))
+    conf = np.array(ra["confusion"])  # domain x expert
+    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * conf.shape[1], 1 + 0.6 * conf.shape[0]))
+    im = ax.imshow(conf, vmin=0, vmax=1, cmap="viridis")
+    ax.set_yticks(range(len(ds)), ds)
+    ax.set_xticks(range(conf.shape[1]), [f"{e}\n({ra['expert_domain'][str(e)] if str(e) in ra['expert_domain'] else ra['expert_domain'].get(e, '')})"
+                                         for e in range(1, conf.shape[1] + 1)], fontsize=7)
+    for i in range(conf.shape[0]):
+        for j in range(conf.shape[1]):
+            ax.text(j, i, f"{conf[i, j]:.2f}", ha="center", va="center", color="w" if conf[i, j] < 0.6 else "k", fontsize=7)
+    ax.set_xlabel("expert (its main domain)")
+    ax.set_title("Routing (ridge, top-1): share of each domain's tokens, mean over layers", fontsize=9)
+    fig.colorbar(im)
+    fig.tight_layout()
+    fig.savefig(out / "routing_confusion.png", dpi=110)
+    plt.close(fig)
+
+
+def _say(msg: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
+
+
+if __name__ == "__main__":  # the per-model measurement process (see _measure)
+    _measure_main(*sys.argv[1:])

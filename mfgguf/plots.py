@@ -1,0 +1,59 @@
+"""PNG plots with matplotlib's Agg backend (no display needed): loss curves and generic line/bar charts.
+
+Example:
+    >>> line_plot("loss.png", {"train": ([0, 1, 2], [5.0, 4.1, 3.7])}, xlabel="tokens", ylabel="loss")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .run import atomic_path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def line_plot(path: Path, series: dict[str, tuple[list, list]], *, points: dict[str, tuple[float, float]] | None = None,
+              hlines: dict[str, float] | None = None, title: str = "", xlabel: str = "", ylabel: str = "",
+              logx: bool = False) -> Path:
+    """Lines (label -> (xs, ys)), marked points (label -> (x, y)) and horizontal reference lines; writes a PNG."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, label=label, linewidth=1.2)
+    for label, (x, y) in (points or {}).items():
+        ax.scatter([x], [y], label=label, zorder=3, s=28)
+    for i, (label, y) in enumerate((hlines or {}).items()):
+        ax.axhline(y, linestyle="--", linewidth=0.9, color=f"C{(i + 3) % 10}", label=label)
+    if logx:
+        ax.set_xscale("log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if series or points or hlines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return path
+
+
+def loss_curve(path: Path, history: list, *, heldout: dict[str, float] | None = None,
+               reference: dict[str, float] | None = None, title: str = "") -> Path:
+    """Train loss vs tokens (history rows [step, tokens, loss]), held-out losses as points at the end,
+    and optional reference losses (e.g. the trunk's held-out loss) as dashed lines."""
+    xs = [h[1] for h in history]
+    ys = [h[2] for h in history]
+    end = xs[-1] if xs else 0
+    pts = {f"held-out {d}": (end, v) for d, v in (heldout or {}).items() if v == v}  # skip NaN
+    refs = {f"trunk held-out {d}": v for d, v in (reference or {}).items() if v == v}
+    return line_plot(path, {"train": (xs, ys)}, points=pts, hlines=refs, title=title,
+                     xlabel="tokens seen", ylabel="cross-entropy (nats/token)")

@@ -1,0 +1,83 @@
+"""The PyTorch reference of an assembled model: the same trunk, experts, router rows and top-k.
+
+`reference_model(run, gguf_path)` reads which experts (in which slot order), which top-k and
+which router rows an assembled file holds (the router is read back from its F32
+`ffn_gate_inp` tensors, so the reference routes exactly like the file) and loads the f32
+module weights into `mfgguf.model.Transformer(cfg, n_experts=N)`. Forward with
+`route="router"` (or `route="anchor"` for a dense trunk-alone file) is what llama.cpp should
+compute; parity tests and evaluation compare the two. Both layouts have the same reference:
+the mixtral layout's folded experts compute anchor + expert exactly (see assemble.py).
+
+Example:
+    >>> model, route = reference_model(Path("RUN"), Path("model.gguf"))
+    >>> logits = model(idx, route=route)  # (B, T, V)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .converters.layout import model_config, tokenizer_kv
+from .errors import MfggufError
+from .model import Transformer
+from .run import RunDir, read_module_meta
+
+
+def _field(reader, key: str):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    if len(f.types) > 1:  # array
+        return [f.parts[i].tolist()[0] if f.parts[i].dtype != np.uint8 else bytes(f.parts[i]).decode() for i in f.data]
+    v = f.parts[f.data[0]]
+    return bytes(v).decode() if v.dtype == np.uint8 else v.tolist()[0]
+
+
+def gguf_provenance(path: Path) -> dict:
+    """experts, top_k, layout, router and the router rows per layer (list of (N, dim) f32) of a file."""
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    experts = _field(r, "mfgguf.experts") or []
+    rows = {}
+    for t in r.tensors:
+        if t.name.endswith("ffn_gate_inp.weight"):
+            rows[int(t.name.split(".")[1])] = np.array(t.data, dtype=np.float32).reshape(len(experts), -1)
+    return {"experts": [int(e) for e in experts], "top_k": int(_field(r, "mfgguf.top_k") or 0),
+            "layout": _field(r, "mfgguf.layout"), "router": _field(r, "mfgguf.router"),
+            "router_rows": [rows[l] for l in sorted(rows)]}
+
+
+def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[int] | None = None,
+                    router_rows: list[np.ndarray] | None = None, top_k: int = 1) -> tuple[Transformer, str]:
+    """Build the f32 reference Transformer of an assembled model; returns (model, route).
+
+    With `gguf_path`, experts, top-k and router rows come from that file; otherwise pass them.
+    """
+    from safetensors.torch import load_file
+
+    rd = RunDir(run)
+    if gguf_path is not None:
+        prov = gguf_provenance(Path(gguf_path))
+        experts, top_k, router_rows = prov["experts"], prov["top_k"], prov["router_rows"]
+    experts = list(experts or [])
+    _, vocab = tokenizer_kv(rd.tokenizer)
+    trunk_meta = read_module_meta(rd, 0)
+
+    class _M:  # the minimal shape model_config reads
+        meta = trunk_meta
+
+    cfg = replace(model_config(_M, vocab), n_experts=len(experts), top_k=max(1, top_k))
+    model = Transformer(cfg, n_experts=len(experts))
+    model.load_trunk(load_file(str(rd.module_file(0))))
+    for slot, i in enumerate(experts):
+        model.load_expert(load_file(str(rd.module_file(i))), slot)
+    if experts:
+        if router_rows is None or len(router_rows) != cfg.n_layers:
+            raise MfggufError("the reference needs router rows for every layer; pass gguf_path or router_rows")
+        model.set_router([torch.from_numpy(np.asarray(w, np.float32)) for w in router_rows])
+    return model.eval(), ("router" if experts else "anchor")

@@ -1,0 +1,230 @@
+"""Perplexity computed by llama.cpp, windowed exactly like llama.cpp's `llama-perplexity` tool.
+
+The tokens are cut into consecutive windows of `ctx` tokens (a tail shorter than a window is
+dropped). Each window is evaluated from an empty KV cache, and only its second half is scored:
+the logits at positions ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1, so every scored token
+sees at least ctx/2 tokens of context. As in llama.cpp, the first token of a window is replaced
+by BOS when the model's tokenizer adds one. NLL is accumulated in float64.
+
+Example:
+    >>> from mfgguf.runtime.perplexity import perplexity
+    >>> perplexity("model.gguf", tokens)["ppl"]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MfggufError
+from .llm import check_ctx, loaded
+
+
+def windows(n_tokens: int, ctx: int) -> list[tuple[int, int]]:
+    """(start, end) of each evaluated window; a tail shorter than `ctx` is not scored."""
+    return [(s, s + ctx) for s in range(0, n_tokens - ctx + 1, ctx)]
+
+
+def scored_span(ctx: int) -> tuple[int, int]:
+    """Window positions whose logits are scored: [first, ctx-1), predicting tokens first+1 .. ctx-1."""
+    return ctx // 2, ctx - 1
+
+
+def _as_tokens(tokens, n_vocab: int, what: str) -> np.ndarray:
+    t = np.asarray(tokens)
+    if t.ndim != 1 or (t.size and not np.issubdtype(t.dtype, np.integer)):
+        raise MfggufError(f"{what}: expected a 1-D array of token ids, got shape {t.shape} of {t.dtype}")
+    if t.size == 0:
+        raise MfggufError(f"{what} has no tokens; pass non-empty data")
+    if t.min() < 0 or t.max() >= n_vocab:
+        raise MfggufError(
+            f"{what} holds token id {int(t.max())} but the model's vocabulary has {n_vocab};"
+            " the data was tokenized with a different tokenizer than this GGUF's"
+        )
+    return t.astype(np.int64)
+
+
+def _nll_of_window(llm, window: np.ndarray, bos: int | None) -> tuple[float, int]:
+    """Sum of -log p over the scored half of one window, and how many tokens that is."""
+    ids = window.tolist()
+    if bos is not None:
+        ids[0] = bos  # what llama-perplexity does when the vocab adds a BOS
+    llm.reset()  # n_tokens=0: eval() then clears the whole KV cache, so the window starts fresh
+    llm.eval(ids)
+    first, last = scored_span(len(ids))
+    logits = llm.scores[first:last]  # (ctx-1-first, V) float32, a view of llama.cpp's output
+    targets = window[first + 1 : last + 1]  # (ctx-1-first,)
+    m = logits.max(axis=1, keepdims=True)  # (n, 1)
+    logz = m[:, 0].astype(np.float64) + np.log(np.exp(logits - m).sum(axis=1, dtype=np.float64))  # (n,)
+    return float((logz - logits[np.arange(len(targets)), targets]).sum()), len(targets)
+
+
+def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None) -> dict:
+    t = _as_tokens(tokens, llm.n_vocab(), what)
+    if len(t) < ctx:
+        raise MfggufError(f"{what} has {len(t)} tokens; perplexity with --ctx {ctx} needs at least {ctx} (one window); pass more data or a smaller --ctx")
+    bos = llm.token_bos() if llm._model.add_bos_token() else None
+    nll, n, t0 = 0.0, 0, time.perf_counter()
+    spans = windows(len(t), ctx)
+    for s, e in spans:
+        w_nll, w_n = _nll_of_window(llm, t[s:e], bos)
+        nll, n = nll + w_nll, n + w_n
+        if progress is not None:
+            progress(e - s, nll / n)
+    seconds = time.perf_counter() - t0
+    return {
+        "ppl": math.exp(nll / n),
+        "nll": nll / n,  # mean negative log-likelihood, nats per scored token
+        "n_tokens": n,  # scored tokens
+        "n_windows": len(spans),
+        "ctx": ctx,
+        "n_input_tokens": int(len(t)),
+        "tokens_per_s": len(spans) * ctx / seconds if seconds > 0 else None,  # evaluated (prompt) tokens
+    }
+
+
+def _open(model, ctx: int | None, batch: int | None, threads: int | None):
+    """(context manager, ctx) for a path; an open Llama is used as is (it needs logits_all=True)."""
+    from contextlib import nullcontext
+
+    if isinstance(model, (str, Path)):
+        from .llm import read_header
+
+        ctx = check_ctx(read_header(model), ctx)
+        return loaded(model, n_ctx=ctx, logits_all=True, n_batch=min(batch or ctx, ctx), threads=threads), ctx
+    if not getattr(model, "_logits_all", False):
+        raise MfggufError("perplexity needs a model opened with logits_all=True; pass the GGUF path instead")
+    ctx = check_ctx(model.mfgguf_header, ctx or getattr(model, "mfgguf_n_ctx", None))
+    if ctx > model.n_ctx():
+        raise MfggufError(f"--ctx {ctx} is longer than the open model's context {model.n_ctx()}; reopen it with n_ctx={ctx}")
+    return nullcontext(model), ctx
+
+
+def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = None, threads: int | None = None) -> dict:
+    """Perplexity of a token sequence under a GGUF, computed by llama.cpp.
+
+    MODEL is a GGUF path (or a Llama opened with logits_all=True). ctx defaults to the model's
+    trained context. Returns {"ppl", "nll" (mean nats per scored token), "n_tokens" (scored),
+    "n_windows", "ctx", "n_input_tokens", "tokens_per_s"}.
+
+    Example:
+        >>> perplexity("model.gguf", np.load("RUN/data/heldout/code.npy"), ctx=128)
+    """
+    cm, ctx = _open(model, ctx, batch, threads)
+    with cm as llm:
+        return _perplexity_llm(llm, tokens, ctx)
+
+
+def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch: int | None = None,
+                         threads: int | None = None, progress: bool = False) -> dict:
+    """Perplexity per domain and overall (token-weighted mean NLL) with one load of the model.
+
+    `domains` maps a name to token ids. Returns {"domains": {name: result}, "overall": {...}}
+    where each result is what `perplexity` returns.
+
+    Example:
+        >>> r = perplexity_by_domain("model.gguf", {"code": a, "prose": b})
+        >>> r["overall"]["ppl"], r["domains"]["code"]["ppl"]
+    """
+    cm, ctx = _open(model, ctx, batch, threads)
+    with cm as llm:
+        return _by_domain_llm(llm, domains, ctx, progress)
+
+
+def _by_domain_llm(llm, domains: dict, ctx: int, progress: bool) -> dict:
+    if not domains:
+        raise MfggufError("no data to score; pass at least one domain of tokens")
+    out = {}
+    with _progress_bar(progress, domains, ctx) as bar:
+        for name, toks in domains.items():
+            out[name] = _perplexity_llm(llm, toks, ctx, what=f"domain {name!r}", progress=bar(name))
+    n = sum(r["n_tokens"] for r in out.values())
+    nll = sum(r["nll"] * r["n_tokens"] for r in out.values()) / n
+    n_windows = sum(r["n_windows"] for r in out.values())
+    secs = sum(r["n_windows"] * ctx / r["tokens_per_s"] for r in out.values() if r["tokens_per_s"])
+    overall = {
+        "ppl": math.exp(nll), "nll": nll, "n_tokens": n, "n_windows": n_windows, "ctx": ctx,
+        "n_input_tokens": sum(r["n_input_tokens"] for r in out.values()),
+        "tokens_per_s": n_windows * ctx / secs if secs else None,
+    }
+    return {"domains": out, "overall": overall}
+
+
+def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path | None = None, ctx: int | None = None,
+                     batch: int | None = None, threads: int | None = None, progress: bool = True) -> dict:
+    """Perplexity of MODEL, computed by llama.cpp, on text files or on a RUN's held-out split.
+
+    With --data FILE (repeatable) each file is UTF-8 text tokenized by the GGUF's own tokenizer
+    and scored as one domain named after the file. With --run RUN each RUN/data/heldout/<domain>.npy
+    is one domain. Windows of --ctx tokens (default: the model's trained context), each evaluated
+    fresh with its second half scored, as llama.cpp's perplexity tool does. Reports every domain
+    with its token counts and the token-weighted overall figure.
+
+    Example:
+        >>> perplexity_files("model.gguf", run="RUN", ctx=128)["overall"]["ppl"]
+    """
+    if (data is None) == (run is None) or (data is not None and not data):
+        raise MfggufError("pass either --data FILE or --run RUN (one of the two)")
+    if run is not None:
+        domains = _heldout_tokens(Path(run))
+    else:
+        texts = {}
+        for f in map(Path, data):
+            if not f.is_file():
+                raise MfggufError(f"data file not found: {f}")
+            text = f.read_text(encoding="utf-8", errors="replace")
+            if not text.strip():
+                raise MfggufError(f"data file {f} is empty; pass a file with text to score")
+            texts[f.stem] = text
+    cm, ctx = _open(model, ctx, batch, threads)
+    with cm as llm:
+        if data is not None:  # the GGUF's own tokenizer, run by llama.cpp
+            domains = {k: np.asarray(llm.tokenize(v.encode("utf-8"), add_bos=False, special=False)) for k, v in texts.items()}
+        return _by_domain_llm(llm, domains, ctx, progress)
+
+
+def _heldout_tokens(run: Path) -> dict:
+    from ..run import RunDir
+
+    r = RunDir(run)
+    info = r.info()
+    names = list(info.get("domains") or []) or sorted(p.stem for p in r.heldout_dir.glob("*.npy"))
+    names = [d for d in names if r.heldout(d).is_file()]
+    if not names:
+        raise MfggufError(f"{r.heldout_dir} holds no <domain>.npy held-out tokens; re-create the run with `mfgguf prepare`")
+    return {d: np.load(r.heldout(d), mmap_mode="r", allow_pickle=False) for d in names}
+
+
+def _progress_bar(enabled: bool, domains: dict, ctx: int):
+    """A rich bar over evaluated tokens (tokens/s, running perplexity, ETA); no-op when disabled."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def bar():
+        if not enabled:
+            yield lambda name: None
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        total = sum((len(t) // ctx) * ctx for t in domains.values())
+        cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} tok"),
+                TextColumn("{task.fields[rate]} tok/s  ppl {task.fields[ppl]}"), TimeRemainingColumn())
+        with Progress(*cols, transient=True, console=Console(stderr=True)) as p:  # stdout stays clean
+            task = p.add_task("perplexity", total=total, rate="-", ppl="-")
+            t0 = time.perf_counter()
+
+            def for_domain(name):
+                def step(n, mean_nll):
+                    p.advance(task, n)
+                    done = p.tasks[0].completed
+                    p.update(task, description=name, rate=f"{done / (time.perf_counter() - t0):.0f}",
+                             ppl=f"{math.exp(mean_nll):.2f}")
+                return step
+
+            yield for_domain
+
+    return bar()

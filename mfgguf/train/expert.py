@@ -1,0 +1,206 @@
+"""Train expert i alone against the frozen trunk, on its own shard; record its router statistics.
+
+The training forward is route "single": trunk + anchor + this expert, exactly what the assembled
+model computes for a token routed to expert i (top-1 weight is 1). The expert starts with a zero
+down-projection, so at step 0 the model is exactly the trunk and the expert can only add to it.
+
+Memory: only the expert's parameters have gradients and optimizer state. Under bf16 autocast the
+frozen trunk's Linear weights are held in bf16 (autocast would cast them anyway, so the function is
+the same); the trunk file is read one tensor at a time without a memory map.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..config import ModelConfig, get_preset, with_overrides
+from ..errors import MfggufError
+from ..model import Transformer, trunk_name_map
+from ..plots import loss_curve
+from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
+from . import checkpoint as ckpt_io
+from .loop import (check_token_range, evaluate, heldout_losses, load_tokens, mean, resolve_device,
+                   resolve_precision, run_loop, split_overrides)
+from .stats import RouterStats
+from .trunk import wants_recompute
+
+_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _read_safetensors(path: Path):
+    """Yield (name, tensor) one at a time with plain reads: no memory map, so RSS holds one tensor."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        base = 8 + n
+        for name, h in header.items():
+            if name == "__metadata__":
+                continue
+            b, e = h["data_offsets"]
+            dtype = _ST_DTYPES[h["dtype"]]
+            if e == b:
+                yield name, torch.empty(h["shape"], dtype=dtype)
+                continue
+            f.seek(base + b)
+            buf = bytearray(e - b)
+            f.readinto(buf)
+            yield name, torch.frombuffer(buf, dtype=dtype).reshape(h["shape"])
+
+
+def _set_param(model: nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
+    mod_name, _, pname = name.rpartition(".")
+    model.get_submodule(mod_name)._parameters[pname] = nn.Parameter(value, requires_grad=requires_grad)
+
+
+def load_trunk_meta(rd: RunDir) -> dict:
+    """The trunk's metadata, after checking that its file is the one the manifest recorded."""
+    if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
+        raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
+    meta = read_module_meta(rd, 0)
+    recorded = read_manifest(rd).get("modules", {}).get("trunk", {}).get("sha256")
+    actual = sha256_file(rd.module_file(0))
+    if actual != meta.get("sha256") or (recorded and actual != recorded):
+        raise MfggufError(f"{rd.module_file(0)} does not match its recorded sha256 (modified or damaged);"
+                          f" retrain it with `mfgguf train-trunk {rd.root} --restart`")
+    return meta
+
+
+def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.device, bf16_trunk: bool) -> Transformer:
+    """Transformer(cfg, n_experts=1): frozen trunk from the module file, trainable expert 0 (zero down-proj).
+
+    Built on the meta device and filled tensor by tensor, so no f32 copy of the whole trunk exists.
+    """
+    with torch.device("meta"):
+        model = Transformer(cfg, n_experts=1)
+    linear = {n + ".weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers).items()}
+    for gname, t in _read_safetensors(rd.module_file(0)):
+        name = by_gguf.get(gname)
+        if name is None:
+            continue
+        want = tuple(model.get_parameter(name).shape)
+        if tuple(t.shape) != want:
+            raise MfggufError(f"trunk tensor {gname} has shape {tuple(t.shape)}, its config says {want}; retrain the trunk")
+        dtype = torch.bfloat16 if bf16_trunk and name in linear else torch.float32  # norms, embedding stay f32
+        _set_param(model, name, t.to(dev, dtype), requires_grad=False)
+    g = torch.Generator().manual_seed(seed)
+    for l, layer in enumerate(model.layers):
+        e = layer.experts[0]
+        for lin in (e.gate, e.up):  # same init as Transformer.reset_parameters
+            _set_param(model, f"layers.{l}.experts.0.{'gate' if lin is e.gate else 'up'}.weight",
+                       torch.empty(lin.weight.shape).normal_(0.0, 0.02, generator=g).to(dev), True)
+        _set_param(model, f"layers.{l}.experts.0.down.weight", torch.zeros(e.down.weight.shape, device=dev), True)
+        _set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise MfggufError(f"trunk file lacks {len(left)} tensor(s), e.g. {left[0]}; retrain the trunk")
+    return model
+
+
+def expert_params(model: Transformer) -> dict[str, nn.Parameter]:
+    """The only trainable parameters: layers[*].experts[0]."""
+    return {n: p for n, p in model.named_parameters() if ".experts.0." in n}
+
+
+def _shard_domains(info: dict, i: int):
+    """Which domains shard i holds, as run.json describes it (None when it does not say)."""
+    shards = info.get("shards")
+    entry = None
+    if isinstance(shards, dict):
+        entry = shards.get(str(i)) or shards.get(module_name(i)) or shards.get(f"shard_{i:03d}")
+    elif isinstance(shards, list) and 0 < i <= len(shards):
+        entry = shards[i - 1]
+    if isinstance(entry, dict):
+        return entry.get("domains", entry)
+    return entry
+
+
+def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: str = "cpu", progress: bool = True,
+                 precision: str = "auto", restart: bool = False, recompute: bool | None = None,
+                 **train_overrides) -> dict:
+    """Train expert EXPERT (1..N) alone on its shard with the trunk frozen; write modules/expert_00I.
+
+    The expert is one SwiGLU FFN per layer added beside the anchor; it starts as a no-op and only
+    its parameters train. After training, a pass over its shard records the router statistics
+    (per layer: mean and second moment of the FFN-input vectors) into the module file. Resumes
+    from RUN/checkpoints/expert_00I if a compatible checkpoint is there (--restart deletes it).
+    Overrides accept TrainConfig fields (lr, batch_size, seed, ckpt_every, eval_tokens, ...).
+
+    Example:
+        >>> train_expert(Path("RUN"), 1, tokens=20_000)["heldout_loss"]
+    """
+    t_start = time.perf_counter()
+    rd = RunDir(run)
+    info = rd.info()
+    i = rd.check_expert_index(int(expert))
+    t_over, m_over = split_overrides(train_overrides)
+    if m_over:
+        raise MfggufError(f"model shape options ({', '.join(m_over)}) belong to the trunk; experts use the trunk's")
+    trunk = load_trunk_meta(rd)
+    cfg = ModelConfig.from_dict(trunk["config"])
+    preset = trunk.get("preset", "small")
+    tc = with_overrides(get_preset(preset).expert, tokens=tokens, **t_over)
+    dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
+    data = load_tokens(rd.shard(i), f"shard {i}")
+    check_token_range(data, cfg.vocab_size, str(rd.shard(i)))
+    ckpt_dir = rd.checkpoint_dir(i)
+    if restart:
+        ckpt_io.remove(ckpt_dir)
+
+    model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16")
+    named = expert_params(model)
+    ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
+                 "train": asdict(tc), "trunk_sha256": trunk["sha256"]}
+    rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
+    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route="single", stream=i, ckpt_dir=ckpt_dir,
+                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=module_name(i))
+
+    heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, "single", dev, prec)
+    stats = RouterStats(cfg.n_layers, cfg.dim)
+    shard_loss, _ = evaluate(model, data, 4 * tc.eval_tokens, "single", dev, prec, hook=stats.hook)
+    meta = {
+        "kind": "expert",
+        "index": i,
+        "preset": preset,
+        "config": cfg.to_dict(),
+        "train": asdict(tc),
+        "trunk_sha256": trunk["sha256"],
+        "shard": i,
+        "partition": info.get("partition"),
+        "shard_domains": _shard_domains(info, i),
+        "device": dev.type,
+        "precision": prec,
+        "recompute": rec,
+        "steps": res.steps,
+        "tokens_seen": res.tokens_seen,
+        "final_loss": res.final_loss,
+        "shard_loss": shard_loss,
+        "heldout_loss": heldout,
+        "heldout_loss_mean": mean(heldout),
+        "trunk_heldout_loss": trunk.get("heldout_loss", {}),
+        "router_stats_count": stats.n,
+        "train_s": res.train_s,
+        "tokens_per_s": (res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len) / max(res.train_s, 1e-9),
+        "resumed_from_step": res.resumed_from,
+        "history": res.history,
+        "wall_s": time.perf_counter() - t_start,
+    }
+    meta = write_module(rd, i, {**model.expert_tensors(0), **stats.tensors()}, meta)
+    loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout,
+               reference=trunk.get("heldout_loss"), title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
+    ckpt_io.remove(ckpt_dir)
+    return meta
+
+
+if __name__ == "__main__":  # python -m mfgguf.train.expert RUN I: the CLI verb without typer
+    import sys
+
+    print(json.dumps({k: v for k, v in train_expert(Path(sys.argv[1]), int(sys.argv[2])).items() if k != "history"}))

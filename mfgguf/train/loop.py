@@ -1,0 +1,299 @@
+"""The training loop shared by the trunk and the experts: data windows, schedule, AdamW, checkpoints.
+
+Exact resume is a design property, not a feature bolted on: the batch at step s is drawn from a
+generator seeded by (seed, stream, s), so it does not depend on history; the only state is the
+trainable parameters, AdamW's moments and the loss history, all of which a checkpoint holds.
+
+Memory: with `recompute=True` each block's activations are recomputed in the backward pass
+(only block inputs are kept) and the output head + cross-entropy run in chunks, so a frozen
+1B-parameter trunk trains an expert in little more memory than its bf16 weights.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint as _ckpt
+
+from ..config import ModelConfig, TrainConfig
+from ..errors import MfggufError
+from ..model import Transformer, rope_tables
+from . import checkpoint as ckpt_io
+
+LOGITS_CHUNK = 1 << 24  # logits elements per chunk of the output head (64 MB in f32)
+_BF16_CPU: bool | None = None  # probed once
+
+
+# ---- device and precision ------------------------------------------------------------------------
+
+
+def resolve_device(device: str) -> torch.device:
+    """'cpu' or 'cuda' (clear error when CUDA is not available)."""
+    if device == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)
+        return torch.device("cpu")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise MfggufError("--device cuda was asked but this torch sees no CUDA GPU; use --device cpu")
+        return torch.device("cuda")
+    raise MfggufError(f"unknown device {device!r}; choose cpu or cuda")
+
+
+def _bf16_supported(dev: torch.device) -> bool:
+    global _BF16_CPU
+    if dev.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if _BF16_CPU is None:
+        try:  # oneDNN reports native bf16 (avx512_bf16 / amx); without it bf16 is emulated and slow
+            ok = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                ok = ok and (torch.ones(4, 4) @ torch.ones(4, 4)).dtype == torch.bfloat16
+        except Exception:
+            ok = False
+        _BF16_CPU = ok
+    return _BF16_CPU
+
+
+def resolve_precision(precision: str, dev: torch.device) -> str:
+    """'auto' -> 'bf16' where the device has native bf16, else 'fp32'."""
+    if precision not in ("auto", "bf16", "fp32"):
+        raise MfggufError(f"unknown precision {precision!r}; choose auto, bf16 or fp32")
+    if precision == "auto":
+        return "bf16" if _bf16_supported(dev) else "fp32"
+    if precision == "bf16" and dev.type == "cuda" and not _bf16_supported(dev):
+        raise MfggufError("this GPU has no bf16; pass --precision fp32")
+    return precision
+
+
+def autocast(precision: str, dev: torch.device):
+    return torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+
+
+# ---- data -----------------------------------------------------------------------------------------
+
+
+def load_tokens(path: Path, what: str) -> np.ndarray:
+    """A memory-mapped 1-D token array (never unpickled)."""
+    if not Path(path).is_file():
+        raise MfggufError(f"{what} is missing: {path}; re-create the run with `mfgguf prepare`")
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise MfggufError(f"{what} is unreadable: {path} ({e}); re-create the run with `mfgguf prepare`") from None
+    if a.ndim != 1 or a.dtype.kind not in "ui":
+        raise MfggufError(f"{what} must be a 1-D integer array, got {a.dtype} {a.shape}: {path}")
+    return a
+
+
+def get_batch(tokens: np.ndarray, seed: int, stream: int, step: int, batch_size: int, ctx_len: int):
+    """Random windows of ctx_len+1 tokens; a pure function of (seed, stream, step)."""
+    n = len(tokens)
+    if n < ctx_len + 2:
+        raise MfggufError(f"only {n} training tokens, fewer than one context of {ctx_len + 1}; add data")
+    rng = np.random.default_rng([seed, stream, step])
+    starts = rng.integers(0, n - ctx_len - 1, size=batch_size)
+    w = np.stack([np.asarray(tokens[s : s + ctx_len + 1], dtype=np.int64) for s in starts])  # (B, T+1)
+    w = torch.from_numpy(w)
+    return w[:, :-1], w[:, 1:]  # (B, T), (B, T)
+
+
+def lr_at(step: int, steps: int, tc: TrainConfig) -> float:
+    """Linear warm-up, then cosine from lr down to lr * min_lr_frac."""
+    warm = max(1, int(round(tc.warmup_frac * steps)))
+    if step < warm:
+        return tc.lr * (step + 1) / warm
+    t = (step - warm) / max(1, steps - warm)
+    return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+# ---- forward with optional recompute and chunked loss ---------------------------------------------
+
+
+def _head_loss_sum(model: Transformer, x, y):  # x: (N, C), y: (N,) -> summed cross-entropy
+    logits = model.output(model.output_norm(x))  # (N, V)
+    return F.cross_entropy(logits.float(), y, reduction="sum")
+
+
+def forward_loss(model: Transformer, idx, targets, route: str, recompute: bool = False, hook=None):
+    """Mean cross-entropy; the same function as `model(idx, targets, route)`, with less memory when
+    `recompute`: blocks are checkpointed and the head runs in chunks of LOGITS_CHUNK logits."""
+    if not recompute:
+        return model(idx, targets, route=route, hook=hook)
+    B, T = idx.shape
+    cos, sin = rope_tables(model.cfg.head_dim, T, model.cfg.rope_theta, idx.device)
+    x = model.tok_embd(idx)  # (B, T, C)
+    for i, layer in enumerate(model.layers):
+        x = _ckpt(layer, x, cos, sin, route, hook, i, use_reentrant=False)
+    x, y = x.reshape(B * T, -1), targets.reshape(-1)  # (N, C), (N,)
+    step = max(1, LOGITS_CHUNK // model.cfg.vocab_size)
+    total = 0.0
+    for s in range(0, B * T, step):
+        total = total + _ckpt(_head_loss_sum, model, x[s : s + step], y[s : s + step], use_reentrant=False)
+    return total / (B * T)
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str, dev, precision: str,
+             hook=None) -> tuple[float, int]:
+    """Mean loss over consecutive non-overlapping windows of up to `max_tokens` tokens.
+
+    Returns (loss, tokens scored); (nan, 0) for an array too short to score.
+    """
+    T, N = model.cfg.ctx_len, len(tokens)
+    if N < 2:
+        return float("nan"), 0
+    win = min(T, N - 1)
+    if N - 1 <= max_tokens:  # short: score it all, contiguous windows
+        starts = np.arange((N - 1) // win) * win
+    else:  # long: windows spread evenly over the whole array
+        starts = np.linspace(0, N - win - 1, max(1, max_tokens // win)).round().astype(np.int64)
+    n_win = len(starts)
+    bs = max(1, LOGITS_CHUNK // (win * model.cfg.vocab_size))  # bound the logits held at once
+    total, count = 0.0, 0
+    model.eval()
+    for b in range(0, n_win, bs):
+        rows = [np.asarray(tokens[s : s + win + 1], dtype=np.int64) for s in starts[b : b + bs]]
+        w = torch.from_numpy(np.stack(rows)).to(dev)  # (b, win+1)
+        with autocast(precision, dev):
+            loss = model(w[:, :-1], w[:, 1:], route=route, hook=hook)
+        total += float(loss) * w[:, 1:].numel()
+        count += w[:, 1:].numel()
+    return total / count, count
+
+
+# ---- optimizer and loop ---------------------------------------------------------------------------
+
+
+def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig, dev) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (norms and other vectors are not decayed)."""
+    decay = [p for p in named_params.values() if p.dim() >= 2]
+    other = [p for p in named_params.values() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95), eps=1e-8, foreach=dev.type == "cuda")
+
+
+@dataclass
+class LoopResult:
+    steps: int
+    tokens_seen: int
+    final_loss: float
+    history: list = field(default_factory=list)  # [[step, tokens, loss], ...]
+    train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load)
+    resumed_from: int = 0
+
+
+def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], data: np.ndarray, tc: TrainConfig,
+             *, dev, precision: str, route: str, stream: int, ckpt_dir: Path, ckpt_meta: dict,
+             recompute: bool = False, progress: bool = True, label: str = "train") -> LoopResult:
+    """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
+
+    `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
+    start over. Returns the loss history and token counts.
+    """
+    cfg: ModelConfig = model.cfg
+    per_step = tc.batch_size * cfg.ctx_len
+    steps = max(1, tc.tokens // per_step)
+    params = list(named_params.values())
+    opt = make_optimizer(named_params, tc, dev)
+    state = ckpt_io.load(ckpt_dir, named_params, opt, ckpt_meta)
+    start, history = (state["step"], state["history"]) if state else (0, [])
+
+    bar = _Progress(label, steps * per_step, start * per_step) if progress else None
+    model.train()
+    t0, tok0 = time.perf_counter(), start * per_step
+    try:
+        for step in range(start, steps):
+            x, y = get_batch(data, tc.seed, stream, step, tc.batch_size, cfg.ctx_len)
+            x, y = x.to(dev), y.to(dev)
+            lr = lr_at(step, steps, tc)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            with autocast(precision, dev):
+                loss = forward_loss(model, x, y, route, recompute)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            lv = float(loss.detach())
+            if not math.isfinite(lv):
+                raise MfggufError(f"training diverged at step {step} (loss {lv}); lower --lr and pass --restart")
+            history.append([step + 1, (step + 1) * per_step, lv])
+            if bar:
+                bar.update((step + 1) * per_step, lv, time.perf_counter() - t0, (step + 1) * per_step - tok0)
+            if (step + 1) % tc.ckpt_every == 0 and step + 1 < steps:
+                ckpt_io.save(ckpt_dir, named_params, opt, {**ckpt_meta, "step": step + 1, "history": history})
+    finally:
+        if bar:
+            bar.close()
+    train_s = time.perf_counter() - t0
+    return LoopResult(steps=steps, tokens_seen=steps * per_step, final_loss=_smooth(history),
+                      history=history, train_s=train_s, resumed_from=start)
+
+
+def _smooth(history: list, n: int = 10) -> float:
+    """Mean of the last n step losses: a less noisy final loss than the last step alone."""
+    tail = [h[2] for h in history[-n:]]
+    return float(sum(tail) / len(tail)) if tail else float("nan")
+
+
+class _Progress:
+    """A rich progress bar over tokens, with loss and tokens/s."""
+
+    def __init__(self, label: str, total: int, done: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                          TimeRemainingColumn())
+        self.p.start()
+        self.task = self.p.add_task(label, total=total, completed=done, loss="-", tps="-")
+
+    def update(self, done: int, loss: float, dt: float, tokens: int):
+        self.p.update(self.task, completed=done, loss=f"{loss:.3f}", tps=f"{tokens / max(dt, 1e-9):,.0f}")
+
+    def close(self):
+        self.p.stop()
+
+
+def train_config_dict(tc: TrainConfig) -> dict:
+    return asdict(tc)
+
+
+def split_overrides(overrides: dict) -> tuple[dict, dict]:
+    """Split `**train_overrides` into TrainConfig and ModelConfig fields; reject unknown names."""
+    t = {k: v for k, v in overrides.items() if k in TrainConfig.__dataclass_fields__}
+    m = {k: v for k, v in overrides.items() if k in ModelConfig.__dataclass_fields__}
+    bad = sorted(set(overrides) - set(t) - set(m))
+    if bad:
+        raise MfggufError(f"unknown training option(s) {', '.join(bad)}; see `mfgguf train-trunk --help`")
+    if "vocab_size" in m or "n_experts" in m:
+        raise MfggufError("vocab_size and n_experts come from the RUN directory and cannot be overridden")
+    return t, m
+
+
+def heldout_losses(heldout_dir: Path, model: Transformer, max_tokens: int, route: str, dev, precision: str) -> dict:
+    """{domain: mean loss} over `data/heldout/<domain>.npy`, up to `max_tokens` tokens each."""
+    out = {}
+    for f in sorted(Path(heldout_dir).glob("*.npy")):
+        loss, n = evaluate(model, load_tokens(f, f"held-out tokens of {f.stem}"), max_tokens, route, dev, precision)
+        if n:
+            out[f.stem] = loss
+    return out
+
+
+def mean(d: dict) -> float:
+    return float(sum(d.values()) / len(d)) if d else float("nan")
+
+
+def check_token_range(tokens: np.ndarray, vocab_size: int, what: str) -> None:
+    top = int(tokens.max()) if len(tokens) else 0
+    if top >= vocab_size:
+        raise MfggufError(f"{what} holds token id {top} >= vocab size {vocab_size}; re-create the run with `mfgguf prepare`")

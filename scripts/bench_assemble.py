@@ -1,0 +1,139 @@
+"""Benchmark streaming assembly: peak RSS flat in N, wall time vs plain file I/O, quantizer throughput.
+
+Prints JSON lines:
+  {"bench": "quantize", "type": ..., "mb_per_s": ...}            f32 input MB/s of the quantizer path
+  {"bench": "assemble", "n_experts": N, "peak_rss_mb": ..., "wall_s": ..., "io_ref_s": ..., "ratio": ...}
+  {"bench": "summary", "rss_ratio_max_over_min_n": ..., ...}
+
+Modules are synthetic (scripts/synthetic_run.py) with the `1b` preset's shapes: a ~1.3 GB trunk
+and ~38 MB (f32 weights) + ~50 MB (router statistics) per expert. Each assembly runs in its own
+subprocess (peak RSS: that process's VmHWM). The I/O reference reads the same
+input files and writes the same number of output bytes with fsync, in the same directory, right
+after each assembly (same page-cache state).
+
+    python scripts/bench_assemble.py                 # N = 8, 32, 100 (needs ~10 GB of disk)
+    python scripts/bench_assemble.py --quick         # N = 8, 32, smaller quantizer matrices
+    python scripts/bench_assemble.py --experts 8,32 --dir /var/tmp/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _child(code: str) -> tuple[float, float, str]:
+    """Run python code in a subprocess; (wall s, rusage peak RSS MB, stdout).
+
+    Linux carries the parent's RSS high-water mark across fork+exec into ru_maxrss, so the
+    assembly child reports its own peak from /proc/self/status (VmHWM) in its stdout instead.
+    """
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    out = p.stdout.read().decode()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"child failed ({p.returncode}): {code[:200]}")
+    return wall, ru.ru_maxrss / 1024, out
+
+
+def bench_quantizer(n: int, threads: int | None) -> None:
+    from mfgguf.converters import quant as Q
+
+    x = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32) * 0.02
+    for t in ("f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"):
+        Q.quantize(x[:64], t, threads=threads)  # warm
+        t0 = time.perf_counter()
+        Q.quantize(x, t, threads=threads)
+        dt = time.perf_counter() - t0
+        print(json.dumps({"bench": "quantize", "type": t, "shape": [n, n], "backend": Q.backend(),
+                          "threads": threads or Q.default_threads(), "mb_per_s": round(x.nbytes / dt / 1e6, 1)}), flush=True)
+
+
+def io_reference(inputs: list[Path], out_bytes: int, dest: Path) -> str:
+    return f"""
+import os
+buf = bytearray(8 << 20)
+mv = memoryview(buf)
+for p in {[str(p) for p in inputs]!r}:
+    with open(p, "rb", buffering=0) as f:
+        while f.readinto(mv):
+            pass
+fd = os.open({str(dest)!r}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+left = {out_bytes}
+while left:
+    left -= os.write(fd, mv[: min(left, len(buf))])
+os.fsync(fd)
+os.close(fd)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experts", default=None, help="comma-separated N values (default 8,32,100; --quick 8,32)")
+    ap.add_argument("--quant", default="q8_0")
+    ap.add_argument("--preset", default="1b")
+    ap.add_argument("--quick", action="store_true", help="N = 8,32 and 2048x2048 quantizer matrices")
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/mfgguf-bench"))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the synthetic RUN for the next time")
+    a = ap.parse_args()
+    ns = [int(x) for x in (a.experts or ("8,32" if a.quick else "8,32,100")).split(",")]
+
+    bench_quantizer(2048 if a.quick else 4096, a.threads)
+
+    from synthetic_run import build  # scripts/ is on sys.path when run as a script
+
+    run = a.dir / f"run-{a.preset}"
+    info = run / "run.json"
+    if not info.is_file() or json.loads(info.read_text())["n_experts"] < max(ns):
+        shutil.rmtree(run, ignore_errors=True)
+        t0 = time.perf_counter()
+        build(run, preset=a.preset, n_experts=max(ns), max_chars=3_000_000)
+        print(json.dumps({"bench": "build_synthetic_run", "n_experts": max(ns), "s": round(time.perf_counter() - t0, 1)}), flush=True)
+    from mfgguf.run import RunDir
+
+    rd = RunDir(run)
+    rss = {}
+    for n in ns:
+        out = a.dir / f"model-{n}.gguf"
+        code = (f"import sys, json; from pathlib import Path; from mfgguf.converters.assemble import assemble; "
+                f"r = assemble(Path({str(run)!r}), Path({str(out)!r}), quant={a.quant!r}, experts=list(range(1, {n + 1})), "
+                f"force=True, progress=False, threads={a.threads!r}); "
+                f"assert 'torch' not in sys.modules; "
+                f"r['vm_hwm_kb'] = int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); "
+                f"print(json.dumps(r))")
+        wall, _, stdout = _child(code)
+        r = json.loads(stdout.strip().splitlines()[-1])
+        peak = r["vm_hwm_kb"] / 1024
+        inputs = [rd.module_file(i) for i in range(0, n + 1)]
+        io_s, _, _ = _child(io_reference(inputs, r["bytes"], a.dir / "io-ref.bin"))
+        (a.dir / "io-ref.bin").unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
+        rss[n] = peak
+        print(json.dumps({"bench": "assemble", "preset": a.preset, "n_experts": n, "quant": a.quant,
+                          "input_mb": round(r["input_bytes"] / 1e6), "output_mb": round(r["bytes"] / 1e6),
+                          "peak_rss_mb": round(peak, 1), "wall_s": round(wall, 2), "assemble_s": r["seconds"],
+                          "io_ref_s": round(io_s, 2), "ratio": round(wall / io_s, 2), "threads": r["threads"]}), flush=True)
+    lo, hi = min(ns), max(ns)
+    print(json.dumps({"bench": "summary", "rss_ratio": round(rss[hi] / rss[lo], 3), "n_lo": lo, "n_hi": hi,
+                      "max_rss_mb": round(max(rss.values()), 1)}), flush=True)
+    if not a.keep:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

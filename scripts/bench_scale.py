@@ -1,0 +1,166 @@
+"""The mission claim, measured: the `1b` preset (100 experts of ~9.4M parameters + trunk, ~1.27B).
+
+Prints JSON lines (one per measurement) and writes them to OUT/bench_scale.jsonl:
+  - peak RSS of training one expert (max over all expert processes), of assembling all 100
+    (q8_0 and q4_k), and of loading the q8_0 result in llama-cpp-python and generating 128 tokens;
+  - GGUF size on disk, total and active parameters per token;
+  - prompt and decode tokens/s of the assembled MoE and of a dense llama model with the same
+    active parameters written by the same code, in the same run;
+  - assembly wall time and the same run's plain-I/O reference time.
+
+The trunk and the experts train for only a few steps here: this measures the system (memory,
+speed, file sizes), not model quality. Every expert really trains, in its own process.
+
+    python scripts/bench_scale.py                  # the full run (about 40 minutes on 2 cores)
+    python scripts/bench_scale.py --experts 8      # a quicker look at the same measurements
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from mfgguf.run import RunDir  # noqa: E402
+from mfgguf.stages import run_stage  # noqa: E402
+
+INFER = r"""
+import json, sys, time
+from mfgguf.runtime.llm import loaded
+path, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with loaded(path, n_ctx=n_prompt + n_gen + 8) as llm:
+    prompt = (llm.tokenize(open(sys.argv[4]).read().encode(), add_bos=False) * 50)[:n_prompt]
+    t0 = time.perf_counter(); llm.eval(prompt); t_prompt = time.perf_counter() - t0
+    tok, t0 = prompt[-1], time.perf_counter()
+    for _ in range(n_gen):  # greedy decode, one token at a time: the chat/generate hot path
+        tok = int(llm.sample(temp=0.0)); llm.eval([tok])
+    t_gen = time.perf_counter() - t0
+print(json.dumps({"prompt_tps": n_prompt / t_prompt, "decode_tps": n_gen / t_gen, "n_prompt": n_prompt, "n_gen": n_gen}))
+"""
+
+
+def emit(out: Path, **rec) -> None:
+    line = json.dumps(rec)
+    print(line, flush=True)
+    with open(out / "bench_scale.jsonl", "a") as f:
+        f.write(line + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "scale")
+    ap.add_argument("--experts", type=int, default=100)
+    ap.add_argument("--trunk-tokens", type=int, default=4096, help="trunk training tokens (1 step of 8 x 512)")
+    ap.add_argument("--expert-tokens", type=int, default=2048, help="training tokens per expert (1 step of 4 x 512)")
+    ap.add_argument("--chars-per-domain", type=int, default=1_500_000)
+    ap.add_argument("--fresh", action="store_true", help="delete OUT first instead of resuming")
+    a = ap.parse_args()
+
+    out: Path = a.out
+    if a.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = RunDir(out / "run")
+    emit(out, bench="scale", event="start", experts=a.experts, machine=f"{os.cpu_count()} cores",
+         note="trunk and experts train only a few steps: this measures the system, not model quality")
+
+    if not run.run_json.is_file():
+        r, _ = run_stage("prepare", ["prepare", "builtin", "--out", run.root, "--experts", a.experts,
+                                     "--partition", "random", "--vocab-size", 32768,
+                                     "--max-chars-per-domain", a.chars_per_domain])
+        emit(out, stage="prepare", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
+    if not run.module_meta(0).is_file():
+        r, _ = run_stage("train-trunk", ["train-trunk", run.root, "--preset", "1b", "--tokens", a.trunk_tokens,
+                                         "--eval-tokens", 1024])
+        emit(out, stage="train-trunk", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb, tokens=a.trunk_tokens)
+
+    rss, walls = [], []
+    for i in range(1, a.experts + 1):
+        if run.module_meta(i).is_file():
+            continue
+        r, _ = run_stage(f"expert {i}", ["train-expert", run.root, "--expert", i, "--tokens", a.expert_tokens,
+                                         "--eval-tokens", 1024])
+        rss.append(r.peak_rss_mb)
+        walls.append(r.wall_s)
+        emit(out, stage="train-expert", expert=i, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
+    if rss:
+        emit(out, metric="train_expert_peak_rss_mb", value=max(rss), mean_wall_s=sum(walls) / len(walls),
+             goal="<= 1536", n=len(rss))
+
+    in_bytes = sum(run.module_file(i).stat().st_size for i in range(0, a.experts + 1))
+    for quant in ("q8_0", "q4_k"):
+        gguf = out / f"moe-{quant}.gguf"
+        r, _ = run_stage(f"assemble {quant}", ["assemble", run.root, "-o", gguf, "--quant", quant, "--force"])
+        ref = plain_io_seconds(run, a.experts, gguf.stat().st_size, out)
+        emit(out, metric="assemble", quant=quant, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb, goal_rss_mb="<= 256",
+             gguf_bytes=gguf.stat().st_size, input_bytes=in_bytes, plain_io_s=round(ref, 2),
+             ratio_to_plain_io=round(r.wall_s / ref, 2))
+
+    from mfgguf.converters.inspect import inspect_gguf
+
+    moe = out / "moe-q8_0.gguf"
+    info = inspect_gguf(moe)
+    emit(out, metric="params", total=info["params_total"], active_per_token=info["params_active"],
+         gguf_bytes=moe.stat().st_size, gguf_gib=round(moe.stat().st_size / 2**30, 3))
+
+    dense = dense_model(run, out)
+    sample = ROOT / "README.md"
+    res = {}
+    for name, path in (("moe_q8_0", moe), ("dense_q8_0", dense)):
+        r, text = run_stage(f"infer {name}", [sys.executable, "-c", INFER, str(path), "512", "128", str(sample)],
+                            capture=True)
+        res[name] = json.loads(text.strip().splitlines()[-1])
+        emit(out, metric="inference", model=name, file_bytes=path.stat().st_size, peak_rss_mb=r.peak_rss_mb,
+             goal_rss_mb="<= 1536" if name == "moe_q8_0" else None, **res[name])
+    emit(out, metric="moe_over_dense_decode", value=round(res["moe_q8_0"]["decode_tps"] / res["dense_q8_0"]["decode_tps"], 3),
+         goal=">= 0.7", prompt_ratio=round(res["moe_q8_0"]["prompt_tps"] / res["dense_q8_0"]["prompt_tps"], 3))
+
+
+def plain_io_seconds(run: RunDir, n: int, out_bytes: int, out: Path) -> float:
+    """Read every module file and write as many bytes as the GGUF, with fsync, on the same disk."""
+    os.sync()
+    t0 = time.perf_counter()
+    for i in range(0, n + 1):
+        with open(run.module_file(i), "rb", buffering=0) as f:
+            while f.read(1 << 24):
+                pass
+    tmp = out / ".plain-io.tmp"
+    buf = b"\0" * (1 << 24)
+    with open(tmp, "wb", buffering=0) as f:
+        left = out_bytes
+        while left > 0:
+            left -= f.write(buf[: min(left, len(buf))])
+        os.fsync(f.fileno())
+    t = time.perf_counter() - t0
+    tmp.unlink()
+    return t
+
+
+def dense_model(run: RunDir, out: Path) -> Path:
+    """A dense llama GGUF with the MoE's active parameters (anchor widened by one expert), same writer."""
+    from synthetic_run import build
+
+    from mfgguf.run import read_module_meta
+
+    cfg = read_module_meta(run, 0)["config"]
+    dense_run = out / "dense-run"
+    path = out / "dense-q8_0.gguf"
+    if not path.is_file():
+        if dense_run.exists():
+            shutil.rmtree(dense_run)
+        build(dense_run, preset="1b", n_experts=0, vocab=cfg["vocab_size"], tokenizer=run.tokenizer,
+              anchor_ff=cfg["anchor_ff"] + cfg["expert_ff"])
+        run_stage("assemble dense", ["assemble", dense_run, "-o", path, "--quant", "q8_0", "--experts", "none", "--force"])
+    return path
+
+
+if __name__ == "__main__":
+    main()

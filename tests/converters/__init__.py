@@ -1,0 +1,69 @@
+"""Converter tests: shared helpers (synthetic RUNs, llama.cpp logits, the real text sample)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def synthetic_run(out: Path, **kw) -> Path:
+    """scripts/synthetic_run.build: random-weight modules, real BPE tokenizer, real module files."""
+    spec = importlib.util.spec_from_file_location("synthetic_run", ROOT / "scripts" / "synthetic_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kw.setdefault("max_chars", 400_000)
+    return mod.build(out, **kw)
+
+
+def text_sample(n_chars: int = 4000) -> str:
+    """Real English prose that ships with Python (pydoc topics)."""
+    import pydoc_data.topics as t
+
+    return (t.topics["assignment"] + t.topics["for"] + t.topics["exceptions"])[:n_chars]
+
+
+def llama_logits(path: Path, ids: list[int], n_ctx: int) -> np.ndarray:
+    """llama.cpp's logits (T, V) for `ids`; f32 KV cache so only the arithmetic differs from torch."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=2, type_k=0, type_v=0)
+    try:
+        llm.eval(ids)
+        return np.array(llm.scores[: len(ids)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def llama_tokenize(path: Path, text: str) -> list[int]:
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=64, vocab_only=True, verbose=False)
+    try:
+        return llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    finally:
+        llm.close()
+
+
+def nll(logits: np.ndarray, ids: list[int]) -> float:
+    """Mean next-token negative log-likelihood of ids[1:] under logits[:-1]."""
+    x = logits[:-1].astype(np.float64)
+    lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
+    return float(np.mean(lse - x[np.arange(len(x)), ids[1:]]))
+
+
+def reference_logits(run: Path, gguf_path: Path, ids: list[int]) -> tuple[np.ndarray, object]:
+    import torch
+
+    from mfgguf.reference import reference_model
+
+    model, route = reference_model(run, gguf_path)
+    with torch.no_grad():
+        return model(torch.tensor([ids]), route=route)[0].float().numpy(), model
+
+
+def rel_diff(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a - ref).mean() / np.abs(ref).mean())

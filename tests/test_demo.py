@@ -1,0 +1,43 @@
+"""`mfgguf demo` end to end on the tiny preset: every stage in its own process, then resume."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from mfgguf.cli.app import app
+
+
+def test_demo_runs_end_to_end_and_resumes(tmp_path):
+    out = tmp_path / "demo"
+    args = ["demo", "--out", str(out), "--preset", "tiny", "--experts", "3", "--max-chars-per-domain", "150000"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    names = [st["stage"] for st in s["stages"]]
+    assert names[:5] == ["prepare", "train-trunk", "train-expert 1", "train-expert 2", "train-expert 3"]
+    assert all(st["peak_rss_mb"] > 50 for st in s["stages"] if st["stage"].startswith("train"))
+    ppl = s["perplexity"]
+    assert set(ppl) == {"trunk alone", "assembled MoE"}
+    # Experts train on top of the trunk and start as a no-op: the assembled model must not be worse.
+    assert ppl["assembled MoE"]["overall"]["ppl"] < ppl["trunk alone"]["overall"]["ppl"]
+    assert s["files"]["model-q8_0.gguf"] > s["files"]["trunk-q8_0.gguf"]
+    assert "mfgguf chat" in r.output and "mfgguf eval" in r.output
+    assert (out / "summary.md").read_text().count("|") > 20
+
+    # Re-run: every training stage is skipped, results are recomputed from the same files.
+    r2 = CliRunner().invoke(app, args)
+    assert r2.exit_code == 0, r2.output
+    s2 = json.loads((out / "summary.json").read_text())
+    skipped = {st["stage"] for st in s2["stages"] if st["skipped"]}
+    assert {"prepare", "train-trunk", "train-expert 1", "assemble"} <= skipped
+    assert s2["perplexity"]["assembled MoE"]["overall"]["ppl"] == ppl["assembled MoE"]["overall"]["ppl"]
+
+
+def test_demo_refuses_a_foreign_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("my work")
+    r = CliRunner().invoke(app, ["demo", "--out", str(tmp_path), "--preset", "tiny"])
+    assert r.exit_code == 1
+    assert r.output.strip().startswith("error:") and "Traceback" not in r.output
+    assert (tmp_path / "notes.txt").read_text() == "my work"

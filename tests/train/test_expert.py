@@ -1,0 +1,107 @@
+"""Expert training: frozen trunk, the exact routed function, router statistics, own-domain gain."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mfgguf.config import ModelConfig, get_preset
+from mfgguf.errors import MfggufError
+from mfgguf.model import Transformer
+from mfgguf.run import STATS_PREFIX, RunDir
+from mfgguf.train.expert import build_expert_model, expert_params, train_expert
+from mfgguf.train.loop import forward_loss, get_batch, load_tokens, make_optimizer
+from tests.conftest import TINY_EXPERTS, copy_run
+
+
+def _cfg(rd: RunDir) -> ModelConfig:
+    return ModelConfig.from_dict(json.loads(rd.module_meta(0).read_text())["config"])
+
+
+def test_only_the_expert_trains(trained_run):
+    rd = RunDir(trained_run)
+    cfg = _cfg(rd)
+    model = build_expert_model(rd, cfg, seed=0, dev=torch.device("cpu"), bf16_trunk=True)
+    named = expert_params(model)
+    assert len(named) == 3 * cfg.n_layers
+    opt = make_optimizer(named, get_preset("tiny").expert, torch.device("cpu"))
+    x, y = get_batch(load_tokens(rd.shard(1), "shard"), 0, 1, 0, 2, cfg.ctx_len)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            forward_loss(model, x, y, "single").backward()
+        opt.step()
+    opt_params = {id(p) for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        if name in named:
+            assert p.requires_grad and p.grad is not None and id(p) in opt_params and p in opt.state
+        else:
+            assert not p.requires_grad and p.grad is None and id(p) not in opt_params and p not in opt.state
+            # frozen Linear weights are held in bf16; norms and the embedding stay f32
+            linear = isinstance(model.get_submodule(name.rpartition(".")[0]), torch.nn.Linear)
+            assert p.dtype == (torch.bfloat16 if linear else torch.float32), name
+    assert model.tok_embd.weight.dtype == torch.float32
+
+
+def test_step_zero_is_exactly_the_trunk(trained_run):
+    rd = RunDir(trained_run)
+    cfg = _cfg(rd)
+    trunk = Transformer(cfg)
+    trunk.load_trunk(load_file(rd.module_file(0)))
+    model = build_expert_model(rd, cfg, seed=0, dev=torch.device("cpu"), bf16_trunk=False)
+    x, _ = get_batch(load_tokens(rd.shard(1), "shard"), 0, 1, 0, 2, cfg.ctx_len)
+    with torch.no_grad():
+        assert torch.equal(model(x, route="single"), trunk(x, route="anchor"))
+        model.layers[0].experts[0].down.weight.fill_(0.01)  # a non-zero expert does change the output
+        assert not torch.equal(model(x, route="single"), trunk(x, route="anchor"))
+
+
+def test_expert_modules_meta_and_router_stats(trained_run):
+    rd = RunDir(trained_run)
+    info = rd.info()
+    trunk = json.loads(rd.module_meta(0).read_text())
+    trunk_t = load_file(rd.module_file(0))
+    cfg = _cfg(rd)
+    for i in range(1, TINY_EXPERTS + 1):
+        meta = json.loads(rd.module_meta(i).read_text())
+        assert meta["kind"] == "expert" and meta["index"] == i == meta["shard"]
+        assert meta["trunk_sha256"] == trunk["sha256"] and meta["trunk_heldout_loss"] == trunk["heldout_loss"]
+        assert meta["shard_domains"] == info["shards"][i - 1]["domains"]
+        assert meta["router_stats_count"] == 4 * meta["train"]["eval_tokens"]
+        # The expert lowers the held-out loss of the domain it was trained on, below the trunk alone.
+        (own,) = meta["shard_domains"]
+        assert meta["heldout_loss"][own] < trunk["heldout_loss"][own] - 0.01, (i, own)
+        t = load_file(rd.module_file(i))
+        weights = {k for k in t if not k.startswith(STATS_PREFIX)}
+        assert weights == {f"blk.{l}.ffn_{w}.weight" for l in range(cfg.n_layers) for w in ("gate", "up", "down")}
+        assert t["blk.0.ffn_down.weight"].abs().max() > 0  # the zero-initialised down-projection trained
+        for l in range(cfg.n_layers):
+            mu, m2 = t[f"{STATS_PREFIX}blk.{l}.mean"], t[f"{STATS_PREFIX}blk.{l}.second_moment"]
+            assert mu.shape == (cfg.dim,) and m2.shape == (cfg.dim, cfg.dim)
+            assert torch.allclose(m2, m2.T) and torch.all(m2.diagonal() >= mu**2 - 1e-4)
+            # After RMSNorm with weight w, sum_c n_c^2 / w_c^2 = dim for every token, so for the mean too.
+            w = trunk_t[f"blk.{l}.ffn_norm.weight"]
+            assert (m2.diagonal() / w**2).sum().item() == pytest.approx(cfg.dim, rel=2e-2)
+        assert (rd.plots / f"loss_expert_{i:03d}.png").is_file()
+
+
+def test_changed_trunk_is_refused(trained_run, tmp_path):
+    run = copy_run(trained_run, tmp_path / "run")
+    rd = RunDir(run)
+    before = rd.module_file(1).read_bytes()
+    t = load_file(rd.module_file(0))
+    t["output_norm.weight"] += 1.0
+    from safetensors.torch import save_file
+
+    save_file(t, str(rd.module_file(0)))
+    with pytest.raises(MfggufError, match="does not match its recorded sha256"):
+        train_expert(run, 1, progress=False)
+    shutil.rmtree(rd.modules)
+    with pytest.raises(MfggufError, match="mfgguf train-trunk"):
+        train_expert(run, 1, progress=False)
+    with pytest.raises(MfggufError, match="out of range"):
+        train_expert(run, TINY_EXPERTS + 1, progress=False)
+    assert before  # the expert file existed before; nothing else to compare once modules/ is gone

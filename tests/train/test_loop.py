@@ -1,0 +1,88 @@
+"""The loop's building blocks: history-free batches, the schedule, router statistics, checkpoint I/O."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mfgguf.config import TrainConfig
+from mfgguf.errors import MfggufError
+from mfgguf.train import checkpoint as ckpt_io
+from mfgguf.train.loop import get_batch, lr_at, make_optimizer, split_overrides
+from mfgguf.train.stats import RouterStats
+
+
+def test_batch_depends_only_on_seed_stream_step():
+    toks = np.arange(10_000, dtype=np.uint16) % 500
+    x1, y1 = get_batch(toks, 7, 1, 42, 4, 16)
+    get_batch(toks, 7, 1, 41, 4, 16)  # drawing other steps in between changes nothing
+    x2, y2 = get_batch(toks, 7, 1, 42, 4, 16)
+    assert x1.shape == (4, 16) and x1.dtype == torch.int64
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
+    assert not torch.equal(x1, get_batch(toks, 7, 2, 42, 4, 16)[0])  # another expert's stream differs
+    with pytest.raises(MfggufError, match="fewer than one context"):
+        get_batch(toks[:10], 7, 1, 0, 4, 16)
+
+
+def test_lr_schedule_warms_up_then_decays_to_min():
+    tc = TrainConfig(lr=1e-3, min_lr_frac=0.1, warmup_frac=0.1)
+    lrs = [lr_at(s, 100, tc) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # monotone decay after warm-up
+    assert lrs[-1] == pytest.approx(1e-4, rel=0.01)
+
+
+def test_weight_decay_only_on_matrices():
+    named = {"w": torch.nn.Parameter(torch.zeros(3, 3)), "norm": torch.nn.Parameter(torch.ones(3))}
+    opt = make_optimizer(named, TrainConfig(weight_decay=0.1), torch.device("cpu"))
+    (g_decay, g_other) = opt.param_groups
+    assert g_decay["weight_decay"] == 0.1 and g_decay["params"] == [named["w"]]
+    assert g_other["weight_decay"] == 0.0 and g_other["params"] == [named["norm"]]
+
+
+def test_overrides_are_checked():
+    t, m = split_overrides({"lr": 1e-3, "anchor_ff": 64})
+    assert t == {"lr": 1e-3} and m == {"anchor_ff": 64}
+    with pytest.raises(MfggufError, match="unknown training option"):
+        split_overrides({"learning_rate": 1})
+    with pytest.raises(MfggufError, match="come from the RUN"):
+        split_overrides({"vocab_size": 9})
+
+
+def test_router_stats_match_a_direct_computation():
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 5, 8), torch.randn(3, 7, 8)  # two batches (B, T, C) of FFN inputs
+    st = RouterStats(n_layers=1, dim=8)
+    st.hook(0, a)
+    st.hook(0, b)
+    x = torch.cat([a.reshape(-1, 8), b.reshape(-1, 8)]).double()  # (31, 8)
+    t = st.tensors()
+    assert st.n == 31
+    assert torch.allclose(t["router_stats.blk.0.mean"].double(), x.mean(0), atol=1e-6)
+    assert torch.allclose(t["router_stats.blk.0.second_moment"].double(), x.T @ x / 31, atol=1e-5)
+
+
+def test_checkpoint_roundtrip_and_rejections(tmp_path):
+    p = {"w": torch.nn.Parameter(torch.randn(4, 3))}
+    opt = make_optimizer(p, TrainConfig(), torch.device("cpu"))
+    p["w"].sum().backward()
+    opt.step()
+    meta = {"module": "expert_001", "train": {"tokens": 10}, "trunk_sha256": "aa"}
+    ckpt_io.save(tmp_path, p, opt, {**meta, "step": 3, "history": [[1, 8, 2.0]]})
+    saved = p["w"].detach().clone()
+    q = {"w": torch.nn.Parameter(torch.zeros(4, 3))}
+    opt2 = make_optimizer(q, TrainConfig(), torch.device("cpu"))
+    state = ckpt_io.load(tmp_path, q, opt2, meta)
+    assert state["step"] == 3 and torch.equal(q["w"], saved)
+    assert torch.equal(opt2.state[q["w"]]["exp_avg"], opt.state[p["w"]]["exp_avg"])
+    assert torch.equal(opt2.state[q["w"]]["step"], opt.state[p["w"]]["step"])
+    with pytest.raises(MfggufError, match="different trunk_sha256.*--restart"):
+        ckpt_io.load(tmp_path, q, opt2, {**meta, "trunk_sha256": "bb"})
+    with pytest.raises(MfggufError, match="different train"):
+        ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 11}})
+    (tmp_path / "state.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(MfggufError, match="corrupted or unreadable.*--restart"):
+        ckpt_io.load(tmp_path, q, opt2, meta)
+    assert ckpt_io.load(tmp_path / "none", q, opt2, meta) is None
