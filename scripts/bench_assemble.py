@@ -2,7 +2,8 @@
 
 Prints JSON lines:
   {"bench": "quantize", "type": ..., "mb_per_s": ...}            f32 input MB/s of the quantizer path
-  {"bench": "assemble", "n_experts": N, "peak_rss_mb": ..., "wall_s": ..., "io_ref_s": ..., "ratio": ...}
+  {"bench": "assemble", "n_experts": N, "peak_rss_mb": ..., "wall_s": ..., "io_ref_s": ..., "ratio": ...,
+   "cpu_s": ..., "machine_busy": ...}                            child CPU seconds; busy fraction of all cores
   {"bench": "summary", "rss_ratio_max_over_min_n": ..., ...}
 
 Modules are synthetic (scripts/synthetic_run.py) with the `1b` preset's shapes: a ~1.3 GB trunk
@@ -33,21 +34,37 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _child(code: str) -> tuple[float, float, str]:
-    """Run python code in a subprocess; (wall s, rusage peak RSS MB, stdout).
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, idle) jiffies of the whole machine, from /proc/stat (zeros where unavailable)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = v[3] + v[4]  # idle + iowait
+    return sum(v[:8]) - idle, idle
+
+
+def _child(code: str) -> tuple[float, float, str, float, float]:
+    """Run python code in a subprocess; (wall s, rusage peak RSS MB, stdout, child CPU s, machine busy fraction).
 
     Linux carries the parent's RSS high-water mark across fork+exec into ru_maxrss, so the
     assembly child reports its own peak from /proc/self/status (VmHWM) in its stdout instead.
+    The machine's busy fraction over the run (all processes, ours included) shows how much other
+    load there was: wall times on a shared machine are only comparable at similar load.
     """
+    b0, i0 = _cpu_ticks()
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
+    b1, i1 = _cpu_ticks()
     out = p.stdout.read().decode()
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode:
         raise SystemExit(f"child failed ({p.returncode}): {code[:200]}")
-    return wall, ru.ru_maxrss / 1024, out
+    busy = (b1 - b0) / max(1, (b1 - b0) + (i1 - i0))
+    return wall, ru.ru_maxrss / 1024, out, ru.ru_utime + ru.ru_stime, busy
 
 
 def bench_quantizer(n: int, threads: int | None) -> None:
@@ -116,18 +133,20 @@ def main() -> None:
                 f"assert 'torch' not in sys.modules; "
                 f"r['vm_hwm_kb'] = int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); "
                 f"print(json.dumps(r))")
-        wall, _, stdout = _child(code)
+        wall, _, stdout, cpu, busy = _child(code)
         r = json.loads(stdout.strip().splitlines()[-1])
         peak = r["vm_hwm_kb"] / 1024
         inputs = [rd.module_file(i) for i in range(0, n + 1)]
-        io_s, _, _ = _child(io_reference(inputs, r["bytes"], a.dir / "io-ref.bin"))
+        io_s, _, _, io_cpu, io_busy = _child(io_reference(inputs, r["bytes"], a.dir / "io-ref.bin"))
         (a.dir / "io-ref.bin").unlink(missing_ok=True)
         out.unlink(missing_ok=True)
         rss[n] = peak
         print(json.dumps({"bench": "assemble", "preset": a.preset, "n_experts": n, "quant": a.quant,
                           "input_mb": round(r["input_bytes"] / 1e6), "output_mb": round(r["bytes"] / 1e6),
                           "peak_rss_mb": round(peak, 1), "wall_s": round(wall, 2), "assemble_s": r["seconds"],
-                          "io_ref_s": round(io_s, 2), "ratio": round(wall / io_s, 2), "threads": r["threads"]}), flush=True)
+                          "io_ref_s": round(io_s, 2), "ratio": round(wall / io_s, 2), "threads": r["threads"],
+                          "cpu_s": round(cpu, 2), "io_ref_cpu_s": round(io_cpu, 2),
+                          "machine_busy": round(busy, 2), "io_ref_machine_busy": round(io_busy, 2)}), flush=True)
     lo, hi = min(ns), max(ns)
     print(json.dumps({"bench": "summary", "rss_ratio": round(rss[hi] / rss[lo], 3), "n_lo": lo, "n_hi": hi,
                       "max_rss_mb": round(max(rss.values()), 1)}), flush=True)

@@ -4,9 +4,10 @@ Phases, each checking its own state before the next runs:
   1. validate + layout  (layout.plan: metadata and headers only, nothing written yet)
   2. header             key-values, tokenizer, provenance and tensor infos, at offset 0
   3. preallocate        the whole file (posix_fallocate): a full disk fails now, not in an hour
-  4. stream trunk       tensor by tensor, in row chunks of at most CHUNK_BYTES, each quantized and
-                        written at its precomputed offset with os.pwrite
-  5. stream experts     one module file open at a time; expert slot p of a stacked tensor lives at
+  4+5. stream          trunk and experts, tensor by tensor in row chunks of at most CHUNK_BYTES,
+                        each quantized and written at its precomputed offset with os.pwrite. A few
+                        module files are open at a time, read and hashed on background threads
+                        (stream.py). Expert slot p of a stacked tensor lives at
                         `offset + p * expert_bytes`; router statistics are pooled as they pass
   6. router             closed form from the pooled statistics (router.py), F32
   7. fsync + verify     every slot fully written (own byte accounting), then the file is re-read
@@ -15,10 +16,11 @@ Phases, each checking its own state before the next runs:
   8. rename             the temporary file beside the destination replaces it atomically
 
 Memory is one chunk of one tensor (plus its quantized bytes) and the router accumulator
-(layers x dim x dim f32 for ridge): it does not grow with the number of experts. Every module
-file is read once, sequentially; its sha256 is computed on that same read and compared with the
-manifest's, and every chunk is checked for NaN/Inf, so a damaged module aborts assembly before
-anything reaches the destination. This path imports no torch.
+(layers x dim x dim f32 for ridge) and a few read-ahead buffers per open file: it does not grow
+with the number of experts. Every module file is read once, sequentially; its sha256 is computed
+on that same read (the very bytes that are quantized) and compared with the manifest's, and every
+chunk is checked for NaN/Inf, so a damaged module aborts assembly before anything reaches the
+destination. This path imports no torch.
 
 Layouts:
   granitemoe  anchor = always-on shared expert; with top-1 the selected weight is exactly 1, so a
@@ -41,7 +43,6 @@ Example:
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import time
@@ -52,11 +53,12 @@ import numpy as np
 from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, atomic_path
 from . import quant as Q
-from .layout import Module, Plan, plan
+from .layout import Plan, plan
 from .router import RouterBuilder, needs_stats
 from .schema import FFN, blk
+from .stream import CHUNK_BYTES, stream_modules
 
-CHUNK_BYTES = 8 << 20  # f32 bytes read, quantized and written per step
+WRITEBACK_BYTES = 64 << 20
 _FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)(_shexp)?\.weight")
 _STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.(mean|second_moment)")
 
@@ -89,8 +91,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
         try:
             w.header()
             w.preallocate()
-            w.stream_trunk()
-            w.stream_experts()
+            w.stream()
             w.router()
             w.finish()
         finally:
@@ -108,11 +109,13 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
 class _Writer:
     def __init__(self, p: Plan, path: Path, threads: int, progress: bool):
         self.p, self.threads = p, threads
+        self.lanes = max(2, threads)  # files read + hashed at once
         self.fd = os.open(path, os.O_RDWR)
         self.phase = "open"
         self.rb = RouterBuilder(p.router, n_layers=p.cfg.n_layers, dim=p.cfg.dim, n_experts=len(p.experts)) if p.experts else None
         self.bar = _Bar(p.input_bytes, progress)
         self.anchor_fd: int | None = None  # mixtral: the trunk stays readable for the folded anchor
+        self.unflushed = 0  # bytes written since writeback was last started
 
     def _enter(self, phase: str, after: str) -> None:
         assert self.phase == after, f"phase {phase} after {self.phase}, expected after {after}"
@@ -149,53 +152,62 @@ class _Writer:
             os.ftruncate(self.fd, self.p.total_size)
         assert os.fstat(self.fd).st_size == self.p.total_size
 
-    def stream_trunk(self) -> None:
-        self._enter("trunk", "preallocate")
+    def stream(self) -> None:
+        """Trunk and experts in one pass: the trunk's hashing overlaps the experts' work."""
+        self._enter("stream", "preallocate")
         p, lay = self.p, self.p.layout
-        for name, r0, x in self._stream(p.trunk):
-            m = _FFN_RE.fullmatch(name)
-            if m and m.group(3):  # anchor
-                if lay == "mixtral":
-                    continue  # folded into every expert slot (stream_experts)
-                if lay == "dense":
-                    name = blk(int(m.group(1)), f"ffn_{m.group(2)}")
-            s = p.slot(name)
-            self._put(s, s.offset + r0 * s.row_bytes, x)
-        if lay == "mixtral":
+        if lay == "mixtral":  # the anchor is folded into every expert slot
             self.anchor_fd = os.open(p.trunk.path, os.O_RDONLY)
-
-    def stream_experts(self) -> None:
-        self._enter("experts", "trunk")
-        p = self.p
-        for slot_i, mod in enumerate(p.expert_modules):
-            count = int(mod.meta.get("router_stats_count") or 0)
-            if p.layout == "mixtral":
+        counts = [0] + [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
+        # chunks of one tensor region come in module order, so the router's pooled sums are added
+        # in the same order as with one file at a time
+        for pos, name, r0, x in stream_modules([p.trunk, *p.expert_modules], lanes=self.lanes,
+                                               on_bytes=self.bar.advance):
+            if pos == 0:
+                self._trunk_chunk(name, r0, x)
+            else:
+                self._expert_chunk(pos - 1, counts[pos], name, r0, x)
+        if lay == "mixtral":  # after the trunk's sha256 has been checked
+            for slot_i in range(len(p.expert_modules)):
                 self._fold_anchor_rows(slot_i)
-            for name, r0, x in self._stream(mod):
-                if (st := _STATS_RE.fullmatch(name)) is not None:
-                    if needs_stats(p.router):
-                        l = int(st.group(1))
-                        if st.group(2) == "mean":
-                            self.rb.add_mean(slot_i, l, x.reshape(-1), count)
-                        else:
-                            self.rb.add_second_moment(slot_i, l, r0, x, count)
-                    continue
-                m = _FFN_RE.fullmatch(name)
-                if m is None:
-                    continue  # an extra tensor: hashed, not part of the model
-                l, f = int(m.group(1)), m.group(2)
-                s = p.slot(blk(l, f"ffn_{f}_exps"))
-                base = s.offset + slot_i * s.expert_bytes
-                if p.layout == "mixtral":
-                    if f == "down":  # rows (dim, anchor_ff + expert_ff): join anchor and expert columns
-                        a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r0 + len(x))  # (rows, anchor_ff)
-                        x = np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
-                    else:  # expert rows follow the anchor's anchor_ff rows
-                        r0 += p.cfg.anchor_ff
-                self._put(s, base + r0 * s.row_bytes, x)
+
+    def _trunk_chunk(self, name: str, r0: int, x: np.ndarray) -> None:
+        p, lay = self.p, self.p.layout
+        m = _FFN_RE.fullmatch(name)
+        if m and m.group(3):  # anchor
+            if lay == "mixtral":
+                return  # folded into every expert slot (_fold_anchor_rows)
+            if lay == "dense":
+                name = blk(int(m.group(1)), f"ffn_{m.group(2)}")
+        s = p.slot(name)
+        self._put(s, s.offset + r0 * s.row_bytes, x)
+
+    def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:
+        p = self.p
+        if (st := _STATS_RE.fullmatch(name)) is not None:
+            if needs_stats(p.router):
+                l = int(st.group(1))
+                if st.group(2) == "mean":
+                    self.rb.add_mean(slot_i, l, x.reshape(-1), count)
+                else:
+                    self.rb.add_second_moment(slot_i, l, r0, x, count)
+            return
+        m = _FFN_RE.fullmatch(name)
+        if m is None:
+            return  # an extra tensor: hashed, not part of the model
+        l, f = int(m.group(1)), m.group(2)
+        s = p.slot(blk(l, f"ffn_{f}_exps"))
+        base = s.offset + slot_i * s.expert_bytes
+        if p.layout == "mixtral":
+            if f == "down":  # rows (dim, anchor_ff + expert_ff): join anchor and expert columns
+                a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r0 + len(x))  # (rows, anchor_ff)
+                x = np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
+            else:  # expert rows follow the anchor's anchor_ff rows
+                r0 += p.cfg.anchor_ff
+        self._put(s, base + r0 * s.row_bytes, x)
 
     def router(self) -> None:
-        self._enter("router", "experts")
+        self._enter("router", "stream")
         if not self.p.experts:
             return
         for l, w in enumerate(self.rb.finish()):  # w: (n_experts, dim)
@@ -224,6 +236,10 @@ class _Writer:
         assert s.offset <= offset and offset + q.nbytes <= s.offset + s.nbytes, (s.name, offset)
         self._pwrite(q, self.p.data_offset + offset)
         s.written += q.nbytes
+        self.unflushed += q.nbytes
+        if self.unflushed >= WRITEBACK_BYTES:  # the disk writes while we compute; the final fsync waits less
+            _start_writeback(self.fd)
+            self.unflushed = 0
 
     def _fold_anchor_rows(self, slot_i: int) -> None:
         """mixtral: the first anchor_ff rows of expert slot_i's gate/up are the anchor's."""
@@ -244,56 +260,24 @@ class _Writer:
         _pread_into(self.anchor_fd, buf, e.begin + r0 * cols * 4)
         return buf
 
-    def _stream(self, mod: Module):
-        """Yield (tensor name, first row, (rows, cols) f32 chunk) reading `mod` once, in file order.
 
-        Hashes every byte on the way and checks the sha256 against the module's record at the
-        end; checks each chunk for NaN/Inf.
-        """
-        h = hashlib.sha256()
-        entries = sorted(mod.entries.values(), key=lambda e: e.begin)
-        max_cols = max((e.shape[-1] if e.shape else 1) for e in entries)
-        buf = np.empty(max(CHUNK_BYTES // 4, max_cols), np.float32)
-        with open(mod.path, "rb", buffering=0) as f:
-            pos = 0
-            head = _read_exact(f, mod.header_len)
-            h.update(head)
-            pos = len(head)
-            for e in entries:
-                if e.begin > pos:
-                    h.update(_read_exact(f, e.begin - pos))
-                cols = e.shape[-1] if e.shape else 1
-                rows = (e.end - e.begin) // 4 // cols
-                per = max(1, len(buf) // cols)
-                for r0 in range(0, rows, per):
-                    n = min(per, rows - r0)
-                    x = buf[: n * cols]
-                    _readinto_exact(f, x, mod)
-                    h.update(x)
-                    if not np.isfinite(x.sum(dtype=np.float64)) and not np.isfinite(x).all():
-                        raise MfggufError(f"module {mod.name}: tensor {e.name} contains NaN or Inf; retrain it")
-                    self.bar.advance(x.nbytes)
-                    yield e.name, r0, x.reshape(n, cols)
-                pos = e.end
-            h.update(f.read())
-        if h.hexdigest() != mod.meta["sha256"]:
-            raise MfggufError(f"module {mod.name} ({mod.path.name}) does not match its recorded sha256: the file changed after training; retrain it")
+_LIBC: list = []
 
 
-def _read_exact(f, n: int) -> bytes:
-    b = f.read(n)
-    if len(b) != n:
-        raise MfggufError(f"{f.name} ended early; retrain the module")
-    return b
+def _start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing the file's dirty pages now, without waiting (Linux
+    sync_file_range(SYNC_FILE_RANGE_WRITE)); a no-op elsewhere. Durability still comes from fsync."""
+    if not _LIBC:
+        import ctypes
 
-
-def _readinto_exact(f, x: np.ndarray, mod: Module) -> None:
-    mv = memoryview(x).cast("B")
-    while len(mv):
-        n = f.readinto(mv)
-        if not n:
-            raise MfggufError(f"module {mod.name} ({mod.path.name}) is truncated; retrain it")
-        mv = mv[n:]
+        try:
+            f = ctypes.CDLL(None, use_errno=True).sync_file_range
+            f.argtypes, f.restype = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint], ctypes.c_int
+            _LIBC.append(f)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; on failure fsync still does all the work
 
 
 def _pread_into(fd: int, x: np.ndarray, offset: int) -> None:

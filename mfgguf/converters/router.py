@@ -29,6 +29,11 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
+import glob
+import os
+from contextlib import contextmanager
+
 import numpy as np
 
 from ..errors import MfggufError
@@ -80,20 +85,26 @@ class RouterBuilder:
             raise MfggufError("router second moments are incomplete; retrain the experts or use --router centroid")
         n = self.counts.sum()
         out = []
-        for l in range(L):
-            mu = self.mu[l].astype(np.float64)  # (N, D)
-            if self.method == "ridge":
-                G = self.G[l].astype(np.float64) / n  # (D, D) pooled second moment
-                B = (self.counts[:, None] * mu).T / n  # (D, N)
-                lam = RIDGE_REL_LAMBDA * np.trace(G) / D + 1e-12
-                W = np.linalg.solve(G + lam * np.eye(D), B)  # (D, N)
-                R = W.T  # (N, D)
-            else:  # centroid
-                m = (self.counts[:, None] * mu).sum(0) / n  # (D,)
-                d = mu - m  # (N, D)
-                R = d / np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-12)
-            out.append((R * _scale(R, mu)).astype(np.float32))
+        with _one_blas_thread():
+            for l in range(L):
+                out.append(self._layer(l, n))
         return out
+
+    def _layer(self, l: int, n: float) -> np.ndarray:
+        """Router rows (n_experts, dim) of layer l; n = total token count."""
+        D = self.dim
+        mu = self.mu[l].astype(np.float64)  # (N, D)
+        if self.method == "ridge":
+            G = self.G[l].astype(np.float64) / n  # (D, D) pooled second moment
+            B = (self.counts[:, None] * mu).T / n  # (D, N)
+            lam = RIDGE_REL_LAMBDA * np.trace(G) / D + 1e-12
+            W = np.linalg.solve(G + lam * np.eye(D), B)  # (D, N)
+            R = W.T  # (N, D)
+        else:  # centroid
+            m = (self.counts[:, None] * mu).sum(0) / n  # (D,)
+            d = mu - m  # (N, D)
+            R = d / np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-12)
+        return (R * _scale(R, mu)).astype(np.float32)
 
 
 def _scale(R: np.ndarray, mu: np.ndarray) -> float:
@@ -104,3 +115,56 @@ def _scale(R: np.ndarray, mu: np.ndarray) -> float:
     S = mu @ R.T  # (N, N): logits of every expert at every shard mean
     margin = np.mean(np.diag(S) - (S.sum(1) - np.diag(S)) / (N - 1))
     return MARGIN_NATS / margin if margin > 1e-12 else 1.0
+
+
+@contextmanager
+def _one_blas_thread():
+    """Run numpy's OpenBLAS on one thread inside the block.
+
+    These solves are small (dim x dim, dim ~ 1024): OpenBLAS's thread hand-offs cost more than they
+    save, badly so on small shared machines (measured on 2 vCPUs: solve 170 ms with 2 threads,
+    26 ms with 1; cholesky 500 ms vs 34 ms). Nothing changes where no OpenBLAS is found.
+    """
+    lib = _openblas()
+    if lib is None:
+        yield
+        return
+    get, set_ = lib
+    old = get()
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(old)
+
+
+_BLAS: list | None = None
+
+
+def _openblas():
+    """(get_num_threads, set_num_threads) of the OpenBLAS that numpy loaded, or None."""
+    global _BLAS
+    if _BLAS is None:
+        _BLAS = [None]
+        paths = []
+        try:  # the copy numpy actually loaded (its wheels bundle one under numpy.libs/)
+            with open("/proc/self/maps") as f:
+                paths = sorted({ln.split(None, 5)[-1].strip() for ln in f if "openblas" in ln.lower()})
+        except OSError:
+            paths = glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs", "*openblas*"))
+        for path in paths:
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for get, set_ in (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+                              ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+                              ("openblas_get_num_threads", "openblas_set_num_threads")):
+                if hasattr(lib, get) and hasattr(lib, set_):
+                    g, s = getattr(lib, get), getattr(lib, set_)
+                    g.restype, g.argtypes, s.restype, s.argtypes = ctypes.c_int, [], None, [ctypes.c_int]
+                    _BLAS[0] = (g, s)
+                    break
+            if _BLAS[0] is not None:
+                break
+    return _BLAS[0]

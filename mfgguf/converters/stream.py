@@ -1,0 +1,221 @@
+"""Read module files once each, hashing them on background threads, and yield their tensors in row chunks.
+
+sha256 is the costliest step of assembly (every input byte, ~2 GB/s on one core, and one file's
+hash cannot be split). So each file is read by a "lane" thread: it preads the file sequentially
+into its own small pool of buffers, hashes each buffer (hashlib drops the GIL for large buffers)
+and queues it. The caller consumes row chunks from up to `lanes` files at once, one chunk from
+each in turn, while later chunks are still being read and hashed: hashing of two files and
+quantization run side by side. Every yielded chunk is a view of bytes that were hashed, so the
+hash covers exactly what is written; the digest is compared with the module's record as soon as
+the file ends.
+
+Order: modules enter in index order, and one round takes one chunk from each active module in
+index order. Experts have the same tensors in the same file order, so for any tensor region an
+earlier expert's chunk is always yielded before a later one's: anything accumulated across
+experts (the router's pooled second moment) sees the same sequence of additions as a one-file-
+at-a-time read. Errors too are raised in module order: a damaged module raises only after every
+earlier module has been read and checked.
+
+Memory: lanes x LANE_BUFFERS buffers of chunk_bytes, whatever the number of modules.
+
+Example:
+    >>> for pos, name, r0, x in stream_modules([trunk, e1, e2]):  # x: (rows, cols) f32 view
+    ...     use(x)  # valid until the next iteration
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..errors import MfggufError
+from .layout import Module
+
+CHUNK_BYTES = 4 << 20  # f32 bytes per chunk: read, hashed, quantized and written per step
+LANE_BUFFERS = 4  # read-ahead per file, in chunks
+
+
+@dataclass
+class _Done:
+    digest: str
+
+
+@dataclass(eq=False)
+class _Job:
+    pos: int  # position of the module in the caller's list
+    mod: Module
+    pool: "queue.SimpleQueue[np.ndarray]"
+    out: "queue.SimpleQueue" = field(default_factory=queue.SimpleQueue)
+    cancel: bool = False
+    done: bool = False  # the lane put its last item (a _Done or an exception)
+
+
+def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHUNK_BYTES,
+                   on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple[int, str, int, np.ndarray]]:
+    """Yield (module position, tensor name, first row, (rows, cols) f32 chunk) for every tensor of `mods`.
+
+    Each file is read once, sequentially; every byte is hashed and the sha256 compared with the
+    module's record when the file ends; every chunk is checked for NaN/Inf before it is yielded.
+    A chunk is a view into a reused buffer: valid until the next iteration.
+    """
+    lanes = max(1, min(lanes, len(mods)))
+    cols_max = max((_cols(e) for m in mods for e in m.entries.values()), default=1)
+    n_elem = max(chunk_bytes // 4, cols_max)
+    pools = []
+    for _ in range(lanes):
+        pool: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        for _ in range(LANE_BUFFERS):
+            pool.put(np.empty(n_elem, np.float32))
+        pools.append(pool)
+    work: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(lanes)]
+    threads = [threading.Thread(target=_lane, args=(q,), name=f"mfgguf-read-{i}", daemon=True) for i, q in enumerate(work)]
+    for t in threads:
+        t.start()
+
+    active: list[tuple[int, _Job]] = []  # (lane, job), in module order
+    nxt = 0
+    failed: dict[int, BaseException] = {}  # module position -> its first error
+
+    def start(lane: int) -> None:
+        nonlocal nxt
+        if nxt < len(mods) and (not failed or nxt < min(failed)):
+            job = _Job(nxt, mods[nxt], pools[lane])
+            work[lane].put(job)
+            active.append((lane, job))
+            nxt += 1
+
+    def drain(job: _Job) -> None:
+        """Stop job's lane and give its buffers back; returns when the lane has let go of the file."""
+        job.cancel = True
+        while not job.done:
+            _take(job)
+
+    def fail(job: _Job, e: BaseException) -> None:
+        failed[job.pos] = e
+        for lane_job in [a for a in active if a[1].pos >= job.pos]:
+            drain(lane_job[1])
+            active.remove(lane_job)
+
+    try:
+        for lane in range(lanes):
+            start(lane)
+        while active:
+            for lane, job in list(active):
+                if (lane, job) not in active:  # removed by a failure earlier in this round
+                    continue
+                item = _take(job)
+                if isinstance(item, _Done):
+                    active.remove((lane, job))
+                    if item.digest != job.mod.meta["sha256"]:
+                        m = job.mod
+                        fail(job, MfggufError(f"module {m.name} ({m.path.name}) does not match its recorded sha256:"
+                                              " the file changed after training; retrain it"))
+                    else:
+                        start(lane)
+                    continue
+                if isinstance(item, BaseException):
+                    active.remove((lane, job))
+                    fail(job, item)
+                    continue
+                name, r0, x, buf = item
+                try:  # a finite f32 sum means no NaN/Inf; one that overflowed falls back to the exact test
+                    if not np.isfinite(np.add.reduce(x, axis=None)) and not np.isfinite(x).all():
+                        fail(job, MfggufError(f"module {job.mod.name}: tensor {name} contains NaN or Inf; retrain it"))
+                        continue
+                    if on_bytes is not None:
+                        on_bytes(x.nbytes)
+                    yield job.pos, name, r0, x
+                finally:
+                    job.pool.put(buf)
+        if failed:
+            raise failed[min(failed)]
+    finally:
+        for _, job in active:
+            drain(job)
+        for q in work:
+            q.put(None)
+        for t in threads:
+            t.join()
+
+
+def _take(job: _Job):
+    item = job.out.get()
+    if isinstance(item, (_Done, BaseException)):
+        job.done = True
+    elif job.cancel:  # drained: the buffer goes straight back
+        job.pool.put(item[3])
+    return item
+
+
+def _cols(e) -> int:
+    return e.shape[-1] if e.shape else 1
+
+
+def _lane(work: queue.SimpleQueue) -> None:
+    """Thread: read + hash one file at a time, handing row chunks to the consumer through job.out."""
+    while (job := work.get()) is not None:
+        try:
+            _read_file(job)
+        except OSError as e:  # the file went away or became unreadable after the plan checked it
+            m = job.mod
+            job.out.put(MfggufError(f"module {m.name} ({m.path.name}) cannot be read ({e.strerror}); retrain it"))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there in module order
+            job.out.put(e)
+
+
+def _read_file(job: _Job) -> None:
+    mod = job.mod
+    h = hashlib.sha256()
+    fd = os.open(mod.path, os.O_RDONLY)
+    try:
+        pos = 0
+        for e in sorted(mod.entries.values(), key=lambda e: e.begin):
+            if e.begin > pos:  # the header, and any padding between tensors
+                h.update(_pread(fd, e.begin - pos, pos, mod))
+            cols = _cols(e)
+            rows = (e.end - e.begin) // 4 // cols
+            r0 = 0
+            while r0 < rows:
+                buf = job.pool.get()
+                if job.cancel:  # the consumer stopped: let go of the file
+                    job.pool.put(buf)
+                    job.out.put(_Done(""))
+                    return
+                n = min(max(1, len(buf) // cols), rows - r0)
+                x = buf[: n * cols]
+                _pread_into(fd, x, e.begin + r0 * cols * 4, mod)
+                h.update(x)
+                job.out.put((e.name, r0, x.reshape(n, cols), buf))
+                r0 += n
+            pos = e.end
+        while tail := os.pread(fd, 1 << 20, pos):  # bytes past the last tensor are part of the file too
+            h.update(tail)
+            pos += len(tail)
+    finally:
+        os.close(fd)
+    job.out.put(_Done(h.hexdigest()))
+
+
+def _pread(fd: int, n: int, offset: int, mod: Module) -> bytes:
+    b = os.pread(fd, n, offset)
+    while len(b) < n:
+        more = os.pread(fd, n - len(b), offset + len(b))
+        if not more:
+            raise MfggufError(f"module {mod.name} ({mod.path.name}) is truncated; retrain it")
+        b += more
+    return b
+
+
+def _pread_into(fd: int, x: np.ndarray, offset: int, mod: Module) -> None:
+    mv = memoryview(x).cast("B")
+    while len(mv):
+        n = os.preadv(fd, [mv], offset)
+        if not n:
+            raise MfggufError(f"module {mod.name} ({mod.path.name}) is truncated; retrain it")
+        mv, offset = mv[n:], offset + n
