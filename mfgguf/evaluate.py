@@ -103,7 +103,9 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         results[f"{best} {q}"] = quant_rows[q]
 
     _say("routing accuracy")
-    routing = {r: _routing_accuracy(rd, metas, domains, heldout, r) for r in cfg.routers}
+    routing = {r: _routing_accuracy(rd, domains, heldout, build(f"moe-{r}-top1-{cfg.base_quant}", quant=cfg.base_quant,
+                                                                 router=r, top_k=1))
+               for r in cfg.routers}
 
     oracle_mixed = _mixed({d: results[f"oracle {d}"]["domains"][d] for d in domains})
     report = {
@@ -206,13 +208,17 @@ def _mixed(per: dict) -> dict:
 # ---- routing -------------------------------------------------------------------------------------
 
 
-def _routing_accuracy(rd: RunDir, metas: dict, domains: list[str], heldout: dict, router: str) -> dict:
-    """Per layer, the share of each domain's tokens whose top-1 expert was trained mostly on that domain."""
+def _routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) -> dict:
+    """Per layer, the share of each domain's tokens whose top-1 expert was trained mostly on that domain.
+
+    Uses the PyTorch reference with the router rows read back from the top-1 GGUF, i.e. exactly
+    the routing llama.cpp performs (parity tests hold the two forwards together).
+    """
     import torch
 
     from .reference import reference_model
 
-    model = reference_model(rd.root, router=router, top_k=1)
+    model, _ = reference_model(rd.root, gguf)
     info = rd.info()
     home = {s["id"]: max(s["domains"], key=s["domains"].get) for s in info["shards"]}  # expert -> its main domain
     n_layers, n_exp = model.cfg.n_layers, len(home)

@@ -84,10 +84,8 @@ class Block(nn.Module):
         k = self.attn_k(x).view(B, T, KV, hd).transpose(1, 2)  # (B, KV, T, hd)
         v = self.attn_v(x).view(B, T, KV, hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if KV != H:  # query head h reads kv head h // (H // KV), as in llama.cpp
-            k = k.repeat_interleave(H // KV, dim=1)  # (B, H, T, hd)
-            v = v.repeat_interleave(H // KV, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        # enable_gqa: query head h reads kv head h // (H // KV), as in llama.cpp, without copying k, v.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)  # (B, H, T, hd)
         return self.attn_output(y.transpose(1, 2).reshape(B, T, H * hd))
 
     def moe(self, x, route: str):  # x: (B, T, C) after ffn_norm

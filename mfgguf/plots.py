@@ -28,10 +28,12 @@ def line_plot(path: Path, series: dict[str, tuple[list, list]], *, points: dict[
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, label=label, linewidth=1.2)
-    for label, (x, y) in (points or {}).items():
-        ax.scatter([x], [y], label=label, zorder=3, s=28)
+    # Points and reference lines share colours by position (C1, C2, ...): the i-th point and the
+    # i-th line describe the same thing (e.g. a domain's held-out loss now and the trunk's).
+    for i, (label, (x, y)) in enumerate((points or {}).items()):
+        ax.scatter([x], [y], label=label, zorder=3, s=28, color=f"C{(i + 1) % 10}")
     for i, (label, y) in enumerate((hlines or {}).items()):
-        ax.axhline(y, linestyle="--", linewidth=0.9, color=f"C{(i + 3) % 10}", label=label)
+        ax.axhline(y, linestyle="--", linewidth=0.9, color=f"C{(i + 1) % 10}", label=label)
     if logx:
         ax.set_xscale("log")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)

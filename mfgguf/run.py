@@ -187,7 +187,9 @@ def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
     from safetensors.numpy import save_file
 
     with atomic_path(path) as tmp:
-        save_file(arrays, str(tmp), metadata={"format": MODULE_FORMAT, "module": module_name(index)})
+        # One metadata key: safetensors writes the metadata map in hash order, so two keys would
+        # make the sha256 of bit-identical weights differ from run to run.
+        save_file(arrays, str(tmp), metadata={"format": f"{MODULE_FORMAT}/{module_name(index)}"})
     full = {
         "format": MODULE_FORMAT,
         "version": MODULE_VERSION,

@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def emit(**kw) -> None:
-    print(json.dumps(kw), flush=True)
+    """One JSON line; the 1-minute load average says how much the (shared) CPU was busy meanwhile."""
+    print(json.dumps({**kw, "loadavg_1m": round(os.getloadavg()[0], 2)}), flush=True)
 
 
 # ---- (a) peak ------------------------------------------------------------------------------------
@@ -150,8 +151,8 @@ main()
 """
 
 
-def bench_1b(work: Path, steps: int) -> None:
-    from mfgguf.config import get_preset
+def bench_1b(work: Path, steps: int, peak: float) -> None:
+    from mfgguf.config import ModelConfig, get_preset
 
     run = work / "run1b"
     shutil.rmtree(run, ignore_errors=True)
@@ -175,11 +176,13 @@ def bench_1b(work: Path, steps: int) -> None:
         raise SystemExit(f"train-expert 1b failed: {err.strip()[-2000:]}")
     hwm = [int(l.split()[1]) for l in err.splitlines() if l.startswith("VMHWM_KB")]
     meta = json.loads((run / "modules" / "expert_001.json").read_text())
+    fpt, _ = flops_per_token(ModelConfig.from_dict(meta["config"]), "expert", meta["recompute"])
     emit(bench="rss_1b", preset="1b", steps=meta["steps"], tokens=meta["tokens_seen"], precision=meta["precision"],
          recompute=meta["recompute"], vmhwm_mb=round(hwm[0] / 1024, 1) if hwm else None,
          wait4_maxrss_mb=round(ru.ru_maxrss / 1024, 1), goal_mb=1536,
          ok=bool(hwm) and hwm[0] / 1024 <= 1536, trunk_file_mb=round((run / "modules/trunk.safetensors").stat().st_size / 2**20),
-         tokens_per_s=round(meta["tokens_per_s"], 1), wall_s=round(wall, 1), build_s=round(build_s, 1),
+         tokens_per_s=round(meta["tokens_per_s"], 1), gflops=round(fpt * meta["tokens_per_s"] / 1e9, 1),
+         frac_of_peak=round(fpt * meta["tokens_per_s"] / 1e9 / peak, 3), wall_s=round(wall, 1), build_s=round(build_s, 1),
          note="vmhwm_mb: the train-expert process's own peak (VmHWM at exit); wait4_maxrss_mb: its rusage"
               " ru_maxrss, which on Linux also counts the parent's RSS at fork time",
          cli=out.strip())
@@ -196,10 +199,10 @@ def main() -> None:
     work = a.dir or Path(tempfile.mkdtemp(prefix="mfgguf-bench-train-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        if not a.skip_1b:  # first, while this process is small (a forked child starts at its parent's RSS)
-            bench_1b(work, a.steps_1b)
         peak = matmul_peak()
         emit(bench="peak", n=2048, threads=os.cpu_count(), **{k: round(v, 1) for k, v in peak.items()})
+        if not a.skip_1b:
+            bench_1b(work, a.steps_1b, peak["bf16_gflops"])
         if not a.skip_small:
             bench_small(work, a.quick, peak["bf16_gflops"])
     finally:

@@ -57,12 +57,14 @@ def train_trunk_cmd(
     tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
     batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
     restart: bool = _RESTART, progress: bool = _PROGRESS,
+    anchor_ff: int = typer.Option(None, "--anchor-ff", help="Anchor FFN width (default: the preset's); the"
+                                  " compute-matched dense baseline widens it by one expert."),
 ):
     from ..train.trunk import train_trunk
 
     meta = train_trunk(run, preset=preset, tokens=tokens, device=device, progress=progress, precision=precision,
                        restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
-                       eval_tokens=eval_tokens)
+                       eval_tokens=eval_tokens, anchor_ff=anchor_ff)
     typer.echo(_line(meta, run))
 
 

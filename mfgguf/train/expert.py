@@ -26,8 +26,8 @@ from ..model import Transformer, trunk_name_map
 from ..plots import loss_curve
 from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
 from . import checkpoint as ckpt_io
-from .loop import (check_token_range, evaluate, heldout_losses, load_tokens, mean, resolve_device,
-                   resolve_precision, run_loop, split_overrides)
+from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens, mean,
+                   resolve_device, resolve_precision, run_loop, split_overrides)
 from .stats import RouterStats
 from .trunk import wants_recompute
 
@@ -68,7 +68,7 @@ def load_trunk_meta(rd: RunDir) -> dict:
     actual = sha256_file(rd.module_file(0))
     if actual != meta.get("sha256") or (recorded and actual != recorded):
         raise MfggufError(f"{rd.module_file(0)} does not match its recorded sha256 (modified or damaged);"
-                          f" retrain it with `mfgguf train-trunk {rd.root} --restart`")
+                          f" retrain it with `mfgguf train-trunk {rd.root}`")
     return meta
 
 
@@ -93,9 +93,9 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     g = torch.Generator().manual_seed(seed)
     for l, layer in enumerate(model.layers):
         e = layer.experts[0]
-        for lin in (e.gate, e.up):  # same init as Transformer.reset_parameters
-            _set_param(model, f"layers.{l}.experts.0.{'gate' if lin is e.gate else 'up'}.weight",
-                       torch.empty(lin.weight.shape).normal_(0.0, 0.02, generator=g).to(dev), True)
+        for part in ("gate", "up"):  # same init as Transformer.reset_parameters
+            w = torch.empty(getattr(e, part).weight.shape).normal_(0.0, 0.02, generator=g)  # (expert_ff, dim)
+            _set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev), True)
         _set_param(model, f"layers.{l}.experts.0.down.weight", torch.zeros(e.down.weight.shape, device=dev), True)
         _set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
     left = [n for n, p in model.named_parameters() if p.is_meta]
@@ -155,11 +155,13 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     if restart:
         ckpt_io.remove(ckpt_dir)
 
+    rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
+    if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
+        limit_heap_retention()
     model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16")
     named = expert_params(model)
     ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
                  "train": asdict(tc), "trunk_sha256": trunk["sha256"]}
-    rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route="single", stream=i, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=module_name(i))
 

@@ -18,8 +18,8 @@ from ..model import Transformer
 from ..plots import loss_curve
 from ..run import RunDir, module_name, write_module
 from . import checkpoint as ckpt_io
-from .loop import (check_token_range, heldout_losses, load_tokens, mean, resolve_device, resolve_precision,
-                   run_loop, split_overrides)
+from .loop import (check_token_range, heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device,
+                   resolve_precision, run_loop, split_overrides)
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
 
@@ -61,13 +61,15 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
     if restart:
         ckpt_io.remove(ckpt_dir)
 
+    rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
+    if rec:  # the memory-bound regime: keep freed buffers out of RSS
+        limit_heap_retention()
     torch.manual_seed(tc.seed)
     model = Transformer(cfg, n_experts=0)
     model.reset_parameters(torch.Generator().manual_seed(tc.seed))  # init depends on the seed only
     model.to(dev)
     named = dict(model.named_parameters())
     ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
-    rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route="anchor", stream=0, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk")
 

@@ -17,17 +17,19 @@ from safetensors.torch import load_file
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir
 from mfgguf.train.expert import train_expert
+from mfgguf.train.trunk import train_trunk
 from tests.conftest import copy_run
 
 TOKENS, CKPT_EVERY = 60_000, 5  # 117 tiny steps: the kill lands long before the end
 
 
-def _kill_after_first_checkpoint(run: Path, expert: int) -> int:
-    cmd = [sys.executable, "-c", "from mfgguf.cli.app import main; main()", "train-expert", str(run),
-           "--expert", str(expert), "--tokens", str(TOKENS), "--ckpt-every", str(CKPT_EVERY), "--no-progress"]
+def _kill_after_first_checkpoint(run: Path, index: int) -> int:
+    verb = ["train-trunk", str(run), "--preset", "tiny"] if index == 0 else ["train-expert", str(run), "--expert", str(index)]
+    cmd = [sys.executable, "-c", "from mfgguf.cli.app import main; main()", *verb,
+           "--tokens", str(TOKENS), "--ckpt-every", str(CKPT_EVERY), "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             cwd=Path(__file__).parents[2], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
-    state = RunDir(run).checkpoint_dir(expert) / "state.safetensors"
+    state = RunDir(run).checkpoint_dir(index) / "state.safetensors"
     deadline = time.monotonic() + 120
     try:
         while not state.exists():
@@ -40,26 +42,33 @@ def _kill_after_first_checkpoint(run: Path, expert: int) -> int:
     return rc
 
 
-def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path):
+@pytest.mark.parametrize("index", [0, 1], ids=["trunk", "expert"])
+def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index):
     a = copy_run(trained_run, tmp_path / "a")
     b = copy_run(trained_run, tmp_path / "b")
     rda = RunDir(a)
-    rda.module_file(1).unlink()  # so that a module file after the kill would mean the run finished
-    assert _kill_after_first_checkpoint(a, 1) == -signal.SIGKILL
-    assert not rda.module_file(1).exists(), "the process finished before it was killed"
+    target = rda.module_file(index)
+    target.rename(target.with_suffix(".old"))  # a module file after the kill would mean the run finished
+    assert _kill_after_first_checkpoint(a, index) == -signal.SIGKILL
+    assert not target.exists(), "the process finished before it was killed"
+    target.with_suffix(".old").rename(target)  # experts need their trunk back to resume
+
+    def train(run, tokens=TOKENS):
+        if index == 0:
+            return train_trunk(run, preset="tiny", tokens=tokens, ckpt_every=CKPT_EVERY, progress=False)
+        return train_expert(run, index, tokens=tokens, ckpt_every=CKPT_EVERY, progress=False)
 
     # A checkpoint made for another token budget is refused (and left alone), with the way out.
     with pytest.raises(MfggufError, match="different train.*--restart"):
-        train_expert(a, 1, tokens=TOKENS // 2, ckpt_every=CKPT_EVERY, progress=False)
-    assert (rda.checkpoint_dir(1) / "state.safetensors").is_file()
+        train(a, TOKENS // 2)
+    assert (rda.checkpoint_dir(index) / "state.safetensors").is_file()
 
-    resumed = train_expert(a, 1, tokens=TOKENS, ckpt_every=CKPT_EVERY, progress=False)
-    whole = train_expert(b, 1, tokens=TOKENS, ckpt_every=CKPT_EVERY, progress=False)
+    resumed, whole = train(a), train(b)
     assert resumed["resumed_from_step"] >= CKPT_EVERY and whole["resumed_from_step"] == 0
     assert resumed["history"] == whole["history"]
-    ta, tb = load_file(rda.module_file(1)), load_file(RunDir(b).module_file(1))
+    ta, tb = load_file(rda.module_file(index)), load_file(RunDir(b).module_file(index))
     assert ta.keys() == tb.keys()
     for k in ta:
         assert torch.equal(ta[k], tb[k]), k
     # (file sha256s may differ: safetensors writes header metadata in hash-map order)
-    assert not rda.checkpoint_dir(1).exists()  # removed once the module is written
+    assert not rda.checkpoint_dir(index).exists()  # removed once the module is written
