@@ -323,13 +323,13 @@ def _plots(r: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.2 + 0.6 * conf.shape[1], 1 + 0.6 * conf.shape[0]))
     im = ax.imshow(conf, vmin=0, vmax=1, cmap="viridis")
     ax.set_yticks(range(len(ds)), ds)
-    ax.set_xticks(range(conf.shape[1]), [f"{e}\n({ra['expert_domain'][str(e)] if str(e) in ra['expert_domain'] else ra['expert_domain'].get(e, '')})"
-                                         for e in range(1, conf.shape[1] + 1)], fontsize=7)
+    home = {int(e): d for e, d in ra["expert_domain"].items()}  # JSON turns the int keys into strings
+    ax.set_xticks(range(conf.shape[1]), [f"{e}\n({home.get(e, '')})" for e in range(1, conf.shape[1] + 1)], fontsize=7)
     for i in range(conf.shape[0]):
         for j in range(conf.shape[1]):
             ax.text(j, i, f"{conf[i, j]:.2f}", ha="center", va="center", color="w" if conf[i, j] < 0.6 else "k", fontsize=7)
     ax.set_xlabel("expert (its main domain)")
-    ax.set_title("Routing (ridge, top-1): share of each domain's tokens, mean over layers", fontsize=9)
+    ax.set_title("Routing (ridge, top-1)\nshare of each domain's tokens,\nmean over layers", fontsize=9)
     fig.colorbar(im)
     fig.tight_layout()
     fig.savefig(out / "routing_confusion.png", dpi=110)

@@ -1,8 +1,9 @@
 """Run a pipeline stage as its own process and measure it: wall time and the child's peak RSS.
 
 The demo and the evaluation run every heavy stage this way. Each expert trains in its own
-process, as the design says, and each stage's peak RSS is exact: `os.wait4` returns the
-resource usage of that one child, not the maximum over all children so far.
+process, as the design says, and each stage's peak RSS is its own: `os.wait4` returns the
+resource usage of that one child, not the maximum over all children so far. (Linux folds the
+parent's RSS at spawn into the child's peak, so a light parent, as ours are, is the floor.)
 
 Example:
     >>> r = run_stage("trunk", ["train-trunk", "RUN", "--preset", "tiny"])

@@ -55,7 +55,7 @@ from ..run import STATS_PREFIX, RunDir, atomic_path
 from . import quant as Q
 from .layout import Plan, plan
 from .router import RouterBuilder, needs_stats
-from .schema import FFN, blk
+from .schema import blk
 from .stream import CHUNK_BYTES, stream_modules
 
 WRITEBACK_BYTES = 64 << 20

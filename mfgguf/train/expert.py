@@ -26,8 +26,8 @@ from ..model import Transformer, trunk_name_map
 from ..plots import loss_curve
 from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
 from . import checkpoint as ckpt_io
-from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens, mean,
-                   resolve_device, resolve_precision, run_loop, split_overrides)
+from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
+                   resolve_device, resolve_precision, result_meta, run_loop, split_overrides)
 from .stats import RouterStats
 from .trunk import wants_recompute
 
@@ -169,31 +169,15 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     stats = RouterStats(cfg.n_layers, cfg.dim)
     shard_loss, _ = evaluate(model, data, 4 * tc.eval_tokens, "single", dev, prec, hook=stats.hook)
     meta = {
-        "kind": "expert",
+        **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                      recompute=rec, heldout=heldout, t_start=t_start),
         "index": i,
-        "preset": preset,
-        "config": cfg.to_dict(),
-        "train": asdict(tc),
         "trunk_sha256": trunk["sha256"],
         "shard": i,
-        "partition": info.get("partition"),
         "shard_domains": _shard_domains(info, i),
-        "device": dev.type,
-        "precision": prec,
-        "recompute": rec,
-        "steps": res.steps,
-        "tokens_seen": res.tokens_seen,
-        "final_loss": res.final_loss,
         "shard_loss": shard_loss,
-        "heldout_loss": heldout,
-        "heldout_loss_mean": mean(heldout),
         "trunk_heldout_loss": trunk.get("heldout_loss", {}),
         "router_stats_count": stats.n,
-        "train_s": res.train_s,
-        "tokens_per_s": (res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len) / max(res.train_s, 1e-9),
-        "resumed_from_step": res.resumed_from,
-        "history": res.history,
-        "wall_s": time.perf_counter() - t_start,
     }
     meta = write_module(rd, i, {**model.expert_tensors(0), **stats.tensors()}, meta)
     loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout,

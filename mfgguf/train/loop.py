@@ -16,7 +16,7 @@ import math
 import os
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +203,20 @@ class LoopResult:
     history: list = field(default_factory=list)  # [[step, tokens, loss], ...]
     train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load)
     resumed_from: int = 0
+
+
+def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc: TrainConfig, info: dict, dev,
+                precision: str, recompute: bool, heldout: dict, t_start: float) -> dict:
+    """The metadata every module records about its training (trunk and experts alike)."""
+    fresh_tokens = res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len  # this process's share
+    return {
+        "kind": kind, "preset": preset, "config": cfg.to_dict(), "train": asdict(tc),
+        "partition": info.get("partition"), "device": dev.type, "precision": precision, "recompute": recompute,
+        "steps": res.steps, "tokens_seen": res.tokens_seen, "final_loss": res.final_loss,
+        "heldout_loss": heldout, "heldout_loss_mean": mean(heldout),
+        "train_s": res.train_s, "tokens_per_s": fresh_tokens / max(res.train_s, 1e-9),
+        "resumed_from_step": res.resumed_from, "history": res.history, "wall_s": time.perf_counter() - t_start,
+    }
 
 
 def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], data: np.ndarray, tc: TrainConfig,

@@ -18,8 +18,8 @@ from ..model import Transformer
 from ..plots import loss_curve
 from ..run import RunDir, module_name, write_module
 from . import checkpoint as ckpt_io
-from .loop import (check_token_range, heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device,
-                   resolve_precision, run_loop, split_overrides)
+from .loop import (check_token_range, heldout_losses, limit_heap_retention, load_tokens, resolve_device,
+                   resolve_precision, result_meta, run_loop, split_overrides)
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
 
@@ -76,26 +76,8 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
     heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, "anchor", dev, prec)
     if not heldout:
         raise MfggufError(f"no held-out tokens in {rd.heldout_dir}; re-create the run with `mfgguf prepare`")
-    meta = {
-        "kind": "trunk",
-        "preset": preset,
-        "config": cfg.to_dict(),
-        "train": asdict(tc),
-        "partition": info.get("partition"),
-        "device": dev.type,
-        "precision": prec,
-        "recompute": rec,
-        "steps": res.steps,
-        "tokens_seen": res.tokens_seen,
-        "final_loss": res.final_loss,
-        "heldout_loss": heldout,
-        "heldout_loss_mean": mean(heldout),
-        "train_s": res.train_s,
-        "tokens_per_s": (res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len) / max(res.train_s, 1e-9),
-        "resumed_from_step": res.resumed_from,
-        "history": res.history,
-        "wall_s": time.perf_counter() - t_start,
-    }
+    meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                       recompute=rec, heldout=heldout, t_start=t_start)
     meta = write_module(rd, 0, model.trunk_tensors(), meta)
     loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout,
                title=f"trunk ({preset}, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
