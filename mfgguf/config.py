@@ -76,6 +76,7 @@ class TrainConfig:
     seed: int = 1234  # init and data-order seed
     ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
     eval_tokens: int = 65_536  # held-out tokens scored at the end of training
+    expert_init: str = "random"  # experts: "random", or "anchor" = start from the anchor's gate/up rows (upcycling)
 
 
 @dataclass(frozen=True)

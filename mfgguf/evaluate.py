@@ -76,7 +76,8 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
             if k > n:
                 continue
             models[f"moe {router} top-{k}"] = {"path": build(f"moe-{router}-top{k}-{cfg.base_quant}", quant=cfg.base_quant,
-                                                              router=router, top_k=k), "kind": "moe"}
+                                                              router=router, top_k=k),
+                                                "kind": "moe", "router": router, "top_k": k}
     models["trunk alone"] = {"path": build(f"trunk-{cfg.base_quant}", quant=cfg.base_quant, experts=[]), "kind": "trunk"}
     best_expert = _best_expert_per_domain(metas, domains)
     for d, e in best_expert.items():
@@ -93,7 +94,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
 
     moe_names = [k for k, m in models.items() if m["kind"] == "moe"]
     best = min(moe_names, key=lambda k: results[k]["overall"]["ppl"])
-    best_router, best_k = models[best]["path"].stem.split("-")[1], int(best.split("top-")[1])
+    best_router, best_k = models[best]["router"], models[best]["top_k"]
     quant_rows = {cfg.base_quant: results[best]}
     for q in cfg.quants:
         p = build(f"moe-{best_router}-top{best_k}-{q}", quant=q, router=best_router, top_k=best_k)
@@ -194,12 +195,13 @@ def _measure_main(path: str, run: str, domains: str, cap: str, ctx: str, decode:
         t0 = time.perf_counter()
         c = llm.create_completion("def ", max_tokens=int(decode), temperature=0.0, seed=0)
         n_dec, t_dec = c["usage"]["completion_tokens"], time.perf_counter() - t0
-    print(json.dumps({"domains": per, "overall": _mixed(per), "prompt_tps": r["overall"]["tokens_per_s"],
+    overall = {k: r["overall"][k] for k in ("ppl", "nll", "n_tokens")}  # token-weighted: the mixed set
+    print(json.dumps({"domains": per, "overall": overall, "prompt_tps": r["overall"]["tokens_per_s"],
                       "decode_tps": n_dec / t_dec if n_dec else float("nan")}))
 
 
 def _mixed(per: dict) -> dict:
-    """Token-weighted perplexity over domains: the mixed held-out set."""
+    """Token-weighted perplexity over domains measured by different models (the oracle's mixed set)."""
     n = sum(v["n_tokens"] for v in per.values())
     nll = sum(v["nll"] * v["n_tokens"] for v in per.values()) / n
     return {"ppl": math.exp(nll), "nll": nll, "n_tokens": n}

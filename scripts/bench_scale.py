@@ -130,23 +130,14 @@ def main() -> None:
 
 
 def plain_io_seconds(run: RunDir, n: int, out_bytes: int, out: Path) -> float:
-    """Read every module file and write as many bytes as the GGUF, with fsync, on the same disk."""
-    os.sync()
-    t0 = time.perf_counter()
-    for i in range(0, n + 1):
-        with open(run.module_file(i), "rb", buffering=0) as f:
-            while f.read(1 << 24):
-                pass
+    """bench_assemble's reference: read every module file, write as many bytes as the GGUF, fsync."""
+    from bench_assemble import io_reference
+
+    inputs = [run.module_file(i) for i in range(0, n + 1)]
     tmp = out / ".plain-io.tmp"
-    buf = b"\0" * (1 << 24)
-    with open(tmp, "wb", buffering=0) as f:
-        left = out_bytes
-        while left > 0:
-            left -= f.write(buf[: min(left, len(buf))])
-        os.fsync(f.fileno())
-    t = time.perf_counter() - t0
+    r, _ = run_stage("plain I/O", [sys.executable, "-c", io_reference(inputs, out_bytes, tmp)])
     tmp.unlink()
-    return t
+    return r.wall_s
 
 
 def dense_model(run: RunDir, out: Path) -> Path:

@@ -75,10 +75,12 @@ def train_expert_cmd(
     tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
     batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
     restart: bool = _RESTART, progress: bool = _PROGRESS,
+    init: str = typer.Option(None, "--init", help="Expert init: random (default) or anchor (start from the anchor's"
+                             " gate/up rows; the down-projection starts at zero either way)."),
 ):
     from ..train.expert import train_expert
 
     meta = train_expert(run, expert, tokens=tokens, device=device, progress=progress, precision=precision,
                         restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
-                        eval_tokens=eval_tokens)
+                        eval_tokens=eval_tokens, expert_init=init)
     typer.echo(_line(meta, run))

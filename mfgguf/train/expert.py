@@ -72,11 +72,17 @@ def load_trunk_meta(rd: RunDir) -> dict:
     return meta
 
 
-def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.device, bf16_trunk: bool) -> Transformer:
+def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.device, bf16_trunk: bool,
+                       init: str = "random") -> Transformer:
     """Transformer(cfg, n_experts=1): frozen trunk from the module file, trainable expert 0 (zero down-proj).
 
     Built on the meta device and filled tensor by tensor, so no f32 copy of the whole trunk exists.
+    init="anchor" starts gate/up from the anchor's first expert_ff rows (tiled if the expert is
+    wider): features the trunk already uses. With the zero down-projection, step 0 still computes
+    exactly the trunk either way.
     """
+    if init not in ("random", "anchor"):
+        raise MfggufError(f"unknown expert init {init!r}; use random or anchor")
     with torch.device("meta"):
         model = Transformer(cfg, n_experts=1)
     linear = {n + ".weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -93,8 +99,11 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     g = torch.Generator().manual_seed(seed)
     for l, layer in enumerate(model.layers):
         e = layer.experts[0]
-        for part in ("gate", "up"):  # same init as Transformer.reset_parameters
+        for part in ("gate", "up"):  # random: same init as Transformer.reset_parameters
             w = torch.empty(getattr(e, part).weight.shape).normal_(0.0, 0.02, generator=g)  # (expert_ff, dim)
+            if init == "anchor":
+                a = getattr(layer.anchor, part).weight.detach().float().cpu()  # (anchor_ff, dim)
+                w = a.repeat(-(-cfg.expert_ff // cfg.anchor_ff), 1)[: cfg.expert_ff].clone()  # (expert_ff, dim)
             _set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev), True)
         _set_param(model, f"layers.{l}.experts.0.down.weight", torch.zeros(e.down.weight.shape, device=dev), True)
         _set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
@@ -158,7 +167,7 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
     if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
         limit_heap_retention()
-    model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16")
+    model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16", init=tc.expert_init)
     named = expert_params(model)
     ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
                  "train": asdict(tc), "trunk_sha256": trunk["sha256"]}

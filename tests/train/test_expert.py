@@ -105,3 +105,22 @@ def test_changed_trunk_is_refused(trained_run, tmp_path):
     with pytest.raises(MfggufError, match="out of range"):
         train_expert(run, TINY_EXPERTS + 1, progress=False)
     assert before  # the expert file existed before; nothing else to compare once modules/ is gone
+
+
+def test_anchor_init_starts_from_the_anchor_and_still_computes_the_trunk(trained_run):
+    """init='anchor': gate/up rows are the anchor's, down is zero, so step 0 is exactly the trunk."""
+    import numpy as np
+
+    from mfgguf.run import read_module_meta
+
+    rd = RunDir(trained_run)
+    cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
+    model = build_expert_model(rd, cfg, seed=0, dev=torch.device("cpu"), bf16_trunk=False, init="anchor")
+    for layer in model.layers:
+        e = layer.experts[0]
+        assert torch.equal(e.gate.weight, layer.anchor.gate.weight[: cfg.expert_ff])
+        assert torch.equal(e.up.weight, layer.anchor.up.weight[: cfg.expert_ff])
+        assert not e.down.weight.any()
+    idx = torch.as_tensor(np.load(rd.heldout(rd.info()["domains"][0]))[:32].astype(np.int64))[None]
+    with torch.no_grad():
+        assert torch.equal(model(idx, route="single"), model(idx, route="anchor"))
