@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import MfggufError
-from .run import RunDir, write_json
+from .run import RunDir, write_json, write_text
 from .stages import StageResult, run_stage
 
 
@@ -94,7 +94,7 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
         "sample": {"prompt": cfg.prompt, "text": sample},
     }
     write_json(out / "summary.json", summary)
-    (out / "summary.md").write_text(summary_markdown(summary))
+    write_text(out / "summary.md", summary_markdown(summary))
     _print_summary(summary, moe, run.root)
     return summary
 

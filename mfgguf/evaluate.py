@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MfggufError
-from .run import RunDir, read_module_meta, write_json
+from .run import RunDir, read_module_meta, write_json, write_text
 from .stages import run_stage
 
 
@@ -125,7 +125,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     }
     write_json(out / "report.json", report)
     _plots(report, out)
-    (out / "report.md").write_text(report_markdown(report))
+    write_text(out / "report.md", report_markdown(report))
     return report
 
 

@@ -148,9 +148,14 @@ def atomic_path(dest: Path, suffix: str = ""):
         tmp.unlink(missing_ok=True)
 
 
-def write_json(path: Path, obj) -> None:
+def write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically: readers see the old file or the new one, never half."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+        tmp.write_text(text)
+
+
+def write_json(path: Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def read_json(path: Path, what: str) -> dict:

@@ -141,9 +141,11 @@ def plain_io_seconds(run: RunDir, n: int, out_bytes: int, out: Path) -> float:
 
 
 def dense_model(run: RunDir, out: Path) -> Path:
-    """A dense llama GGUF with the MoE's active parameters (anchor widened by one expert), same writer."""
-    from synthetic_run import build
+    """A dense llama GGUF with the MoE's active parameters (anchor widened by one expert), same writer.
 
+    Built in a child process: writing a 1.3 GB random trunk would otherwise raise this process's
+    RSS, which Linux folds into every later child's peak RSS.
+    """
     from mfgguf.run import read_module_meta
 
     cfg = read_module_meta(run, 0)["config"]
@@ -152,8 +154,11 @@ def dense_model(run: RunDir, out: Path) -> Path:
     if not path.is_file():
         if dense_run.exists():
             shutil.rmtree(dense_run)
-        build(dense_run, preset="1b", n_experts=0, vocab=cfg["vocab_size"], tokenizer=run.tokenizer,
-              anchor_ff=cfg["anchor_ff"] + cfg["expert_ff"])
+        code = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from pathlib import Path; "
+                f"from synthetic_run import build; build(Path({str(dense_run)!r}), preset='1b', n_experts=0, "
+                f"vocab={cfg['vocab_size']}, tokenizer=Path({str(run.tokenizer)!r}), "
+                f"anchor_ff={cfg['anchor_ff'] + cfg['expert_ff']})")
+        run_stage("build dense", [sys.executable, "-c", code])
         run_stage("assemble dense", ["assemble", dense_run, "-o", path, "--quant", "q8_0", "--experts", "none", "--force"])
     return path
 
