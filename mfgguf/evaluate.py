@@ -57,7 +57,8 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     info = rd.info()
     n = info["n_experts"]
     metas = {i: read_module_meta(rd, i) for i in range(0, n + 1)}
-    domains = list(info["domains"])
+    heldout = rd.heldout_tokens(cfg.max_tokens_per_domain)
+    domains = list(heldout)  # domains with a held-out split
     out = Path(out) if out else rd.root / "eval"
     models_dir = out / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,6 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     if cfg.dense:
         models["dense (compute-matched)"] = {"path": _dense_baseline(rd, metas, out, cfg, force), "kind": "dense"}
 
-    heldout = _heldout_tokens(rd, domains, cfg.max_tokens_per_domain)
     results = {}
     for name, m in models.items():
         _say(f"measure {name}")
@@ -168,10 +168,6 @@ def _dense_baseline(rd: RunDir, metas: dict, out: Path, cfg: EvalConfig, force: 
     return path
 
 
-def _heldout_tokens(rd: RunDir, domains: list[str], cap: int) -> dict[str, np.ndarray]:
-    return {d: np.load(rd.heldout(d), mmap_mode="r", allow_pickle=False)[:cap] for d in domains}
-
-
 def _measure(path: Path, rd: RunDir, domains: list[str], cfg: EvalConfig) -> dict:
     """Perplexity per domain, tokens/s and peak RSS of one GGUF, in a process of its own."""
     args = [sys.executable, "-m", "mfgguf.evaluate", str(path), str(rd.root), ",".join(domains),
@@ -186,7 +182,8 @@ def _measure_main(path: str, run: str, domains: str, cap: str, ctx: str, decode:
     from .runtime.perplexity import perplexity_by_domain
 
     rd = RunDir(Path(run))
-    toks = {d: np.asarray(np.load(rd.heldout(d), mmap_mode="r", allow_pickle=False)[: int(cap)]) for d in domains.split(",")}
+    held = rd.heldout_tokens(int(cap))
+    toks = {d: np.asarray(held[d]) for d in domains.split(",")}
     r = perplexity_by_domain(Path(path), toks, ctx=int(ctx) or None)
     per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens")} for d, v in r["domains"].items()}
     from .runtime.llm import loaded

@@ -110,6 +110,19 @@ class RunDir:
             )
         return info
 
+    def heldout_tokens(self, cap: int | None = None) -> dict:
+        """{domain: memory-mapped held-out tokens (first `cap`)}, for every domain that has a held-out split.
+
+        A domain with a single document has none (prepare keeps it for training), so it is skipped.
+        """
+        import numpy as np
+
+        names = list(self.info().get("domains") or []) or sorted(p.stem for p in self.heldout_dir.glob("*.npy"))
+        names = [d for d in names if self.heldout(d).is_file()]
+        if not names:
+            raise MfggufError(f"{self.heldout_dir} holds no <domain>.npy held-out tokens; re-create the run with `mfgguf prepare`")
+        return {d: np.load(self.heldout(d), mmap_mode="r", allow_pickle=False)[:cap] for d in names}
+
     def check_expert_index(self, i: int) -> int:
         n = self.info()["n_experts"]
         if not 1 <= i <= n:

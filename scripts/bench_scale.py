@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MfggufError
+from ..run import RunDir
 from .llm import check_ctx, loaded
 
 
@@ -169,7 +170,7 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
     if (data is None) == (run is None) or (data is not None and not data):
         raise MfggufError("pass either --data FILE or --run RUN (one of the two)")
     if run is not None:
-        domains = _heldout_tokens(Path(run))
+        domains = RunDir(run).heldout_tokens()
     else:
         texts = {}
         for f in map(Path, data):
@@ -184,18 +185,6 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
         if data is not None:  # the GGUF's own tokenizer, run by llama.cpp
             domains = {k: np.asarray(llm.tokenize(v.encode("utf-8"), add_bos=False, special=False)) for k, v in texts.items()}
         return _by_domain_llm(llm, domains, ctx, progress)
-
-
-def _heldout_tokens(run: Path) -> dict:
-    from ..run import RunDir
-
-    r = RunDir(run)
-    info = r.info()
-    names = list(info.get("domains") or []) or sorted(p.stem for p in r.heldout_dir.glob("*.npy"))
-    names = [d for d in names if r.heldout(d).is_file()]
-    if not names:
-        raise MfggufError(f"{r.heldout_dir} holds no <domain>.npy held-out tokens; re-create the run with `mfgguf prepare`")
-    return {d: np.load(r.heldout(d), mmap_mode="r", allow_pickle=False) for d in names}
 
 
 def _progress_bar(enabled: bool, domains: dict, ctx: int):
