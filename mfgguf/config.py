@@ -116,6 +116,36 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+# Trunk tensors an expert job may train a private copy of (`train-expert --shared`), by GGUF name.
+# Assembly merges the copies back into the trunk it writes (`assemble --merge`).
+SHARED_CHOICES = ("none", "norms", "attn", "all")
+
+
+def shared_tensor_names(cfg: ModelConfig, choice: str) -> list[str]:
+    """GGUF names of the trunk tensors that `--shared CHOICE` trains, in file order.
+
+    norms = every RMSNorm weight; attn = norms + attention projections; all = the whole trunk
+    (embeddings, output head and the anchor FFN too).
+
+    Example:
+        >>> shared_tensor_names(get_preset("tiny").model, "norms")[:2]
+        ['blk.0.attn_norm.weight', 'blk.0.ffn_norm.weight']
+    """
+    if choice not in SHARED_CHOICES:
+        raise MfggufError(f"unknown --shared {choice!r}; choose one of {', '.join(SHARED_CHOICES)}")
+    if choice == "none":
+        return []
+    norms = ("attn_norm", "ffn_norm")
+    attn = ("attn_q", "attn_k", "attn_v", "attn_output")
+    anchor = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+    per = {"norms": norms, "attn": norms + attn, "all": norms + attn + anchor}[choice]
+    names = ["token_embd.weight"] if choice == "all" else []
+    for l in range(cfg.n_layers):
+        names += [f"blk.{l}.{t}.weight" for t in per]
+    names += ["output_norm.weight"] + (["output.weight"] if choice == "all" else [])
+    return names
+
+
 def get_preset(name: str) -> Preset:
     """Return the named preset; raise a one-line error listing the names otherwise."""
     try:
@@ -129,4 +159,5 @@ def with_overrides(cfg, **kw):
     return replace(cfg, **{k: v for k, v in kw.items() if v is not None})
 
 
-__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "get_preset", "with_overrides"]
+__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "SHARED_CHOICES", "get_preset", "shared_tensor_names",
+           "with_overrides"]

@@ -17,7 +17,10 @@
 A module file is one safetensors file of GGUF-named tensors (see `model.trunk_name_map`); an
 expert's file also holds its router statistics as `router_stats.blk.{l}.mean` (dim,) and
 `router_stats.blk.{l}.second_moment` (dim, dim), both f32 means over `router_stats_count` tokens
-(the count lives in the JSON). The JSON beside it holds everything else (see `write_module`).
+(the count lives in the JSON). An expert trained with `--shared` also holds its trained copy of
+each chosen trunk tensor as `shared.<trunk GGUF name>` (f32, the trunk tensor's shape), listed in
+its JSON as `shared_tensors`; assembly merges them into the trunk it writes. The JSON beside it
+holds everything else (see `write_module`).
 No pickle anywhere: safetensors, numpy .npy (allow_pickle=False) and JSON only.
 """
 
@@ -39,6 +42,7 @@ RUN_VERSION = 1
 MODULE_FORMAT = "mfgguf-module"
 MODULE_VERSION = 1
 STATS_PREFIX = "router_stats."
+SHARED_PREFIX = "shared."  # an expert's trained private copy of a trunk tensor: shared.<trunk GGUF name>
 
 
 def module_name(index: int) -> str:
