@@ -7,6 +7,8 @@ module weights into `mfgguf.model.Transformer(cfg, n_experts=N)`. Forward with
 `route="router"` (or `route="anchor"` for a dense trunk-alone file) is what llama.cpp should
 compute; parity tests and evaluation compare the two. Both layouts have the same reference:
 the mixtral layout's folded experts compute anchor + expert exactly (see assemble.py).
+Trunk tensors that the experts trained copies of are merged the way the file says
+(`mfgguf.merge`, `mfgguf.merge_density`) by the assembler's own functions (converters/merge.py).
 
 Example:
     >>> model, route = reference_model(Path("RUN"), Path("model.gguf"))
@@ -22,9 +24,10 @@ import numpy as np
 import torch
 
 from .converters.layout import model_config, tokenizer_kv
+from .converters.merge import DEFAULT_DENSITY, merge_arrays
 from .errors import MfggufError
 from .model import Transformer
-from .run import RunDir, read_module_meta
+from .run import SHARED_PREFIX, RunDir, read_module_meta
 
 
 def _field(reader, key: str):
@@ -49,14 +52,43 @@ def gguf_provenance(path: Path) -> dict:
             rows[int(t.name.split(".")[1])] = np.array(t.data, dtype=np.float32).reshape(len(experts), -1)
     return {"experts": [int(e) for e in experts], "top_k": int(_field(r, "mfgguf.top_k") or 0),
             "layout": _field(r, "mfgguf.layout"), "router": _field(r, "mfgguf.router"),
+            "merge": _field(r, "mfgguf.merge") or "none",
+            "merge_density": float(_field(r, "mfgguf.merge_density") or DEFAULT_DENSITY),
             "router_rows": [rows[l] for l in sorted(rows)]}
 
 
+def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list[int], merge: str,
+                         density: float = DEFAULT_DENSITY) -> dict[str, np.ndarray]:
+    """{trunk tensor: merged f32 array} for every tensor an included expert trained a copy of.
+
+    The experts' copies are read one tensor at a time; the arithmetic is merge.py's (the assembler's).
+    """
+    from safetensors import safe_open
+
+    if merge == "none":
+        return {}
+    metas = {i: read_module_meta(rd, i) for i in experts}
+    out = {}
+    for name in trunk:  # trunk order; copies in slot order, as the assembler adds them
+        holders = [i for i in experts if name in (metas[i].get("shared_tensors") or [])]
+        if not holders:
+            continue
+        copies = []
+        for i in holders:
+            with safe_open(str(rd.module_file(i)), "np") as f:
+                copies.append(f.get_tensor(SHARED_PREFIX + name))
+        tokens = [int(metas[i].get("tokens_seen") or 0) for i in holders]
+        out[name] = merge_arrays(merge, np.asarray(trunk[name], np.float32), copies, tokens, density)
+    return out
+
+
 def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[int] | None = None,
-                    router_rows: list[np.ndarray] | None = None, top_k: int = 1) -> tuple[Transformer, str]:
+                    router_rows: list[np.ndarray] | None = None, top_k: int = 1, merge: str = "mean",
+                    merge_density: float = DEFAULT_DENSITY) -> tuple[Transformer, str]:
     """Build the f32 reference Transformer of an assembled model; returns (model, route).
 
-    With `gguf_path`, experts, top-k and router rows come from that file; otherwise pass them.
+    With `gguf_path`, experts, top-k, router rows and the merge come from that file; otherwise
+    pass them (merge as `assemble`'s).
     """
     from safetensors.torch import load_file
 
@@ -64,6 +96,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
     if gguf_path is not None:
         prov = gguf_provenance(Path(gguf_path))
         experts, top_k, router_rows = prov["experts"], prov["top_k"], prov["router_rows"]
+        merge, merge_density = prov["merge"], prov["merge_density"]
     experts = list(experts or [])
     _, vocab = tokenizer_kv(rd.tokenizer)
     trunk_meta = read_module_meta(rd, 0)
@@ -73,7 +106,10 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
 
     cfg = replace(model_config(_M, vocab), n_experts=len(experts), top_k=max(1, top_k))
     model = Transformer(cfg, n_experts=len(experts))
-    model.load_trunk(load_file(str(rd.module_file(0))))
+    trunk = load_file(str(rd.module_file(0)))
+    merged = merged_trunk_tensors(rd, {k: v.numpy() for k, v in trunk.items()}, experts, merge, merge_density)
+    trunk.update({k: torch.from_numpy(v) for k, v in merged.items()})
+    model.load_trunk(trunk)
     for slot, i in enumerate(experts):
         model.load_expert(load_file(str(rd.module_file(i))), slot)
     if experts:

@@ -15,6 +15,11 @@ after each assembly (same page-cache state).
     python scripts/bench_assemble.py                 # N = 8, 32, 100 (needs ~10 GB of disk)
     python scripts/bench_assemble.py --quick         # N = 8, 32, smaller quantizer matrices
     python scripts/bench_assemble.py --experts 8,32 --dir /var/tmp/bench
+    python scripts/bench_assemble.py --shared attn   # experts hold copies of norms+attention: the merge phase too
+
+With `--shared CHOICE` every expert also holds a perturbed copy of those trunk tensors (~121 MB
+per expert for `attn` at `1b`), which assembly merges (`--merge`, default mean) into the trunk
+it writes; peak RSS must stay flat in N all the same.
 """
 
 from __future__ import annotations
@@ -107,6 +112,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/mfgguf-bench"))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the synthetic RUN for the next time")
+    ap.add_argument("--shared", default="none", help="experts hold perturbed copies of these trunk tensors: none|norms|attn|all")
+    ap.add_argument("--merge", default="mean", help="how assembly merges them: none|mean|ties")
     a = ap.parse_args()
     ns = [int(x) for x in (a.experts or ("8,32" if a.quick else "8,32,100")).split(",")]
 
@@ -114,13 +121,14 @@ def main() -> None:
 
     from synthetic_run import build  # scripts/ is on sys.path when run as a script
 
-    run = a.dir / f"run-{a.preset}"
+    run = a.dir / (f"run-{a.preset}" + ("" if a.shared == "none" else f"-shared-{a.shared}"))
     info = run / "run.json"
     if not info.is_file() or json.loads(info.read_text())["n_experts"] < max(ns):
         shutil.rmtree(run, ignore_errors=True)
         t0 = time.perf_counter()
-        build(run, preset=a.preset, n_experts=max(ns), max_chars=3_000_000)
-        print(json.dumps({"bench": "build_synthetic_run", "n_experts": max(ns), "s": round(time.perf_counter() - t0, 1)}), flush=True)
+        build(run, preset=a.preset, n_experts=max(ns), max_chars=3_000_000, shared=a.shared)
+        print(json.dumps({"bench": "build_synthetic_run", "n_experts": max(ns), "shared": a.shared,
+                          "s": round(time.perf_counter() - t0, 1)}), flush=True)
     from mfgguf.run import RunDir
 
     rd = RunDir(run)
@@ -129,7 +137,7 @@ def main() -> None:
         out = a.dir / f"model-{n}.gguf"
         code = (f"import sys, json; from pathlib import Path; from mfgguf.converters.assemble import assemble; "
                 f"r = assemble(Path({str(run)!r}), Path({str(out)!r}), quant={a.quant!r}, experts=list(range(1, {n + 1})), "
-                f"force=True, progress=False, threads={a.threads!r}); "
+                f"merge={a.merge!r}, force=True, progress=False, threads={a.threads!r}); "
                 f"assert 'torch' not in sys.modules; "
                 f"r['vm_hwm_kb'] = int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); "
                 f"print(json.dumps(r))")
@@ -141,14 +149,16 @@ def main() -> None:
         (a.dir / "io-ref.bin").unlink(missing_ok=True)
         out.unlink(missing_ok=True)
         rss[n] = peak
-        print(json.dumps({"bench": "assemble", "preset": a.preset, "n_experts": n, "quant": a.quant,
+        print(json.dumps({"bench": "assemble", "preset": a.preset, "n_experts": n, "quant": a.quant, "shared": a.shared,
+                          "merge": r["merge"], "merged_tensors": r["merged_tensors"],
                           "input_mb": round(r["input_bytes"] / 1e6), "output_mb": round(r["bytes"] / 1e6),
                           "peak_rss_mb": round(peak, 1), "wall_s": round(wall, 2), "assemble_s": r["seconds"],
                           "io_ref_s": round(io_s, 2), "ratio": round(wall / io_s, 2), "threads": r["threads"],
                           "cpu_s": round(cpu, 2), "io_ref_cpu_s": round(io_cpu, 2),
                           "machine_busy": round(busy, 2), "io_ref_machine_busy": round(io_busy, 2)}), flush=True)
     lo, hi = min(ns), max(ns)
-    print(json.dumps({"bench": "summary", "rss_ratio": round(rss[hi] / rss[lo], 3), "n_lo": lo, "n_hi": hi,
+    print(json.dumps({"bench": "summary", "shared": a.shared, "merge": a.merge,
+                      "rss_ratio": round(rss[hi] / rss[lo], 3), "n_lo": lo, "n_hi": hi,
                       "max_rss_mb": round(max(rss.values()), 1)}), flush=True)
     if not a.keep:
         shutil.rmtree(run, ignore_errors=True)

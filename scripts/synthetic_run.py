@@ -6,7 +6,12 @@ that ships with Python (stdlib docs and sources), module files written by `mfggu
 (mean and a positive-definite uncentred second moment per layer, distinct per expert). Weights
 are Gaussian with std 1/sqrt(fan_in) so activations and logits have order-one scale.
 
-    python scripts/synthetic_run.py OUT --preset tiny --experts 3 [--vocab 512] [--seed 0]
+    python scripts/synthetic_run.py OUT --preset tiny --experts 3 [--vocab 512] [--seed 0] [--shared attn]
+
+`--shared CHOICE` (config.SHARED_CHOICES) gives every expert what `train-expert --shared` writes:
+a perturbed private copy of the chosen trunk tensors (`shared.<name>`, delta ~ 0.1 x the
+tensor's std, different per expert), listed in its JSON as `shared_tensors`, and a distinct
+`tokens_seen` (1000 x expert index) for the token-weighted merge.
 
 Torch-free (numpy + safetensors + tokenizers). Used by tests/converters and scripts/bench_assemble.py.
 """
@@ -23,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mfgguf.config import get_preset  # noqa: E402
-from mfgguf.run import RUN_FORMAT, RUN_VERSION, RunDir, write_json, write_module  # noqa: E402
+from mfgguf.config import get_preset, shared_tensor_names  # noqa: E402
+from mfgguf.run import RUN_FORMAT, RUN_VERSION, SHARED_PREFIX, RunDir, write_json, write_module  # noqa: E402
 
 
 def corpus_text(max_chars: int = 3_000_000) -> list[str]:
@@ -67,8 +72,9 @@ def _stats(rng, dim: int, rank: int = 32) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build(out: Path, *, preset: str = "tiny", n_experts: int = 3, vocab: int | None = None, seed: int = 0,
-          tokenizer: Path | None = None, max_chars: int = 3_000_000, stats_count: int = 10_000, **overrides) -> Path:
-    """Write RUN `out` with a trunk and `n_experts` random experts; returns `out`."""
+          tokenizer: Path | None = None, max_chars: int = 3_000_000, stats_count: int = 10_000, shared: str = "none",
+          **overrides) -> Path:
+    """Write RUN `out` with a trunk and `n_experts` random experts (with `shared` copies); returns `out`."""
     out = Path(out)
     rd = RunDir(out)
     rd.modules.mkdir(parents=True, exist_ok=True)
@@ -103,6 +109,8 @@ def build(out: Path, *, preset: str = "tiny", n_experts: int = 3, vocab: int | N
             b + "ffn_down_shexp.weight": _gauss(rng, (C, cfg.anchor_ff), cfg.anchor_ff * cfg.n_layers),
         })
     trunk = write_module(rd, 0, t, {"kind": "trunk", "preset": preset, "config": cfg.to_dict(), "synthetic": True})
+    names = shared_tensor_names(cfg, shared)
+    src = {n: (t[n], float(t[n].std())) for n in names}  # the trunk tensors experts train copies of
     del t
     for i in range(1, n_experts + 1):
         e = {}
@@ -114,8 +122,12 @@ def build(out: Path, *, preset: str = "tiny", n_experts: int = 3, vocab: int | N
             mu, M = _stats(rng, C)
             e[f"router_stats.blk.{l}.mean"] = mu
             e[f"router_stats.blk.{l}.second_moment"] = M
+        for n, (w, sd) in src.items():  # (shape of the trunk tensor)
+            e[SHARED_PREFIX + n] = w + np.float32(0.1 * sd) * rng.standard_normal(w.shape, dtype=np.float32)
         write_module(rd, i, e, {"kind": "expert", "preset": preset, "config": cfg.to_dict(), "shard": i,
-                                "trunk_sha256": trunk["sha256"], "router_stats_count": stats_count, "synthetic": True})
+                                "trunk_sha256": trunk["sha256"], "router_stats_count": stats_count, "synthetic": True,
+                                "tokens_seen": 1000 * i, "shared_tensors": names})
+        del e
     return out
 
 
@@ -127,8 +139,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=None, help="BPE size (default: the preset's)")
     ap.add_argument("--tokenizer", type=Path, default=None, help="reuse this tokenizer.json instead of training one")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shared", default="none", help="experts hold perturbed copies of these trunk tensors: none|norms|attn|all")
     a = ap.parse_args()
-    build(a.out, preset=a.preset, n_experts=a.experts, vocab=a.vocab, seed=a.seed, tokenizer=a.tokenizer)
+    build(a.out, preset=a.preset, n_experts=a.experts, vocab=a.vocab, seed=a.seed, tokenizer=a.tokenizer, shared=a.shared)
     print(a.out)
 
 

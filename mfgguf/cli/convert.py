@@ -8,6 +8,7 @@ import typer
 
 from ..converters.assemble import assemble
 from ..converters.inspect import format_inspect, inspect_gguf
+from ..converters.merge import DEFAULT_DENSITY, MERGES
 from ..converters.schema import LAYOUTS, ROUTERS, USER_QUANTS
 from ..errors import MfggufError
 from .app import command
@@ -34,14 +35,20 @@ def assemble_cmd(
     router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}."),
     layout: str = typer.Option("granitemoe", "--layout", help=f"GGUF layout: {'|'.join(LAYOUTS)}."),
     experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 (default all; 'none' = trunk alone)."),
+    merge: str = typer.Option("mean", "--merge", help=f"Experts' trained copies of trunk tensors: {'|'.join(MERGES)}"
+                              " (mean = token-weighted; none = the trunk as trained)."),
+    merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density",
+                                        help="ties: share of each delta row kept (largest magnitudes)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     threads: int = typer.Option(None, "--threads", help="Quantizer threads (default: all cores)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
     r = assemble(run, out, quant=quant, top_k=top_k, router=router, layout=layout, experts=_experts(experts),
-                 force=force, threads=threads, progress=not quiet)
+                 merge=merge, merge_density=merge_density, force=force, threads=threads, progress=not quiet)
     n = len(r["experts"])
     what = f"{n} experts, top-{r['top_k']}, router {r['router']}" if n else "trunk alone (dense)"
+    if r["merged_tensors"]:
+        what += f", {r['merged_tensors']} trunk tensors merged ({r['merge']})"
     typer.echo(f"wrote {r['path']}: {r['arch']} ({r['layout']}), {what}, {r['quant']}, "
                f"{r['bytes'] / 1e6:.1f} MB in {r['seconds']:.1f} s")
 

@@ -9,18 +9,24 @@ Phases, each checking its own state before the next runs:
                         module files are open at a time, read and hashed on background threads
                         (stream.py). Expert slot p of a stacked tensor lives at
                         `offset + p * expert_bytes`; router statistics are pooled as they pass
-  6. router             closed form from the pooled statistics (router.py), F32
-  7. fsync + verify     every slot fully written (own byte accounting), then the file is re-read
+  6. merge              trunk tensors that experts trained copies of (`--shared`): each one merged
+                        from the trunk's and the copies' row chunks (merge.py), then written; the
+                        stream pass skipped these slots
+  7. fold               mixtral only: the (possibly merged) anchor into every expert slot
+  8. router             closed form from the pooled statistics (router.py), F32
+  9. fsync + verify     every slot fully written (own byte accounting), then the file is re-read
                         with llama.cpp's GGUF parser (gguf-py's reader as fallback): names, types,
                         sizes, offsets
-  8. rename             the temporary file beside the destination replaces it atomically
+  10. rename            the temporary file beside the destination replaces it atomically
 
 Memory is one chunk of one tensor (plus its quantized bytes) and the router accumulator
 (layers x dim x dim f32 for ridge) and a few read-ahead buffers per open file: it does not grow
 with the number of experts. Every module file is read once, sequentially; its sha256 is computed
 on that same read (the very bytes that are quantized) and compared with the manifest's, and every
 chunk is checked for NaN/Inf, so a damaged module aborts assembly before anything reaches the
-destination. This path imports no torch.
+destination. This path imports no torch. The merge phase rereads the merged tensors' rows with
+pread (checked to be the same files: size and mtime), one row chunk of one tensor from one
+module at a time, so it too is flat in the number of experts.
 
 Layouts:
   granitemoe  anchor = always-on shared expert; with top-1 the selected weight is exactly 1, so a
@@ -33,6 +39,9 @@ Layouts:
               granitemoe. The anchor is not added as a separate routed "expert 0": llama's router
               has no bias, so nothing could keep it from being selected (and displacing a real
               expert). Cost: the file holds N copies of the anchor, fine for tiny/small presets.
+              A merged anchor (experts trained with `--shared all`) is merged once into an
+              unnamed f32 scratch file beside the output and folded from there; the experts'
+              down rows then wait for it (fold phase) instead of being joined while they stream.
   dense       no experts (`experts=[]`): the trunk alone as a plain `llama` file.
 
 Example:
@@ -45,6 +54,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,6 +64,7 @@ from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, atomic_path
 from . import quant as Q
 from .layout import Plan, plan
+from .merge import DEFAULT_DENSITY, merged_chunks, open_checked
 from .router import RouterBuilder, needs_stats
 from .schema import blk
 from .stream import CHUNK_BYTES, stream_modules
@@ -64,17 +75,21 @@ _STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.(mean|second_mome
 
 
 def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, router: str = "ridge",
-             layout: str = "granitemoe", experts: list[int] | None = None, force: bool = False,
-             threads: int | None = None, progress: bool = True) -> dict:
+             layout: str = "granitemoe", experts: list[int] | None = None, merge: str = "mean",
+             merge_density: float = DEFAULT_DENSITY, force: bool = False, threads: int | None = None,
+             progress: bool = True) -> dict:
     """Assemble the trunk and experts of RUN into one GGUF that stock llama.cpp runs.
 
     Streams one tensor at a time into a preallocated file, quantizing as it goes (ggml's own
     quantizer); the router is computed from the experts' recorded statistics. `experts=None`
-    takes all experts, `experts=[]` writes the trunk alone as a dense llama file. The output
-    appears only when complete and verified; an existing file is replaced only with force=True.
+    takes all experts, `experts=[]` writes the trunk alone as a dense llama file. Trunk tensors
+    that experts trained private copies of (`train-expert --shared`) are merged: `mean` (token-
+    weighted mean of the copies), `ties` (TIES-merging of their deltas, keeping `merge_density`
+    of each row) or `none` (the trunk as trained). The output appears only when complete and
+    verified; an existing file is replaced only with force=True.
 
     Example:
-        mfgguf assemble RUN -o model.gguf --quant q8_0 --top-k 1 --router ridge
+        mfgguf assemble RUN -o model.gguf --quant q8_0 --top-k 1 --router ridge --merge mean
     """
     t0 = time.perf_counter()
     rd, out = RunDir(run), Path(out)
@@ -82,7 +97,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
         raise MfggufError(f"{out} is a directory; give a file name such as {out / 'model.gguf'}")
     if out.exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to overwrite it")
-    p = plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts)
+    p = plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts, merge=merge,
+             density=merge_density)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
     threads = threads or Q.default_threads()
@@ -92,6 +108,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
             w.header()
             w.preallocate()
             w.stream()
+            w.merge()
+            w.fold()
             w.router()
             w.finish()
         finally:
@@ -101,6 +119,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
     return {
         "path": str(out), "bytes": p.total_size, "arch": p.arch, "layout": p.layout, "quant": p.quant,
         "top_k": p.top_k, "router": p.router if p.experts else None, "experts": p.experts,
+        "merge": p.merge if p.merged else None, "merged_tensors": len(p.merged),
         "n_tensors": len(p.slots), "input_bytes": p.input_bytes, "quantizer": Q.backend(), "threads": threads,
         "seconds": round(time.perf_counter() - t0, 3),
     }
@@ -115,6 +134,12 @@ class _Writer:
         self.rb = RouterBuilder(p.router, n_layers=p.cfg.n_layers, dim=p.cfg.dim, n_experts=len(p.experts)) if p.experts else None
         self.bar = _Bar(p.input_bytes, progress)
         self.anchor_fd: int | None = None  # mixtral: the trunk stays readable for the folded anchor
+        self.scratch = None  # mixtral with a merged anchor: its f32 rows (unnamed file beside the output)
+        self.scratch_at: dict[str, int] = {}  # merged anchor tensor -> byte offset in the scratch file
+        self.deferred_down: set[str] = set()  # mixtral: merged anchor down tensors, joined in the fold phase
+        if p.layout == "mixtral" and any(_FFN_RE.fullmatch(n) for n in p.merged):
+            self.scratch = tempfile.TemporaryFile(dir=path.parent)
+            self.deferred_down = {n for n in p.merged if n.endswith("ffn_down_shexp.weight")}
         self.unflushed = 0  # bytes written since writeback was last started
 
     def _enter(self, phase: str, after: str) -> None:
@@ -123,6 +148,9 @@ class _Writer:
 
     def close(self) -> None:
         self.bar.close()
+        if self.scratch is not None:
+            self.scratch.close()
+            self.scratch = None
         if self.anchor_fd is not None:
             os.close(self.anchor_fd)
             self.anchor_fd = None
@@ -167,12 +195,35 @@ class _Writer:
                 self._trunk_chunk(name, r0, x)
             else:
                 self._expert_chunk(pos - 1, counts[pos], name, r0, x)
-        if lay == "mixtral":  # after the trunk's sha256 has been checked
-            for slot_i in range(len(p.expert_modules)):
+
+    def merge(self) -> None:
+        """Merged trunk tensors, after every module's sha256 has been checked (merge.py)."""
+        self._enter("merge", "stream")
+        p = self.p
+        for name, positions in p.merged.items():
+            to_scratch = self.scratch is not None and _FFN_RE.fullmatch(name) is not None  # mixtral anchor
+            if to_scratch:
+                self.scratch_at[name] = base = os.fstat(self.scratch.fileno()).st_size
+            else:
+                s = p.slot(name)
+            for r0, x in merged_chunks(name, p.trunk, [p.expert_modules[i] for i in positions],
+                                       method=p.merge, density=p.density):
+                if to_scratch:
+                    _pwrite_all(self.scratch.fileno(), x, base + r0 * x.shape[1] * 4)
+                else:
+                    self._put(s, s.offset + r0 * s.row_bytes, x)
+
+    def fold(self) -> None:
+        """mixtral: the anchor's rows (merged where experts trained copies) into every expert slot."""
+        self._enter("fold", "merge")
+        if self.p.layout == "mixtral":
+            for slot_i in range(len(self.p.expert_modules)):
                 self._fold_anchor_rows(slot_i)
 
     def _trunk_chunk(self, name: str, r0: int, x: np.ndarray) -> None:
         p, lay = self.p, self.p.layout
+        if name in p.merged:
+            return  # written by the merge phase
         m = _FFN_RE.fullmatch(name)
         if m and m.group(3):  # anchor
             if lay == "mixtral":
@@ -199,6 +250,8 @@ class _Writer:
         s = p.slot(blk(l, f"ffn_{f}_exps"))
         base = s.offset + slot_i * s.expert_bytes
         if p.layout == "mixtral":
+            if f == "down" and blk(l, "ffn_down_shexp") in self.deferred_down:
+                return  # joined with the merged anchor in the fold phase
             if f == "down":  # rows (dim, anchor_ff + expert_ff): join anchor and expert columns
                 a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r0 + len(x))  # (rows, anchor_ff)
                 x = np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
@@ -207,7 +260,7 @@ class _Writer:
         self._put(s, base + r0 * s.row_bytes, x)
 
     def router(self) -> None:
-        self._enter("router", "stream")
+        self._enter("router", "fold")
         if not self.p.experts:
             return
         for l, w in enumerate(self.rb.finish()):  # w: (n_experts, dim)
@@ -242,22 +295,44 @@ class _Writer:
             self.unflushed = 0
 
     def _fold_anchor_rows(self, slot_i: int) -> None:
-        """mixtral: the first anchor_ff rows of expert slot_i's gate/up are the anchor's."""
-        for l in range(self.p.cfg.n_layers):
+        """mixtral: the first anchor_ff rows of expert slot_i's gate/up are the anchor's; with a
+        merged anchor the down rows (anchor columns, then the expert's) are joined here too."""
+        p, cfg = self.p, self.p.cfg
+        for l in range(cfg.n_layers):
             for f in ("gate", "up"):
-                s = self.p.slot(blk(l, f"ffn_{f}_exps"))
+                s = p.slot(blk(l, f"ffn_{f}_exps"))
                 base = s.offset + slot_i * s.expert_bytes
                 src = blk(l, f"ffn_{f}_shexp")
-                step = max(1, CHUNK_BYTES // (self.p.cfg.dim * 4))
-                for r0 in range(0, self.p.cfg.anchor_ff, step):
-                    r1 = min(self.p.cfg.anchor_ff, r0 + step)
+                step = max(1, CHUNK_BYTES // (cfg.dim * 4))
+                for r0 in range(0, cfg.anchor_ff, step):
+                    r1 = min(cfg.anchor_ff, r0 + step)
                     self._put(s, base + r0 * s.row_bytes, self._anchor_rows(src, r0, r1))
+            if blk(l, "ffn_down_shexp") in self.deferred_down:
+                s = p.slot(blk(l, "ffn_down_exps"))
+                base = s.offset + slot_i * s.expert_bytes
+                mod = p.expert_modules[slot_i]
+                e = mod.entries[blk(l, "ffn_down")]
+                step = max(1, CHUNK_BYTES // ((cfg.anchor_ff + cfg.expert_ff) * 4))
+                fd = open_checked(mod)
+                try:
+                    for r0 in range(0, cfg.dim, step):
+                        r1 = min(cfg.dim, r0 + step)
+                        x = np.empty((r1 - r0, cfg.expert_ff), np.float32)  # (rows, expert_ff)
+                        _pread_into(fd, x, e.begin + r0 * cfg.expert_ff * 4, what=f"module {mod.name}")
+                        a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r1)  # (rows, anchor_ff)
+                        self._put(s, base + r0 * s.row_bytes, np.concatenate([a, x], axis=1))
+                finally:
+                    os.close(fd)
 
     def _anchor_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        """Rows r0:r1 of anchor tensor `name`: the merged ones from the scratch file, else the trunk's."""
         e = self.p.trunk.entries[name]
         cols = e.shape[-1]
         buf = np.empty((r1 - r0, cols), np.float32)
-        _pread_into(self.anchor_fd, buf, e.begin + r0 * cols * 4)
+        if name in self.scratch_at:
+            _pread_into(self.scratch.fileno(), buf, self.scratch_at[name] + r0 * cols * 4, what="the merge scratch file")
+        else:
+            _pread_into(self.anchor_fd, buf, e.begin + r0 * cols * 4)
         return buf
 
 
@@ -280,12 +355,19 @@ def _start_writeback(fd: int) -> None:
         _LIBC[0](fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; on failure fsync still does all the work
 
 
-def _pread_into(fd: int, x: np.ndarray, offset: int) -> None:
+def _pread_into(fd: int, x: np.ndarray, offset: int, what: str = "the trunk module") -> None:
     mv = memoryview(x).cast("B")
     while len(mv):
         n = os.preadv(fd, [mv], offset)
         if not n:
-            raise MfggufError("the trunk module ended early; retrain the trunk")
+            raise MfggufError(f"{what} ended early; retrain it")
+        mv, offset = mv[n:], offset + n
+
+
+def _pwrite_all(fd: int, x: np.ndarray, offset: int) -> None:
+    mv = memoryview(np.ascontiguousarray(x)).cast("B")
+    while len(mv):
+        n = os.pwrite(fd, mv, offset)
         mv, offset = mv[n:], offset + n
 
 

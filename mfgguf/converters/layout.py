@@ -2,9 +2,11 @@
 
 `plan(...)` checks every module (present, recorded hashes agree with the manifest, safetensors
 header complete and not truncated, every tensor f32 with the shape the config implies, every
-expert trained against this trunk, no duplicates), reads the tokenizer, and returns a `Plan`:
-the key-values, every tensor's type/shape/offset, the serialized header, and the total size.
-The writer then only fills the slots.
+expert trained against this trunk, no duplicates, every `shared.*` copy of a trunk tensor
+listed in the expert's metadata and shaped like the trunk's), reads the tokenizer, and returns a
+`Plan`: the key-values, every tensor's type/shape/offset, the serialized header, the total size,
+and which trunk tensors are merged from which experts' copies (merge.py). The writer then only
+fills the slots.
 
 Module contents are hashed while they stream (one read, not two); a mismatch aborts assembly
 before anything reaches the destination. Non-finite weights are caught the same way.
@@ -29,6 +31,7 @@ from ..config import ModelConfig, get_preset
 from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta
 from . import schema
+from .merge import DEFAULT_DENSITY, merge_plan
 from .router import needs_stats
 from .schema import ALIGNMENT, FFN, VType, blk
 
@@ -53,6 +56,7 @@ class Module:
     entries: dict[str, Entry]
     header_len: int  # 8 + JSON header length: bytes before the first tensor
     size: int
+    mtime_ns: int = 0  # as planned: a later reader (the merge) checks the file is still the same
 
 
 def read_header(path: Path, what: str) -> tuple[int, dict[str, Entry]]:
@@ -129,11 +133,12 @@ def load_module(run: RunDir, index: int, manifest: dict) -> Module:
     if rec.get("sha256") != meta.get("sha256"):
         raise MfggufError(f"module {name}: its metadata sha256 differs from the manifest's; {hint}")
     path = run.module_file(index)
-    size = path.stat().st_size
+    st = path.stat()
+    size = st.st_size
     if size != meta.get("bytes"):
         raise MfggufError(f"module {name} ({path.name}) is {size} bytes, {meta.get('bytes')} were recorded: modified or truncated; {hint}")
     header_len, entries = read_header(path, f"module {name}")
-    return Module(index, name, path, meta, entries, header_len, size)
+    return Module(index, name, path, meta, entries, header_len, size, st.st_mtime_ns)
 
 
 # ---- the plan ------------------------------------------------------------------------------------
@@ -173,6 +178,9 @@ class Plan:
     expert_modules: list[Module]  # headers only; streaming reopens each file in turn
     kv: list[tuple[str, str, object]]
     slots: list[Slot]
+    merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
+    density: float = DEFAULT_DENSITY  # ties: share of each delta row kept
+    merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
     header: bytes = b""
     data_offset: int = 0
     total_size: int = 0
@@ -199,7 +207,8 @@ def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
     return cfg
 
 
-def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, experts: list[int] | None) -> Plan:
+def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, experts: list[int] | None,
+         merge: str = "mean", density: float = DEFAULT_DENSITY) -> Plan:
     """Validate everything and lay the file out; reads metadata and headers only."""
     schema.qtype(quant)
     if quant not in schema.USER_QUANTS:
@@ -234,6 +243,7 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
         raise MfggufError(f"--top-k {top_k} is out of range; this model has {N} experts, use 1..{N}")
     if N == 0:
         top_k = 0
+    merged = merge_plan(mods, trunk_shapes(cfg), merge, density)
     lay = "dense" if N == 0 else layout
     arch = schema.arch_of(layout, N)
 
@@ -259,7 +269,11 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
     ]
     if N:
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
-    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, kv, slots)
+    if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions
+        kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
+        if merge == "ties":
+            kv.append(("mfgguf.merge_density", "FLOAT64", density))  # f64: the exact float given
+    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, kv, slots, merge, density, merged)
     _place(p)
     return p
 
