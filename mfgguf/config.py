@@ -77,6 +77,8 @@ class TrainConfig:
     ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
     eval_tokens: int = 65_536  # held-out tokens scored at the end of training
     expert_init: str = "random"  # experts: "random", or "anchor" = start from the anchor's gate/up rows (upcycling)
+    eval_every: int = 25  # steps between held-out evaluations during training (the curve); 0 = only at the end
+    curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
 
 
 @dataclass(frozen=True)
