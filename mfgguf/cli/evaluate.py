@@ -37,13 +37,15 @@ def eval_cmd(
                                   " parameters, FLOP-matched); auto = flop,wallclock (+ total while the MoE's"
                                   " FFN width is at most 4x the anchor's); none."),
     no_dense: bool = typer.Option(False, "--no-dense", help="Train no dense baseline (same as --baselines none)."),
+    quants: str = typer.Option(",".join(EvalConfig.quants), "--quants", help="Quantized copies of the best MoE compared"
+                               " with the base type, comma-separated (empty: none)."),
     max_tokens: int = typer.Option(EvalConfig.max_tokens_per_domain, help="Held-out tokens scored per domain."),
     ctx: int = typer.Option(None, help="Perplexity window (default: the model's context)."),
     force: bool = typer.Option(False, "--force", help="Rebuild every model and retrain the dense baselines."),
 ):
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
-                     dense=not no_dense, baselines=parse_baselines(baselines), max_tokens_per_domain=max_tokens,
-                     ctx=ctx)
+                     quants=tuple(q for q in quants.split(",") if q), dense=not no_dense,
+                     baselines=parse_baselines(baselines), max_tokens_per_domain=max_tokens, ctx=ctx)
     r = evaluate(run, out, cfg, force=force)
     out = Path(out) if out else Path(run) / "eval"
     from rich.console import Console
