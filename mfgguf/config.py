@@ -77,6 +77,9 @@ class TrainConfig:
     ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
     eval_tokens: int = 65_536  # held-out tokens scored at the end of training
     expert_init: str = "random"  # experts: "random", or "anchor" = start from the anchor's gate/up rows (upcycling)
+    eval_every: int = 50  # steps between held-out evaluations during training (the curve); 0 = only at the end.
+    #                       `small`: about 2% of training time (4.5% measured at 25 steps)
+    curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,10 @@ PRESETS: dict[str, Preset] = {
         name="tiny",
         description="tests: trains in seconds",
         model=ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, anchor_ff=128, expert_ff=128, ctx_len=64),
-        trunk=TrainConfig(tokens=40_000, batch_size=8, lr=3e-3, ckpt_every=10, eval_tokens=4096),
-        expert=TrainConfig(tokens=20_000, batch_size=8, lr=3e-3, ckpt_every=10, eval_tokens=4096),
+        trunk=TrainConfig(tokens=40_000, batch_size=8, lr=3e-3, ckpt_every=10, eval_tokens=4096, eval_every=10,
+                          curve_tokens=1024),
+        expert=TrainConfig(tokens=20_000, batch_size=8, lr=3e-3, ckpt_every=10, eval_tokens=4096, eval_every=10,
+                          curve_tokens=1024),
     ),
     "small": Preset(
         name="small",

@@ -49,13 +49,17 @@ def line_plot(path: Path, series: dict[str, tuple[list, list]], *, points: dict[
 
 
 def loss_curve(path: Path, history: list, *, heldout: dict[str, float] | None = None,
-               reference: dict[str, float] | None = None, title: str = "") -> Path:
+               reference: dict[str, float] | None = None, curve: list | None = None, title: str = "") -> Path:
     """Train loss vs tokens (history rows [step, tokens, loss]), held-out losses as points at the end,
-    and optional reference losses (e.g. the trunk's held-out loss) as dashed lines."""
+    the held-out mean-loss curve (rows [step, tokens, {domain: loss}]) and optional reference
+    losses (e.g. the trunk's held-out loss) as dashed lines."""
     xs = [h[1] for h in history]
     ys = [h[2] for h in history]
+    lines = {"train": (xs, ys)}
+    if curve:
+        lines["held-out mean"] = ([c[1] for c in curve], [sum(c[2].values()) / max(1, len(c[2])) for c in curve])
     end = xs[-1] if xs else 0
     pts = {f"held-out {d}": (end, v) for d, v in (heldout or {}).items() if v == v}  # skip NaN
     refs = {f"trunk held-out {d}": v for d, v in (reference or {}).items() if v == v}
-    return line_plot(path, {"train": (xs, ys)}, points=pts, hlines=refs, title=title,
+    return line_plot(path, lines, points=pts, hlines=refs, title=title,
                      xlabel="tokens seen", ylabel="cross-entropy (nats/token)")

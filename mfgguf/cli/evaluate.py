@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from ..baselines import parse_baselines
 from ..demo import DemoConfig, check_demo_dir, demo
 from ..evaluate import EvalConfig, evaluate
 from .app import command
@@ -31,13 +32,20 @@ def eval_cmd(
     out: Path = typer.Option(None, "--out", help="Report directory (default: RUN/eval)."),
     routers: str = typer.Option(",".join(EvalConfig.routers), help="Router methods to compare, comma-separated."),
     top_k: str = typer.Option(",".join(map(str, EvalConfig.top_ks)), "--top-k", help="Top-k values to compare."),
-    no_dense: bool = typer.Option(False, "--no-dense", help="Skip training the compute-matched dense baseline."),
+    baselines: str = typer.Option("auto", "--baselines", help="Dense baselines to train, comma-separated: flop"
+                                  " (FLOP-matched), wallclock (critical-path FLOPs), total (the MoE's total"
+                                  " parameters, FLOP-matched); auto = flop,wallclock (+ total while the MoE's"
+                                  " FFN width is at most 4x the anchor's); none."),
+    no_dense: bool = typer.Option(False, "--no-dense", help="Train no dense baseline (same as --baselines none)."),
+    quants: str = typer.Option(",".join(EvalConfig.quants), "--quants", help="Quantized copies of the best MoE compared"
+                               " with the base type, comma-separated (empty: none)."),
     max_tokens: int = typer.Option(EvalConfig.max_tokens_per_domain, help="Held-out tokens scored per domain."),
     ctx: int = typer.Option(None, help="Perplexity window (default: the model's context)."),
-    force: bool = typer.Option(False, "--force", help="Rebuild every model and retrain the dense baseline."),
+    force: bool = typer.Option(False, "--force", help="Rebuild every model and retrain the dense baselines."),
 ):
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
-                     dense=not no_dense, max_tokens_per_domain=max_tokens, ctx=ctx)
+                     quants=tuple(q for q in quants.split(",") if q), dense=not no_dense,
+                     baselines=parse_baselines(baselines), max_tokens_per_domain=max_tokens, ctx=ctx)
     r = evaluate(run, out, cfg, force=force)
     out = Path(out) if out else Path(run) / "eval"
     from rich.console import Console

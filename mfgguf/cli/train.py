@@ -58,13 +58,17 @@ def train_trunk_cmd(
     batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
     restart: bool = _RESTART, progress: bool = _PROGRESS,
     anchor_ff: int = typer.Option(None, "--anchor-ff", help="Anchor FFN width (default: the preset's); the"
-                                  " compute-matched dense baseline widens it by one expert."),
+                                  " dense baselines of `mfgguf eval` widen it."),
+    eval_every: int = typer.Option(None, "--eval-every", help="Steps between held-out evaluations (the curve);"
+                                   " 0 = only at the end (default: the preset's)."),
+    curve_tokens: int = typer.Option(None, "--curve-tokens", help="Held-out tokens per domain at each curve point"
+                                     " (default: the preset's)."),
 ):
     from ..train.trunk import train_trunk
 
     meta = train_trunk(run, preset=preset, tokens=tokens, device=device, progress=progress, precision=precision,
                        restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
-                       eval_tokens=eval_tokens, anchor_ff=anchor_ff)
+                       eval_tokens=eval_tokens, anchor_ff=anchor_ff, eval_every=eval_every, curve_tokens=curve_tokens)
     typer.echo(_line(meta, run))
 
 

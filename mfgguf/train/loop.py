@@ -15,6 +15,7 @@ import ctypes
 import math
 import os
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -201,6 +202,8 @@ class LoopResult:
     tokens_seen: int
     final_loss: float
     history: list = field(default_factory=list)  # [[step, tokens, loss], ...]
+    heldout_history: list = field(default_factory=list)  # [[step, tokens, {domain: loss}], ...]
+    eval_s: float = 0.0  # seconds spent on the held-out curve this process (not in train_s)
     train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load)
     resumed_from: int = 0
 
@@ -216,16 +219,20 @@ def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc
         "heldout_loss": heldout, "heldout_loss_mean": mean(heldout),
         "train_s": res.train_s, "tokens_per_s": fresh_tokens / max(res.train_s, 1e-9),
         "resumed_from_step": res.resumed_from, "history": res.history, "wall_s": time.perf_counter() - t_start,
+        "heldout_history": res.heldout_history, "heldout_curve_s": res.eval_s,
     }
 
 
 def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], data: np.ndarray, tc: TrainConfig,
              *, dev, precision: str, route: str, stream: int, ckpt_dir: Path, ckpt_meta: dict,
-             recompute: bool = False, progress: bool = True, label: str = "train") -> LoopResult:
+             recompute: bool = False, progress: bool = True, label: str = "train",
+             heldout: Callable[[], dict] | None = None) -> LoopResult:
     """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
-    start over. Returns the loss history and token counts.
+    start over. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and
+    after the last one: the held-out curve, kept in checkpoints like the loss history. Returns the
+    loss and held-out histories and token counts.
     """
     cfg: ModelConfig = model.cfg
     per_step = tc.batch_size * cfg.ctx_len
@@ -234,6 +241,15 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     opt = make_optimizer(named_params, tc, dev)
     state = ckpt_io.load(ckpt_dir, named_params, opt, ckpt_meta)
     start, history = (state["step"], state["history"]) if state else (0, [])
+    curve = state.get("heldout_history", []) if state else []
+    eval_s = 0.0
+
+    def record(step: int) -> None:  # one held-out curve point after `step` steps
+        nonlocal eval_s
+        t = time.perf_counter()
+        curve.append([step, step * per_step, heldout()])
+        model.train()  # heldout() leaves the model in eval mode
+        eval_s += time.perf_counter() - t
 
     bar = _Progress(label, steps * per_step, start * per_step) if progress else None
     model.train()
@@ -257,14 +273,19 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
             history.append([step + 1, (step + 1) * per_step, lv])
             if bar:
                 bar.update((step + 1) * per_step, lv, time.perf_counter() - t0, (step + 1) * per_step - tok0)
+            if heldout and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < steps:
+                record(step + 1)  # before the checkpoint, so a resumed run has this point too
             if (step + 1) % tc.ckpt_every == 0 and step + 1 < steps:
-                ckpt_io.save(ckpt_dir, named_params, opt, {**ckpt_meta, "step": step + 1, "history": history})
+                ckpt_io.save(ckpt_dir, named_params, opt,
+                             {**ckpt_meta, "step": step + 1, "history": history, "heldout_history": curve})
     finally:
         if bar:
             bar.close()
-    train_s = time.perf_counter() - t0
-    return LoopResult(steps=steps, tokens_seen=steps * per_step, final_loss=_smooth(history),
-                      history=history, train_s=train_s, resumed_from=start)
+    train_s = time.perf_counter() - t0 - eval_s
+    if heldout and (not curve or curve[-1][0] != steps):
+        record(steps)
+    return LoopResult(steps=steps, tokens_seen=steps * per_step, final_loss=_smooth(history), history=history,
+                      heldout_history=curve, eval_s=eval_s, train_s=train_s, resumed_from=start)
 
 
 def _smooth(history: list, n: int = 10) -> float:

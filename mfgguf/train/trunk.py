@@ -1,7 +1,8 @@
 """Train the trunk (module 0) from scratch on the mixed corpus: route "anchor", every parameter trains.
 
-The compute-matched dense baseline is the same call on a copy of the RUN with a wider anchor:
-`train_trunk(copy, preset="small", anchor_ff=512 + 512, tokens=...)`.
+The dense baselines of `mfgguf eval` are the same call on a copy of the RUN with a wider anchor:
+`train_trunk(copy, preset="small", anchor_ff=512 + 512, tokens=...)` (mfgguf/baselines.py).
+Every `eval_every` steps the held-out loss is recorded (`heldout_history`): the training curve.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..config import get_preset, with_overrides
+from ..flops import trunk_step_flops
 from ..errors import MfggufError
 from ..model import Transformer
 from ..plots import loss_curve
@@ -70,16 +72,19 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
     model.to(dev)
     named = dict(model.named_parameters())
     ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
+    curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, "anchor", dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route="anchor", stream=0, ckpt_dir=ckpt_dir,
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk")
+                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", heldout=curve)
 
     heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, "anchor", dev, prec)
     if not heldout:
         raise MfggufError(f"no held-out tokens in {rd.heldout_dir}; re-create the run with `mfgguf prepare`")
     meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
                        recompute=rec, heldout=heldout, t_start=t_start)
+    meta["flops_per_token"] = trunk_step_flops(cfg).total  # mfgguf/flops.py conventions
+    meta["train_flops"] = meta["flops_per_token"] * res.tokens_seen
     meta = write_module(rd, 0, model.trunk_tensors(), meta)
-    loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout,
+    loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout, curve=res.heldout_history,
                title=f"trunk ({preset}, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta

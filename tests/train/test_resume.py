@@ -20,11 +20,12 @@ from mfgguf.train.expert import train_expert
 from mfgguf.train.trunk import train_trunk
 from tests.conftest import copy_run
 
-TOKENS, CKPT_EVERY = 60_000, 5  # 117 tiny steps: the kill lands long before the end
+TOKENS, CKPT_EVERY, EVAL_EVERY = 60_000, 5, 4  # 117 tiny steps: the kill lands long before the end
 
 
 def _kill_after_first_checkpoint(run: Path, index: int) -> int:
-    verb = ["train-trunk", str(run), "--preset", "tiny"] if index == 0 else ["train-expert", str(run), "--expert", str(index)]
+    verb = (["train-trunk", str(run), "--preset", "tiny", "--eval-every", str(EVAL_EVERY)] if index == 0
+            else ["train-expert", str(run), "--expert", str(index)])
     cmd = [sys.executable, "-c", "from mfgguf.cli.app import main; main()", *verb,
            "--tokens", str(TOKENS), "--ckpt-every", str(CKPT_EVERY), "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -55,7 +56,8 @@ def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index):
 
     def train(run, tokens=TOKENS):
         if index == 0:
-            return train_trunk(run, preset="tiny", tokens=tokens, ckpt_every=CKPT_EVERY, progress=False)
+            return train_trunk(run, preset="tiny", tokens=tokens, ckpt_every=CKPT_EVERY, eval_every=EVAL_EVERY,
+                               progress=False)
         return train_expert(run, index, tokens=tokens, ckpt_every=CKPT_EVERY, progress=False)
 
     # A checkpoint made for another token budget is refused (and left alone), with the way out.
@@ -66,6 +68,10 @@ def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index):
     resumed, whole = train(a), train(b)
     assert resumed["resumed_from_step"] >= CKPT_EVERY and whole["resumed_from_step"] == 0
     assert resumed["history"] == whole["history"]
+    # the held-out curve survives the checkpoint too: points from before the kill, identical values
+    assert resumed["heldout_history"] == whole["heldout_history"]
+    if index == 0:
+        assert [h[0] for h in whole["heldout_history"]][:3] == [4, 8, 12] and whole["heldout_history"][-1][0] == 117
     ta, tb = load_file(rda.module_file(index)), load_file(RunDir(b).module_file(index))
     assert ta.keys() == tb.keys()
     for k in ta:

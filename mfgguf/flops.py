@@ -1,0 +1,167 @@
+"""Training FLOPs per token of a trunk (dense) step and of an expert step, from the model shape alone.
+
+Torch-free, so the evaluation report and the benchmarks can budget baselines without importing torch.
+
+Conventions (what is counted):
+  - Matrix multiplies only: 2 FLOPs per multiply-add. Norms, RoPE, SiLU, softmax, the loss, the
+    embedding lookup (and its scatter-add gradient) and the optimizer update are not counted: they
+    are O(dim) per token or per parameter, well under 1% here.
+  - Every matmul weight W (attn_q/k/v/output, anchor gate/up/down, expert gate/up/down, output head)
+    costs 2|W| per token forward. Backward costs 2|W| for the weight gradient, only if W trains, plus
+    2|W| for the gradient w.r.t. its input, only if that input depends on a trained tensor (autograd
+    skips it otherwise). A trunk step trains everything: the classic 6|W| per token.
+  - Attention scores and values: per layer and token, QK^T and AV cost 2*H*hd*k each forward, where
+    k is the number of keys a query sees. Causal (the default, honest) k = (T+1)/2, the mean over the
+    T positions of a training window; `causal=False` gives k = T, the convention of
+    torch.utils.flop_counter, which ignores the mask. Backward is twice the forward (dQ, dK; dA, dV),
+    when anything upstream of the attention trains.
+  - No activation recomputation: `recompute=True` in training re-runs the forward (about +1/3 wall
+    time) but that is a memory trade, not extra learning, and a dense model would pay it too.
+
+Expert step: the forward runs the whole network (trunk + anchor + expert). The backward computes
+activation gradients from the loss down to the lowest trained tensor -- for `--shared none` that is
+the expert FFN of layer 0, so every layer above it (and the output head) carries activation
+gradients, and layer 0's attention and anchor none -- and weight gradients only for the expert FFNs
+plus the trunk tensors the job trained a private copy of (`shared_tensors` in its metadata).
+
+Example:
+    >>> from mfgguf.config import get_preset
+    >>> cfg = get_preset("tiny").model
+    >>> round(trunk_step_flops(cfg).total / expert_step_flops(cfg).total, 3) > 1
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ModelConfig, shared_tensor_names
+
+FORMULAS = {
+    "convention": "matmul FLOPs only (2 per multiply-add); no norms/softmax/loss/optimizer; no recompute;"
+                  " causal attention: a query sees (T+1)/2 keys on average over a window of T",
+    "trunk_or_dense_step": "per token: 6*W_all + 12*L*H*hd*(T+1)/2, W_all = L*(C*(H+2*KV)*hd + H*hd*C + 3*C*ff_anchor)"
+                           " + C*V (output head; the embedding lookup is not a matmul)",
+    "expert_step": "per token: forward 2*(W_all + L*3*C*ff_expert) + 4*L*H*hd*(T+1)/2;"
+                   " backward 4*|W| for trained matmuls (expert FFNs, shared copies), 2*|W| for frozen matmuls"
+                   " whose input depends on a trained tensor, 8*H*hd*(T+1)/2 per layer whose attention input does"
+                   " (shared none: all layers above 0, the head, and layer 0's expert down-projection input)",
+    "module_flops": "tokens_seen * per-token step FLOPs of that module",
+    "flop_matched": "dense tokens = (trunk FLOPs + sum of every expert job's FLOPs) / dense per-token FLOPs,"
+                    " rounded to whole optimizer steps",
+    "wallclock_matched": "dense tokens = (trunk FLOPs + R * FLOPs of one round of the longest expert job) / dense"
+                         " per-token FLOPs, rounded to whole steps: the critical path when every expert has its"
+                         " own machine (R rounds, from a `rounds` key in the metadata, else 1)",
+}
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs per training token of one step (forward and backward)."""
+
+    forward: float
+    backward: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+def _cfg(cfg) -> ModelConfig:
+    return cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(cfg)
+
+
+def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool) -> StepFlops:
+    """Walk the forward graph in order; `live` = the residual stream depends on a trained tensor."""
+    C, L, V, H, KV, hd = cfg.dim, cfg.n_layers, cfg.vocab_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    keys = (cfg.ctx_len + 1) / 2 if causal else cfg.ctx_len  # keys per query, mean over a window
+    fwd = bwd = 0.0
+
+    def mm(n_weights: int, weight_trains: bool, input_live: bool) -> None:
+        nonlocal fwd, bwd
+        fwd += 2 * n_weights
+        bwd += 2 * n_weights * weight_trains + 2 * n_weights * input_live
+
+    def swiglu(ff: int, trains: tuple[bool, bool, bool], f_in: bool) -> bool:
+        """gate/up/down on the ffn_norm output; returns whether its output depends on a trained tensor."""
+        g, u, d = trains
+        mm(C * ff, g, f_in)
+        mm(C * ff, u, f_in)
+        hidden = f_in or g or u
+        mm(ff * C, d, hidden)
+        return hidden or d
+
+    live = "token_embd.weight" in trained
+    for l in range(L):
+        t = lambda name: f"blk.{l}.{name}.weight" in trained  # noqa: E731
+        a_in = live or t("attn_norm")
+        q, k, v, o = t("attn_q"), t("attn_k"), t("attn_v"), t("attn_output")
+        mm(C * H * hd, q, a_in)
+        mm(C * KV * hd, k, a_in)
+        mm(C * KV * hd, v, a_in)
+        qkv = a_in or q or k or v
+        fwd += 4 * H * hd * keys  # QK^T and AV
+        bwd += 8 * H * hd * keys * qkv
+        mm(H * hd * C, o, qkv)
+        live = live or qkv or o
+        f_in = live or t("ffn_norm")
+        out = swiglu(cfg.anchor_ff, (t("ffn_gate_shexp"), t("ffn_up_shexp"), t("ffn_down_shexp")), f_in)
+        if with_expert:
+            out = swiglu(cfg.expert_ff, (True, True, True), f_in) or out
+        live = live or f_in or out
+    mm(C * V, "output.weight" in trained, live or "output_norm.weight" in trained)
+    return StepFlops(fwd, bwd)
+
+
+def trunk_step_flops(cfg, *, causal: bool = True) -> StepFlops:
+    """FLOPs per token of a trunk (or dense baseline) training step: every parameter trains."""
+    cfg = _cfg(cfg)
+    return _step(cfg, set(shared_tensor_names(cfg, "all")), False, causal)
+
+
+def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True) -> StepFlops:
+    """FLOPs per token of an expert job's step: the expert FFNs train, plus private copies of `shared_tensors`."""
+    return _step(_cfg(cfg), set(shared_tensors or ()), True, causal)
+
+
+def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
+    """Per-token step FLOPs of a trained module from its metadata (kind, config, shared_tensors)."""
+    if meta.get("kind") == "expert":
+        return expert_step_flops(meta["config"], meta.get("shared_tensors") or (), causal=causal)
+    return trunk_step_flops(meta["config"], causal=causal)
+
+
+def module_flops(meta: dict, *, causal: bool = True) -> float:
+    """Training FLOPs a module spent: tokens_seen * its per-token step FLOPs."""
+    return meta["tokens_seen"] * module_step_flops(meta, causal=causal).total
+
+
+def rounds_of(metas: dict) -> int:
+    """Training rounds R: the largest `rounds` (or `round`) key in any module's metadata, else 1."""
+    return max([1] + [int(m[k]) for m in metas.values() for k in ("rounds", "round") if isinstance(m.get(k), int)])
+
+
+def run_flops(metas: dict, *, causal: bool = True) -> dict:
+    """Training FLOPs of a modular run: per module, total, and the critical path.
+
+    metas: {0: trunk meta, i: expert i's meta}, tokens_seen counting all of a module's training.
+    total = trunk + every expert job. critical_path = trunk + R x the longest expert's per-round
+    job (its FLOPs / R): the wall clock when every expert has its own machine and rounds run back
+    to back.
+    """
+    per = {i: module_flops(m, causal=causal) for i, m in metas.items()}
+    R = rounds_of(metas)
+    longest_round = max((v for i, v in per.items() if i > 0), default=0.0) / R  # one round of the longest job
+    return {"modules": per, "trunk": per.get(0, 0.0), "experts": sum(v for i, v in per.items() if i > 0),
+            "total": sum(per.values()), "critical_path": per.get(0, 0.0) + R * longest_round, "rounds": R}
+
+
+def tokens_for_flops(flops: float, cfg, tokens_per_step: int, *, causal: bool = True) -> int:
+    """Training tokens (whole optimizer steps, nearest, at least one) for a dense model to spend `flops`."""
+    per_tok = trunk_step_flops(cfg, causal=causal).total
+    steps = max(1, round(flops / (per_tok * tokens_per_step)))
+    return steps * tokens_per_step
+
+
+__all__ = ["FORMULAS", "StepFlops", "trunk_step_flops", "expert_step_flops", "module_step_flops", "module_flops",
+           "run_flops", "rounds_of", "tokens_for_flops"]
