@@ -77,6 +77,8 @@ class TrainConfig:
     ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
     eval_tokens: int = 65_536  # held-out tokens scored at the end of training
     expert_init: str = "random"  # experts: "random", or "anchor" = start from the anchor's gate/up rows (upcycling)
+    shared: str = "none"  # experts: trunk tensors to also train as a private copy (SHARED_CHOICES); none = FFN only
+    shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
 
 
 @dataclass(frozen=True)
