@@ -2,7 +2,8 @@
 
 Every runtime verb (chat, generate, serve, perplexity) goes through here, so bad input fails the
 same way everywhere: one MfggufError line before llama.cpp is touched (llama.cpp itself only
-says "failed to load model"). The model is always closed explicitly: llama-cpp-python prints a
+says "failed to load model"). Weight repacking follows `repack.py` (off on AMX CPUs, where
+llama.cpp's repacked matmul crashes). The model is always closed explicitly: llama-cpp-python prints a
 traceback from `Llama.__del__` at interpreter exit otherwise.
 
 Example:
@@ -131,7 +132,12 @@ def open_model(
     n_ctx = check_ctx(header, n_ctx)
     import llama_cpp
 
+    from . import repack
+
     _quiet_llama_logs(verbose)
+    decision = repack.apply()  # no weight repacking on AMX CPUs: llama.cpp's AMX matmul crashes
+    if verbose:
+        print(f"mfgguf: {decision.reason}", file=sys.stderr)
     try:
         llm = llama_cpp.Llama(
             model_path=str(header["path"]),
@@ -148,6 +154,7 @@ def open_model(
         raise MfggufError(f"llama.cpp could not load {header['path']} ({e}); re-create it with `mfgguf assemble`") from None
     llm.mfgguf_header = header  # facts the verbs need (trained context, arch) without re-reading
     llm.mfgguf_n_ctx = n_ctx  # llama.cpp pads its context to 256; this is the one we promised
+    llm.mfgguf_repack = decision.repack
     return llm
 
 

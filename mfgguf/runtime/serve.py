@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import MfggufError
+from . import repack
 from .llm import _quiet_llama_logs, check_ctx, read_header
 
 
@@ -55,6 +56,7 @@ def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, n_ctx: int 
                           " pip install 'llama-cpp-python[server]==0.3.36'") from None
 
     _quiet_llama_logs(False)
+    repack.apply()  # the server's own Llama(...) gets the same AMX protection as every other verb
     threads = threads or os.cpu_count()
     model_settings = ModelSettings(
         model=str(header["path"]), model_alias=Path(model).stem, n_ctx=n_ctx, n_batch=min(n_ctx, 512),

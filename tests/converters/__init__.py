@@ -30,6 +30,9 @@ def llama_logits(path: Path, ids: list[int], n_ctx: int) -> np.ndarray:
     """llama.cpp's logits (T, V) for `ids`; f32 KV cache so only the arithmetic differs from torch."""
     from llama_cpp import Llama
 
+    from mfgguf.runtime import repack
+
+    repack.apply()  # as every mfgguf verb does: no AMX repacking (llama.cpp's AMX matmul crashes)
     llm = Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=2, type_k=0, type_v=0)
     try:
         llm.eval(ids)
