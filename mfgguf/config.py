@@ -80,6 +80,8 @@ class TrainConfig:
     eval_every: int = 50  # steps between held-out evaluations during training (the curve); 0 = only at the end.
     #                       `small`: about 2% of training time (4.5% measured at 25 steps)
     curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
+    shared: str = "none"  # experts: trunk tensors to also train as a private copy (SHARED_CHOICES); none = FFN only
+    shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ speed, file sizes), not model quality. Every expert really trains, in its own pr
 
     python scripts/bench_scale.py                  # the full run (about 40 minutes on 2 cores)
     python scripts/bench_scale.py --experts 8      # a quicker look at the same measurements
+    python scripts/bench_scale.py --shared attn    # + one row: peak RSS of an expert with --shared attn
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def main() -> None:
     ap.add_argument("--expert-tokens", type=int, default=2048, help="training tokens per expert (1 step of 4 x 512)")
     ap.add_argument("--chars-per-domain", type=int, default=1_500_000)
     ap.add_argument("--fresh", action="store_true", help="delete OUT first instead of resuming")
+    ap.add_argument("--shared", default="none", help="also measure one expert trained with `--shared` this"
+                    " (norms, attn, all); its module is set aside, the assembled experts stay plain")
     a = ap.parse_args()
 
     out: Path = a.out
@@ -83,6 +86,8 @@ def main() -> None:
                                          "--eval-tokens", 1024])
         emit(out, stage="train-trunk", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb, tokens=a.trunk_tokens)
 
+    if a.shared != "none":
+        shared_expert_row(out, run, a.shared, a.expert_tokens)
     rss, walls = [], []
     for i in range(1, a.experts + 1):
         if run.module_meta(i).is_file():
@@ -126,6 +131,24 @@ def main() -> None:
     emit(out, metric="bench_parent_peak_rss_mb", value=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
     emit(out, metric="moe_over_dense_decode", value=round(res["moe_q8_0"]["decode_tps"] / res["dense_q8_0"]["decode_tps"], 3),
          goal=">= 0.7", prompt_ratio=round(res["moe_q8_0"]["prompt_tps"] / res["dense_q8_0"]["prompt_tps"], 3))
+
+
+def shared_expert_row(out: Path, run: RunDir, shared: str, tokens: int) -> None:
+    """Train expert 1 with --shared and record its peak RSS, leaving expert 1's plain module as it was."""
+    files = (run.module_file(1), run.module_meta(1))
+    manifest = run.manifest.read_text()  # the shared module's entry must not outlive it
+    kept = [f.rename(f.with_name(f.name + ".plain")) for f in files if f.is_file()]
+    try:
+        r, _ = run_stage(f"expert 1 --shared {shared}", ["train-expert", run.root, "--expert", 1, "--tokens", tokens,
+                                                          "--eval-tokens", 1024, "--shared", shared])
+    finally:
+        for f in files:
+            f.unlink(missing_ok=True)
+        for f in kept:
+            f.rename(f.with_name(f.name.removesuffix(".plain")))
+        run.manifest.write_text(manifest)
+    emit(out, metric="train_expert_shared_peak_rss_mb", shared=shared, value=r.peak_rss_mb, wall_s=r.wall_s,
+         goal="<= 2048")
 
 
 def plain_io_seconds(run: RunDir, n: int, out_bytes: int, out: Path) -> float:

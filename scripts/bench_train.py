@@ -6,6 +6,8 @@ Prints JSON lines:
    "flops_per_token": ..., "formula": "..."}                           `small` preset, real text
   {"bench": "gain", "domain": ..., "trunk_heldout": ..., "expert_heldout": ..., "lower": true}
   {"bench": "rss_1b", "peak_rss_mb": ..., "vmhwm_mb": ..., "goal_mb": 1536, ...}  train-expert in a subprocess
+  (with --shared-1b attn: the same expert also training its private copy of the trunk's norms and
+  attention, `train-expert --shared attn`; goal 2048 MB)
 
 The `1b` RUN is built by hand: a trunk of random weights (std 0.02, written by run.write_module)
 and uniformly random token ids below 32768 (no tokenizer is needed to train). The `small` RUN
@@ -13,12 +15,14 @@ comes from `prepare` on the built-in corpus (label partition, vocab 4096).
 
     python scripts/bench_train.py --quick            # short small runs, then the 1b RSS check
     python scripts/bench_train.py --skip-1b          # full small runs only
+    python scripts/bench_train.py --skip-small --shared-1b attn   # 1b memory of an expert with --shared attn
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -151,7 +155,7 @@ main()
 """
 
 
-def bench_1b(work: Path, steps: int, peak: float) -> None:
+def bench_1b(work: Path, steps: int, peak: float, shared: str = "none") -> None:
     from mfgguf.config import ModelConfig, get_preset
 
     run = work / "run1b"
@@ -163,7 +167,7 @@ def bench_1b(work: Path, steps: int, peak: float) -> None:
     tc = get_preset("1b").expert
     tokens = steps * tc.batch_size * get_preset("1b").model.ctx_len
     cmd = [sys.executable, "-c", _TRAIN, "train-expert", str(run), "--expert", "1", "--tokens", str(tokens),
-           "--eval-tokens", "1024", "--no-progress"]
+           "--eval-tokens", "1024", "--no-progress", "--shared", shared]
     t0 = time.perf_counter()
     with open(work / "1b.out", "w+") as fo, open(work / "1b.err", "w+") as fe:
         proc = subprocess.Popen(cmd, env=env, stdout=fo, stderr=fe)
@@ -177,14 +181,17 @@ def bench_1b(work: Path, steps: int, peak: float) -> None:
     hwm = [int(l.split()[1]) for l in err.splitlines() if l.startswith("VMHWM_KB")]
     meta = json.loads((run / "modules" / "expert_001.json").read_text())
     fpt, _ = flops_per_token(ModelConfig.from_dict(meta["config"]), "expert", meta["recompute"])
-    emit(bench="rss_1b", preset="1b", steps=meta["steps"], tokens=meta["tokens_seen"], precision=meta["precision"],
+    goal = 1536 if shared == "none" else 2048  # a shared copy costs 16 B/param: f32 weight, grad, 2 AdamW moments
+    n_shared = sum(math.prod(s) for k, s in meta["tensors"].items() if k.startswith("shared."))
+    emit(bench="rss_1b", preset="1b", shared=shared, shared_params=n_shared, steps=meta["steps"], tokens=meta["tokens_seen"], precision=meta["precision"],
          recompute=meta["recompute"], vmhwm_mb=round(hwm[0] / 1024, 1) if hwm else None,
-         wait4_maxrss_mb=round(ru.ru_maxrss / 1024, 1), goal_mb=1536,
-         ok=bool(hwm) and hwm[0] / 1024 <= 1536, trunk_file_mb=round((run / "modules/trunk.safetensors").stat().st_size / 2**20),
+         wait4_maxrss_mb=round(ru.ru_maxrss / 1024, 1), goal_mb=goal,
+         ok=bool(hwm) and hwm[0] / 1024 <= goal, trunk_file_mb=round((run / "modules/trunk.safetensors").stat().st_size / 2**20),
          tokens_per_s=round(meta["tokens_per_s"], 1), gflops=round(fpt * meta["tokens_per_s"] / 1e9, 1),
          frac_of_peak=round(fpt * meta["tokens_per_s"] / 1e9 / peak, 3), wall_s=round(wall, 1), build_s=round(build_s, 1),
          note="vmhwm_mb: the train-expert process's own peak (VmHWM at exit); wait4_maxrss_mb: its rusage"
-              " ru_maxrss, which on Linux also counts the parent's RSS at fork time",
+              " ru_maxrss, which on Linux also counts the parent's RSS at fork time"
+              + ("; gflops counts no weight gradients for the shared copies (an underestimate)" if n_shared else ""),
          cli=out.strip())
 
 
@@ -194,6 +201,7 @@ def main() -> None:
     ap.add_argument("--skip-1b", action="store_true", help="skip the 1b expert memory check")
     ap.add_argument("--skip-small", action="store_true", help="skip the small throughput and gain runs")
     ap.add_argument("--steps-1b", type=int, default=2, help="training steps in the 1b memory check")
+    ap.add_argument("--shared-1b", default="none", help="train-expert --shared in the 1b memory check (none, norms, attn, all)")
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
     a = ap.parse_args()
     work = a.dir or Path(tempfile.mkdtemp(prefix="mfgguf-bench-train-"))
@@ -202,7 +210,7 @@ def main() -> None:
         peak = matmul_peak()
         emit(bench="peak", n=2048, threads=os.cpu_count(), **{k: round(v, 1) for k, v in peak.items()})
         if not a.skip_1b:
-            bench_1b(work, a.steps_1b, peak["bf16_gflops"])
+            bench_1b(work, a.steps_1b, peak["bf16_gflops"], a.shared_1b)
         if not a.skip_small:
             bench_small(work, a.quick, peak["bf16_gflops"])
     finally:

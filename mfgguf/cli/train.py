@@ -81,10 +81,14 @@ def train_expert_cmd(
     restart: bool = _RESTART, progress: bool = _PROGRESS,
     init: str = typer.Option(None, "--init", help="Expert init: random (default) or anchor (start from the anchor's"
                              " gate/up rows; the down-projection starts at zero either way)."),
+    shared: str = typer.Option(None, "--shared", help="Trunk tensors the expert also trains a private copy of:"
+                               " none (default: the FFN only), norms, attn (norms + attention) or all."),
+    shared_lr_scale: float = typer.Option(None, "--shared-lr-scale", help="Peak LR of the shared copies ="
+                                          " --lr x this (default 1)."),
 ):
     from ..train.expert import train_expert
 
     meta = train_expert(run, expert, tokens=tokens, device=device, progress=progress, precision=precision,
                         restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
-                        eval_tokens=eval_tokens, expert_init=init)
+                        eval_tokens=eval_tokens, expert_init=init, shared=shared, shared_lr_scale=shared_lr_scale)
     typer.echo(_line(meta, run))

@@ -4,7 +4,8 @@ The training forward is route "single": trunk + anchor + this expert, exactly wh
 model computes for a token routed to expert i (top-1 weight is 1). The expert starts with a zero
 down-projection, so at step 0 the model is exactly the trunk and the expert can only add to it.
 
-Memory: only the expert's parameters have gradients and optimizer state. Under bf16 autocast the
+Memory: only the expert's parameters (and, with --shared, its private f32 copies of the chosen
+trunk tensors: shared.py) have gradients and optimizer state. Under bf16 autocast the
 frozen trunk's Linear weights are held in bf16 (autocast would cast them anyway, so the function is
 the same); the trunk file is read one tensor at a time without a memory map.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import struct
 import time
+from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from ..model import Transformer, trunk_name_map
 from ..plots import loss_curve
 from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
 from . import checkpoint as ckpt_io
+from . import shared as sh
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
                    resolve_device, resolve_precision, result_meta, run_loop, split_overrides)
 from .stats import RouterStats
@@ -73,8 +76,10 @@ def load_trunk_meta(rd: RunDir) -> dict:
 
 
 def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.device, bf16_trunk: bool,
-                       init: str = "random") -> Transformer:
+                       init: str = "random", trainable: Collection[str] = ()) -> Transformer:
     """Transformer(cfg, n_experts=1): frozen trunk from the module file, trainable expert 0 (zero down-proj).
+
+    `trainable` names trunk parameters loaded instead as trainable f32 copies (`--shared`, see shared.py).
 
     Built on the meta device and filled tensor by tensor, so no f32 copy of the whole trunk exists.
     init="anchor" starts gate/up from the anchor's first expert_ff rows (tiled if the expert is
@@ -94,8 +99,9 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
         want = tuple(model.get_parameter(name).shape)
         if tuple(t.shape) != want:
             raise MfggufError(f"trunk tensor {gname} has shape {tuple(t.shape)}, its config says {want}; retrain the trunk")
-        dtype = torch.bfloat16 if bf16_trunk and name in linear else torch.float32  # norms, embedding stay f32
-        _set_param(model, name, t.to(dev, dtype), requires_grad=False)
+        train = name in trainable
+        dtype = torch.bfloat16 if bf16_trunk and name in linear and not train else torch.float32  # norms, embedding f32
+        _set_param(model, name, t.to(dev, dtype), requires_grad=train)
     g = torch.Generator().manual_seed(seed)
     for l, layer in enumerate(model.layers):
         e = layer.experts[0]
@@ -142,6 +148,10 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     from RUN/checkpoints/expert_00I if a compatible checkpoint is there (--restart deletes it).
     Overrides accept TrainConfig fields (lr, batch_size, seed, ckpt_every, eval_tokens, ...).
 
+    --shared norms|attn|all also trains a private f32 copy of those trunk tensors (the norms;
+    + attention; the whole trunk), at peak LR lr * --shared-lr-scale, stored in the module file as
+    shared.<trunk tensor name> for assembly to merge. Default none: the FFN only.
+
     Example:
         >>> train_expert(Path("RUN"), 1, tokens=20_000)["heldout_loss"]
     """
@@ -156,6 +166,7 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     cfg = ModelConfig.from_dict(trunk["config"])
     preset = trunk.get("preset", "small")
     tc = with_overrides(get_preset(preset).expert, tokens=tokens, **t_over)
+    sh.check_shared(tc)
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     data = load_tokens(rd.shard(i), f"shard {i}")
@@ -167,12 +178,15 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
     if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
         limit_heap_retention()
-    model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16", init=tc.expert_init)
-    named = expert_params(model)
+    model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16", init=tc.expert_init,
+                               trainable=sh.shared_names(cfg, tc.shared))
+    named = {**expert_params(model), **sh.shared_params(model, tc.shared)}
     ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
                  "train": asdict(tc), "trunk_sha256": trunk["sha256"]}
+    curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, "single", dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route="single", stream=i, ckpt_dir=ckpt_dir,
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=module_name(i))
+                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=module_name(i),
+                   heldout=curve, lr_scale=sh.lr_scales(model, tc))
 
     heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, "single", dev, prec)
     stats = RouterStats(cfg.n_layers, cfg.dim)
@@ -187,9 +201,11 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
         "shard_loss": shard_loss,
         "trunk_heldout_loss": trunk.get("heldout_loss", {}),
         "router_stats_count": stats.n,
+        **sh.shared_meta(cfg, tc.shared),
     }
-    meta = write_module(rd, i, {**model.expert_tensors(0), **stats.tensors()}, meta)
-    loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout,
+    tensors = {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared), **stats.tensors()}
+    meta = write_module(rd, i, tensors, meta)
+    loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout, curve=res.heldout_history,
                reference=trunk.get("heldout_loss"), title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta

@@ -188,11 +188,19 @@ def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str
 # ---- optimizer and loop ---------------------------------------------------------------------------
 
 
-def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig, dev) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (norms and other vectors are not decayed)."""
-    decay = [p for p in named_params.values() if p.dim() >= 2]
-    other = [p for p in named_params.values() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": other, "weight_decay": 0.0}]
+def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig, dev,
+                   lr_scale: dict[str, float] | None = None) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (norms and other vectors are not decayed).
+
+    `lr_scale` {name: factor} puts those parameters in groups of their own whose LR is factor x the
+    schedule's (run_loop multiplies by each group's "lr_scale").
+    """
+    scale = lr_scale or {}
+    groups = []
+    for f in dict.fromkeys([1.0, *scale.values()]):  # factor 1 first: the groups of a plain run
+        ps = [p for n, p in named_params.items() if scale.get(n, 1.0) == f]
+        groups += [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": tc.weight_decay, "lr_scale": f},
+                   {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0, "lr_scale": f}]
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95), eps=1e-8, foreach=dev.type == "cuda")
 
 
@@ -226,19 +234,20 @@ def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc
 def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], data: np.ndarray, tc: TrainConfig,
              *, dev, precision: str, route: str, stream: int, ckpt_dir: Path, ckpt_meta: dict,
              recompute: bool = False, progress: bool = True, label: str = "train",
-             heldout: Callable[[], dict] | None = None) -> LoopResult:
+             heldout: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None) -> LoopResult:
     """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
     start over. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and
-    after the last one: the held-out curve, kept in checkpoints like the loss history. Returns the
-    loss and held-out histories and token counts.
+    after the last one: the held-out curve, kept in checkpoints like the loss history. `lr_scale`
+    {name: factor} scales some parameters' LR (make_optimizer). Returns the loss and held-out
+    histories and token counts.
     """
     cfg: ModelConfig = model.cfg
     per_step = tc.batch_size * cfg.ctx_len
     steps = max(1, tc.tokens // per_step)
     params = list(named_params.values())
-    opt = make_optimizer(named_params, tc, dev)
+    opt = make_optimizer(named_params, tc, dev, lr_scale)
     state = ckpt_io.load(ckpt_dir, named_params, opt, ckpt_meta)
     start, history = (state["step"], state["history"]) if state else (0, [])
     curve = state.get("heldout_history", []) if state else []
@@ -260,7 +269,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
             x, y = x.to(dev), y.to(dev)
             lr = lr_at(step, steps, tc)
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr * g["lr_scale"]
             with autocast(precision, dev):
                 loss = forward_loss(model, x, y, route, recompute)
             loss.backward()

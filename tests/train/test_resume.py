@@ -23,11 +23,11 @@ from tests.conftest import copy_run
 TOKENS, CKPT_EVERY, EVAL_EVERY = 60_000, 5, 4  # 117 tiny steps: the kill lands long before the end
 
 
-def _kill_after_first_checkpoint(run: Path, index: int) -> int:
+def _kill_after_first_checkpoint(run: Path, index: int, extra: list[str]) -> int:
     verb = (["train-trunk", str(run), "--preset", "tiny", "--eval-every", str(EVAL_EVERY)] if index == 0
             else ["train-expert", str(run), "--expert", str(index)])
     cmd = [sys.executable, "-c", "from mfgguf.cli.app import main; main()", *verb,
-           "--tokens", str(TOKENS), "--ckpt-every", str(CKPT_EVERY), "--no-progress"]
+           "--tokens", str(TOKENS), "--ckpt-every", str(CKPT_EVERY), "--no-progress", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             cwd=Path(__file__).parents[2], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     state = RunDir(run).checkpoint_dir(index) / "state.safetensors"
@@ -43,22 +43,26 @@ def _kill_after_first_checkpoint(run: Path, index: int) -> int:
     return rc
 
 
-@pytest.mark.parametrize("index", [0, 1], ids=["trunk", "expert"])
-def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index):
+@pytest.mark.parametrize("index, shared", [(0, None), (1, None), (1, "attn")],
+                         ids=["trunk", "expert", "expert-shared-attn"])
+def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shared):
     a = copy_run(trained_run, tmp_path / "a")
     b = copy_run(trained_run, tmp_path / "b")
     rda = RunDir(a)
     target = rda.module_file(index)
     target.rename(target.with_suffix(".old"))  # a module file after the kill would mean the run finished
-    assert _kill_after_first_checkpoint(a, index) == -signal.SIGKILL
+    assert _kill_after_first_checkpoint(a, index, ["--shared", shared] if shared else []) == -signal.SIGKILL
     assert not target.exists(), "the process finished before it was killed"
+    if shared:  # the checkpoint holds the private trunk copies and their AdamW state
+        ck = load_file(rda.checkpoint_dir(index) / "state.safetensors")
+        assert {f"{k}.layers.1.attn_q.weight" for k in ("param", "exp_avg", "exp_avg_sq", "step")} <= ck.keys()
     target.with_suffix(".old").rename(target)  # experts need their trunk back to resume
 
     def train(run, tokens=TOKENS):
         if index == 0:
             return train_trunk(run, preset="tiny", tokens=tokens, ckpt_every=CKPT_EVERY, eval_every=EVAL_EVERY,
                                progress=False)
-        return train_expert(run, index, tokens=tokens, ckpt_every=CKPT_EVERY, progress=False)
+        return train_expert(run, index, tokens=tokens, ckpt_every=CKPT_EVERY, progress=False, shared=shared)
 
     # A checkpoint made for another token budget is refused (and left alone), with the way out.
     with pytest.raises(MfggufError, match="different train.*--restart"):
@@ -74,6 +78,7 @@ def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index):
         assert [h[0] for h in whole["heldout_history"]][:3] == [4, 8, 12] and whole["heldout_history"][-1][0] == 117
     ta, tb = load_file(rda.module_file(index)), load_file(RunDir(b).module_file(index))
     assert ta.keys() == tb.keys()
+    assert sum(k.startswith("shared.") for k in ta) == (13 if shared else 0)  # tiny: 2 layers x 6 + output_norm
     for k in ta:
         assert torch.equal(ta[k], tb[k]), k
     # (file sha256s may differ: safetensors writes header metadata in hash-map order)
