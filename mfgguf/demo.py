@@ -1,7 +1,8 @@
 """`mfgguf demo`: the whole pipeline on the built-in corpus, one command, resumable.
 
-prepare -> train the trunk -> train each expert in its own process -> assemble q8_0 (and the
-trunk alone, for comparison) -> perplexity by llama.cpp -> a sample generation -> a summary
+prepare -> train the trunk -> train each expert in its own process (its FFNs and, by default, a
+private copy of the trunk: `--shared all`) -> assemble q8_0, merging the experts' copies into the
+trunk it writes (and the trunk alone, for comparison) -> perplexity by llama.cpp -> a sample generation -> a summary
 table of every stage (wall time, peak RSS, sizes, perplexities), saved as JSON and Markdown.
 
 Each stage is a child process (`mfgguf.stages`), so its peak RSS is its own and each expert
@@ -30,6 +31,8 @@ class DemoConfig:
     max_chars_per_domain: int = 3_000_000  # caps the built-in corpus so the demo stays within 15 minutes
     trunk_tokens: int | None = None  # None: the preset's
     expert_tokens: int | None = None  # None: the preset's
+    shared: str = "all"  # trunk tensors each expert also trains a private copy of (merged at assembly): the
+    #                      measured best (README, "Making the modular model win"); none = FFN-only experts
     quant: str = "q8_0"  # quantization of the assembled GGUF
     prompt: str = "def main():"  # the sample generation's prompt
 
@@ -64,7 +67,8 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok])
     etok = ["--tokens", cfg.expert_tokens] if cfg.expert_tokens else []
     for i in range(1, n + 1):
-        stage(f"train-expert {i}", run.module_meta(i).is_file(), ["train-expert", run.root, "--expert", i, *etok])
+        stage(f"train-expert {i}", run.module_meta(i).is_file(),
+              ["train-expert", run.root, "--expert", i, "--shared", cfg.shared, *etok])
     stamp = run.manifest.stat().st_mtime
     fresh = lambda p: p.is_file() and p.stat().st_mtime >= stamp  # noqa: E731  (stale after retraining)
     stage("assemble", fresh(moe), ["assemble", run.root, "-o", moe, "--quant", cfg.quant, "--force"])

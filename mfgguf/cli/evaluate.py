@@ -20,10 +20,12 @@ def demo_cmd(
     trunk_tokens: int = typer.Option(None, help="Trunk training tokens (default: the preset's)."),
     expert_tokens: int = typer.Option(None, help="Training tokens per expert (default: the preset's)."),
     max_chars_per_domain: int = typer.Option(DemoConfig.max_chars_per_domain, help="Cap on each built-in domain's text."),
+    shared: str = typer.Option(DemoConfig.shared, "--shared", help="Trunk tensors each expert also trains a private"
+                               " copy of, merged at assembly: none, norms, attn or all."),
 ):
     check_demo_dir(out)
     demo(out, DemoConfig(preset=preset, experts=experts, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
-                         max_chars_per_domain=max_chars_per_domain))
+                         max_chars_per_domain=max_chars_per_domain, shared=shared))
 
 
 @command("eval", evaluate)
