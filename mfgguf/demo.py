@@ -1,8 +1,8 @@
 """`mfgguf demo`: the whole pipeline on the built-in corpus, one command, resumable.
 
-prepare -> train the trunk -> train each expert in its own process (its FFNs and, by default, a
-private copy of the trunk: `--shared all`) -> assemble q8_0, merging the experts' copies into the
-trunk it writes (and the trunk alone, for comparison) -> perplexity by llama.cpp -> a sample generation -> a summary
+prepare -> train the trunk -> train each expert in its own process (its FFNs; with `--shared`,
+also a private copy of trunk tensors) -> assemble q8_0, merging any such copies into the trunk it
+writes (and the trunk alone, for comparison) -> perplexity by llama.cpp -> a sample generation -> a summary
 table of every stage (wall time, peak RSS, sizes, perplexities), saved as JSON and Markdown.
 
 Each stage is a child process (`mfgguf.stages`), so its peak RSS is its own and each expert
@@ -31,8 +31,8 @@ class DemoConfig:
     max_chars_per_domain: int = 3_000_000  # caps the built-in corpus so the demo stays within 15 minutes
     trunk_tokens: int | None = None  # None: the preset's
     expert_tokens: int | None = None  # None: the preset's
-    shared: str = "all"  # trunk tensors each expert also trains a private copy of (merged at assembly): the
-    #                      measured best (README, "Making the modular model win"); none = FFN-only experts
+    shared: str = "none"  # trunk tensors each expert also trains a private copy of (merged at assembly);
+    #                       none = FFN-only experts: merging whole-trunk copies measured worse (README)
     quant: str = "q8_0"  # quantization of the assembled GGUF
     prompt: str = "def main():"  # the sample generation's prompt
 
