@@ -169,6 +169,8 @@ def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUN
     `trunk` and `experts` are layout.Modules (experts: only those holding a copy). Each file is
     opened once per tensor and checked to be the file the plan read (size, mtime) before use.
     """
+    from .stream import _pread_into  # stream imports layout, which imports this module
+
     te = trunk.entries[name]
     cols = te.shape[-1] if te.shape else 1
     rows = (te.end - te.begin) // 4 // cols
@@ -207,10 +209,3 @@ def open_checked(mod) -> int:
     return fd
 
 
-def _pread_into(fd: int, x: np.ndarray, offset: int, mod) -> None:
-    mv = memoryview(x).cast("B")
-    while len(mv):
-        n = os.preadv(fd, [mv], offset)
-        if not n:
-            raise MfggufError(f"module {mod.name} ({mod.path.name}) is truncated; retrain it")
-        mv, offset = mv[n:], offset + n
