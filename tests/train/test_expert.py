@@ -22,6 +22,16 @@ def _cfg(rd: RunDir) -> ModelConfig:
     return ModelConfig.from_dict(json.loads(rd.module_meta(0).read_text())["config"])
 
 
+
+def two_training_steps(model, opt, rd, cfg) -> set[int]:
+    """Two bf16 steps of expert 1's route on its shard; returns the ids of the optimizer's parameters."""
+    x, y = get_batch(load_tokens(rd.shard(1), "shard"), 0, 1, 0, 2, cfg.ctx_len)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            forward_loss(model, x, y, "single").backward()
+        opt.step()
+    return {id(p) for g in opt.param_groups for p in g["params"]}
+
 def test_only_the_expert_trains(trained_run):
     rd = RunDir(trained_run)
     cfg = _cfg(rd)
@@ -29,12 +39,7 @@ def test_only_the_expert_trains(trained_run):
     named = expert_params(model)
     assert len(named) == 3 * cfg.n_layers
     opt = make_optimizer(named, get_preset("tiny").expert, torch.device("cpu"))
-    x, y = get_batch(load_tokens(rd.shard(1), "shard"), 0, 1, 0, 2, cfg.ctx_len)
-    for _ in range(2):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            forward_loss(model, x, y, "single").backward()
-        opt.step()
-    opt_params = {id(p) for g in opt.param_groups for p in g["params"]}
+    opt_params = two_training_steps(model, opt, rd, cfg)
     for name, p in model.named_parameters():
         if name in named:
             assert p.requires_grad and p.grad is not None and id(p) in opt_params and p in opt.state

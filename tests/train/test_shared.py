@@ -15,9 +15,10 @@ from mfgguf.cli.app import app
 from mfgguf.config import ModelConfig, get_preset, shared_tensor_names
 from mfgguf.run import SHARED_PREFIX, STATS_PREFIX, RunDir, sha256_file
 from mfgguf.train.expert import build_expert_model, expert_params, train_expert
-from mfgguf.train.loop import forward_loss, get_batch, load_tokens, make_optimizer, run_loop
+from mfgguf.train.loop import load_tokens, make_optimizer, run_loop
 from mfgguf.train.shared import lr_scales, shared_names, shared_params
 from tests.conftest import copy_run
+from tests.train.test_expert import two_training_steps
 
 
 def _cfg(rd: RunDir) -> ModelConfig:
@@ -82,12 +83,7 @@ def test_only_the_expert_and_its_shared_copies_train(trained_run):
     opt = make_optimizer(named, get_preset("tiny").expert, torch.device("cpu"), {n: 0.5 for n in shared})
     scaled = {id(p) for g in opt.param_groups if g["lr_scale"] == 0.5 for p in g["params"]}
     assert scaled == {id(p) for p in shared.values()}
-    x, y = get_batch(load_tokens(rd.shard(1), "shard"), 0, 1, 0, 2, cfg.ctx_len)
-    for _ in range(2):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            forward_loss(model, x, y, "single").backward()
-        opt.step()
-    opt_params = {id(p) for g in opt.param_groups for p in g["params"]}
+    opt_params = two_training_steps(model, opt, rd, cfg)
     for name, p in model.named_parameters():
         if name in named:
             assert p.requires_grad and p.grad is not None and p.grad.abs().sum() > 0, name
