@@ -1,8 +1,8 @@
 """`mfgguf demo`: the whole pipeline on the built-in corpus, one command, resumable.
 
 prepare -> train the trunk -> train each expert in its own process (its FFNs; with `--shared`,
-also a private copy of trunk tensors) -> assemble q8_0, merging any such copies into the trunk it
-writes (and the trunk alone, for comparison) -> perplexity by llama.cpp -> a sample generation -> a summary
+also a private copy of trunk tensors, in `--rounds` rounds with a `sync` after each) -> assemble
+q8_0 (and the trunk alone, for comparison) -> perplexity by llama.cpp -> a sample generation -> a summary
 table of every stage (wall time, peak RSS, sizes, perplexities), saved as JSON and Markdown.
 
 Each stage is a child process (`mfgguf.stages`), so its peak RSS is its own and each expert
@@ -31,8 +31,10 @@ class DemoConfig:
     max_chars_per_domain: int = 3_000_000  # caps the built-in corpus so the demo stays within 15 minutes
     trunk_tokens: int | None = None  # None: the preset's
     expert_tokens: int | None = None  # None: the preset's
-    shared: str = "none"  # trunk tensors each expert also trains a private copy of (merged at assembly);
+    shared: str = "none"  # trunk tensors each expert also trains a private copy of (merged by `sync`);
     #                       none = FFN-only experts: merging whole-trunk copies measured worse (README)
+    shared_lr_scale: float = 1.0  # peak LR of the shared copies = the expert LR x this
+    rounds: int = 1  # sync rounds with --shared (R syncs, the last one final); 1 = no communication
     quant: str = "q8_0"  # quantization of the assembled GGUF
     prompt: str = "def main():"  # the sample generation's prompt
 
@@ -66,9 +68,13 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     tok = ["--tokens", cfg.trunk_tokens] if cfg.trunk_tokens else []
     stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok])
     etok = ["--tokens", cfg.expert_tokens] if cfg.expert_tokens else []
-    for i in range(1, n + 1):
-        stage(f"train-expert {i}", run.module_meta(i).is_file(),
-              ["train-expert", run.root, "--expert", i, "--shared", cfg.shared, *etok])
+    shared = ["--shared", cfg.shared, "--shared-lr-scale", cfg.shared_lr_scale, "--rounds", cfg.rounds]
+    for r in range(1, cfg.rounds + 1):
+        for i in range(1, n + 1):
+            name = f"train-expert {i}" + (f" round {r}" if cfg.rounds > 1 else "")
+            stage(name, _round_of(run, i) >= r, ["train-expert", run.root, "--expert", i, *shared, *etok])
+        if cfg.shared != "none":  # merge the copies; the last sync also recomputes router statistics
+            stage(f"sync {r}", _round_of(run, 0) >= r, ["sync", run.root])
     stamp = run.manifest.stat().st_mtime
     fresh = lambda p: p.is_file() and p.stat().st_mtime >= stamp  # noqa: E731  (stale after retraining)
     stage("assemble", fresh(moe), ["assemble", run.root, "-o", moe, "--quant", cfg.quant, "--force"])
@@ -101,6 +107,14 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     write_text(out / "summary.md", summary_markdown(summary))
     _print_summary(summary, moe, run.root)
     return summary
+
+
+def _round_of(run: RunDir, i: int) -> int:
+    """Rounds module i has finished (experts), or syncs the trunk has been through (i = 0); 0 if absent."""
+    if not run.module_meta(i).is_file():
+        return 0
+    meta = json.loads(run.module_meta(i).read_text())
+    return int(meta.get("round", 0 if i == 0 else 1))
 
 
 def _banner(text: str) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -29,7 +30,7 @@ import numpy as np
 from .baselines import flops_section, plan_baselines, train_baseline
 from .errors import MfggufError
 from .flops import trunk_step_flops
-from .run import RunDir, read_module_meta, write_json, write_text
+from .run import RunDir, read_module_meta, update_manifest, write_json, write_text
 from .stages import run_stage
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
@@ -85,6 +86,12 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
                                                               router=router, top_k=k),
                                                 "kind": "moe", "router": router, "top_k": k}
     models["trunk alone"] = {"path": build(f"trunk-{cfg.base_quant}", quant=cfg.base_quant, experts=[]), "kind": "trunk"}
+    trained = _trained_trunk_run(rd, out)  # after `mfgguf sync` the trunk alone is the merged one
+    if trained is not None:
+        path = models_dir / f"trunk-trained-{cfg.base_quant}.gguf"
+        if force or not path.is_file():
+            assemble(trained.root, path, force=True, progress=False, quant=cfg.base_quant, experts=[])
+        models["trunk as trained (before sync)"] = {"path": path, "kind": "trunk"}
     best_expert = _best_expert_per_domain(metas, domains)
     for d, e in best_expert.items():
         models[f"oracle {d}"] = {"path": build(f"oracle-{d}-{cfg.base_quant}", quant=cfg.base_quant, experts=[e]),
@@ -235,11 +242,34 @@ def _routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path)
 # ---- report --------------------------------------------------------------------------------------
 
 
+def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
+    """A RUN view (out/trained-trunk) whose trunk is the one `train-trunk` wrote, before the first sync; None if never synced."""
+    before = rd.rounds / "sync_01" / "before"
+    if not (before / "trunk.safetensors").is_file():
+        return None
+    view = RunDir(out / "trained-trunk")
+    view.modules.mkdir(parents=True, exist_ok=True)
+    for name in ("run.json", "tokenizer.json"):
+        (view.root / name).write_bytes((rd.root / name).read_bytes())
+    for name in ("trunk.safetensors", "trunk.json"):
+        dst = view.modules / name
+        dst.unlink(missing_ok=True)
+        try:
+            os.link(before / name, dst)
+        except OSError:  # another filesystem
+            dst.write_bytes((before / name).read_bytes())
+    update_manifest(view, 0, read_module_meta(view, 0))
+    return view
+
+
 def _goals(results, best, best_stats, oracle_mixed, quant_rows, cfg, domains, plans) -> dict:
     """Ratios of mixed held-out perplexity (lower is better for the MoE); thresholds live in report_markdown."""
     trunk, moe = results["trunk alone"], results[best]
     worst = max(moe["domains"][d]["ppl"] / trunk["domains"][d]["ppl"] for d in domains)
     g = {"moe_beats_trunk_every_domain": worst < 1, "moe_over_trunk_worst_domain": worst}
+    if "trunk as trained (before sync)" in results:
+        tt = results["trunk as trained (before sync)"]
+        g["moe_over_trained_trunk_worst_domain"] = max(moe["domains"][d]["ppl"] / tt["domains"][d]["ppl"] for d in domains)
     if best_stats:
         g["best_router_vs_oracle"] = results[best_stats]["overall"]["ppl"] / oracle_mixed["ppl"]
     for p in plans:
@@ -287,6 +317,9 @@ def report_markdown(r: dict) -> str:
 
     row(f"R={R}: MoE at most 0.9x the wall-clock-matched dense model", "moe_over_wallclock_dense_mixed", 0.9)
     row("MoE below the trunk alone on every domain (worst domain ratio)", "moe_over_trunk_worst_domain", 1.0, strict=True)
+    if "moe_over_trained_trunk_worst_domain" in g:
+        row("... and below the trunk as trained, before any sync (worst domain ratio)",
+            "moe_over_trained_trunk_worst_domain", 1.0, strict=True)
     row("MoE at most 1.0x the FLOP-matched dense model", "moe_over_flop_dense_mixed", 1.0)
     row("stretch: MoE at most 0.95x the FLOP-matched dense model", "moe_over_flop_dense_mixed", 0.95)
     row(f"best statistics-only router ({r.get('best_stats_router')}) within 2% of oracle routing", "best_router_vs_oracle",

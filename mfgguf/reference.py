@@ -70,7 +70,7 @@ def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list
     metas = {i: read_module_meta(rd, i) for i in experts}
     out = {}
     for name in trunk:  # trunk order; copies in slot order, as the assembler adds them
-        holders = [i for i in experts if name in (metas[i].get("shared_tensors") or [])]
+        holders = [i for i in experts if name in (metas[i].get("shared_tensors") or []) and not metas[i].get("shared_merged")]
         if not holders:
             continue
         copies = []

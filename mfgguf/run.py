@@ -12,6 +12,7 @@
       modules/expert_001.safetensors + expert_001.json  experts 1..N
       manifest.json             every finished module with its sha256
       checkpoints/<module>/     resumable training state
+      rounds/sync_<k>/          `mfgguf sync`: the modules before and after merge k, and its plan
       plots/                    loss curves
 
 A module file is one safetensors file of GGUF-named tensors (see `model.trunk_name_map`); an
@@ -77,6 +78,15 @@ class RunDir:
     def manifest(self) -> Path: return self.root / "manifest.json"
     @property
     def plots(self) -> Path: return self.root / "plots"
+    @property
+    def rounds(self) -> Path: return self.root / "rounds"  # `mfgguf sync`: sync_<k>/{before,after,sync.json}
+
+    def pending_sync(self) -> Path | None:
+        """The sync.json of a `mfgguf sync` that staged its modules but was killed before publishing them all."""
+        for f in sorted(self.rounds.glob("sync_*/sync.json")) if self.rounds.is_dir() else []:
+            if read_json(f, "a sync plan").get("state") != "published":
+                return f
+        return None
 
     def shard(self, i: int) -> Path:
         return self.data / f"shard_{i:03d}.npy"
@@ -198,7 +208,17 @@ def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
     Example:
         >>> write_module(RunDir("RUN"), 0, model.trunk_tensors(), {"kind": "trunk", ...})
     """
-    path = run.module_file(index)
+    full = save_module_file(run.module_file(index), index, tensors, meta)
+    write_json(run.module_meta(index), full)
+    update_manifest(run, index, full)
+    return full
+
+
+def save_module_file(path: Path, index: int, tensors: dict, meta: dict) -> dict:
+    """Write module `index`'s safetensors file atomically at `path`; return its full metadata.
+
+    write_module's first half, for writers that publish the file elsewhere later (`mfgguf sync`).
+    """
     import numpy as np
 
     arrays = {}
@@ -212,20 +232,22 @@ def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
         # One metadata key: safetensors writes the metadata map in hash order, so two keys would
         # make the sha256 of bit-identical weights differ from run to run.
         save_file(arrays, str(tmp), metadata={"format": f"{MODULE_FORMAT}/{module_name(index)}"})
-    full = {
+    return module_meta_for(path, index, meta, {k: list(a.shape) for k, a in arrays.items()})
+
+
+def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[int]]) -> dict:
+    """The full JSON of a module file already written at `path` (hash, size, tensor shapes)."""
+    return {
         "format": MODULE_FORMAT,
         "version": MODULE_VERSION,
         "name": module_name(index),
         "index": index,
-        **meta,
-        "file": path.name,
+        **{k: v for k, v in meta.items() if k not in ("file", "sha256", "bytes", "tensors")},
+        "file": f"{module_name(index)}.safetensors",  # its name once published in RUN/modules
         "sha256": sha256_file(path),
-        "bytes": path.stat().st_size,
-        "tensors": {k: list(a.shape) for k, a in arrays.items() if not k.startswith(STATS_PREFIX)},
+        "bytes": Path(path).stat().st_size,
+        "tensors": {k: s for k, s in shapes.items() if not k.startswith(STATS_PREFIX)},
     }
-    write_json(run.module_meta(index), full)
-    update_manifest(run, index, full)
-    return full
 
 
 def read_module_meta(run: RunDir, index: int) -> dict:

@@ -21,11 +21,15 @@ def demo_cmd(
     expert_tokens: int = typer.Option(None, help="Training tokens per expert (default: the preset's)."),
     max_chars_per_domain: int = typer.Option(DemoConfig.max_chars_per_domain, help="Cap on each built-in domain's text."),
     shared: str = typer.Option(DemoConfig.shared, "--shared", help="Trunk tensors each expert also trains a private"
-                               " copy of, merged at assembly: none, norms, attn or all."),
+                               " copy of, merged by `mfgguf sync`: none, norms, attn or all."),
+    shared_lr_scale: float = typer.Option(DemoConfig.shared_lr_scale, "--shared-lr-scale",
+                                          help="Peak LR of the shared copies = the expert LR x this."),
+    rounds: int = typer.Option(DemoConfig.rounds, "--rounds", help="Sync rounds (with --shared)."),
 ):
     check_demo_dir(out)
     demo(out, DemoConfig(preset=preset, experts=experts, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
-                         max_chars_per_domain=max_chars_per_domain, shared=shared))
+                         max_chars_per_domain=max_chars_per_domain, shared=shared, shared_lr_scale=shared_lr_scale,
+                         rounds=rounds))
 
 
 @command("eval", evaluate)

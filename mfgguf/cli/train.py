@@ -85,10 +85,58 @@ def train_expert_cmd(
                                " none (default: the FFN only), norms, attn (norms + attention) or all."),
     shared_lr_scale: float = typer.Option(None, "--shared-lr-scale", help="Peak LR of the shared copies ="
                                           " --lr x this (default 1)."),
+    rounds: int = typer.Option(None, "--rounds", help="Sync rounds R (with --shared): each call trains the next"
+                               " round; `mfgguf sync RUN` between rounds (default 1: no communication)."),
 ):
     from ..train.expert import train_expert
 
     meta = train_expert(run, expert, tokens=tokens, device=device, progress=progress, precision=precision,
                         restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
-                        eval_tokens=eval_tokens, expert_init=init, shared=shared, shared_lr_scale=shared_lr_scale)
-    typer.echo(_line(meta, run))
+                        eval_tokens=eval_tokens, expert_init=init, shared=shared, shared_lr_scale=shared_lr_scale,
+                        rounds=rounds)
+    line = _line(meta, run)
+    if meta.get("rounds", 1) > 1:
+        line += f" (round {meta['round']} of {meta['rounds']})"
+    typer.echo(line)
+
+
+@command("sync", help=_doc("sync", "sync"))
+def sync_cmd(
+    run: Path = _RUN,
+    merge: str = typer.Option("mean", "--merge", help="How the experts' shared copies merge: mean (token-weighted)"
+                              " or ties."),
+    merge_density: float = typer.Option(0.2, "--merge-density", help="ties: share of each delta row kept."),
+    restat: bool = typer.Option(True, "--restat/--no-restat", help="After the last round, recompute every expert's"
+                                " router statistics here (--no-restat: run `mfgguf restat RUN --expert I` per expert)."),
+    device: str = _DEVICE, progress: bool = _PROGRESS,
+):
+    from ..train.sync import sync
+
+    r = sync(run, merge=merge, density=merge_density, restat=restat, device=device, progress=progress)
+    before, after = r["before_heldout_loss"], r["heldout_loss"]
+    held = ", ".join(f"{d} {before[d]:.3f}->{after[d]:.3f}" for d in after if d in before)
+    if not r["final"]:
+        what = f"experts continue with round {r['round'] + 1}"
+    elif restat:
+        what = f"final: router statistics of {len(r['restated'])} experts recomputed on the merged trunk"
+    else:
+        what = f"final: now `mfgguf restat {run} --expert I` for each expert"
+    typer.echo(f"sync {r['round']}/{r['rounds']}: {r['merged_tensors']} trunk tensors merged ({r['merge']}) from"
+               f" {r['experts']} experts; trunk held-out loss {held}; {what}; {r['wall_s']:.1f} s")
+
+
+@command("restat", help=_doc("restat", "restat"))
+def restat_cmd(
+    run: Path = _RUN,
+    expert: int = typer.Option(..., "--expert", help="Expert index, 1..N."),
+    device: str = _DEVICE,
+):
+    from ..train.restat import restat
+
+    m = restat(run, expert, device=device)
+    if not m["restated"]:
+        typer.echo(f"{m['name']}: already has statistics on the final trunk")
+        return
+    typer.echo(f"{m['name']}: router statistics over {m['router_stats_count']:,} tokens on the merged trunk,"
+               f" held-out loss {m['premerge']['heldout_loss_mean']:.3f} (own trunk copy) -> {m['heldout_loss_mean']:.3f},"
+               f" {m['restat_s']:.1f} s")

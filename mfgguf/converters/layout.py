@@ -216,6 +216,8 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
     if router not in schema.ROUTERS:
         raise MfggufError(f"unknown router {router!r}; choose one of {', '.join(schema.ROUTERS)}")
     info = run.info()
+    if run.pending_sync() is not None:
+        raise MfggufError(f"a `mfgguf sync` of {run.root} was interrupted; run `mfgguf sync {run.root}` again to finish it")
     manifest = read_manifest(run)
     tok_kv, vocab = tokenizer_kv(run.tokenizer)
     trunk = load_module(run, 0, manifest)
@@ -231,6 +233,12 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
     for i in ids:
         run.check_expert_index(i)
         m = load_module(run, i, manifest)
+        if int(m.meta.get("round", 1)) < int(m.meta.get("rounds", 1)):
+            raise MfggufError(f"module {m.name} has trained round {m.meta['round']} of {m.meta['rounds']}; run"
+                              f" `mfgguf sync RUN`, then `mfgguf train-expert RUN --expert {i}` for the next round")
+        if trunk.meta.get("final") and m.meta.get("trunk_sha256") == trunk.meta.get("synced_from"):
+            raise MfggufError(f"module {m.name}'s router statistics predate the final sync; run"
+                              f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
         if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
             raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
         _check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, needs_stats(router)),

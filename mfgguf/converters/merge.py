@@ -125,6 +125,11 @@ def check_shared(mod, trunk_shapes: dict[str, tuple[int, ...]]) -> list[str]:
     if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
         raise MfggufError(f"module {mod.name}: shared_tensors in its metadata is not a list of tensor names; retrain it")
     held = {k[len(SHARED_PREFIX):] for k in mod.entries if k.startswith(SHARED_PREFIX)}
+    if mod.meta.get("shared_merged"):  # `mfgguf sync` already merged its copies into the trunk
+        if held:
+            raise MfggufError(f"module {mod.name} says its shared copies are merged but holds {SHARED_PREFIX}{min(held)};"
+                              " run `mfgguf sync RUN` again or retrain it")
+        return []
     for name in listed:
         if name not in trunk_shapes:
             raise MfggufError(f"module {mod.name} lists shared tensor {name}, which is not a trunk tensor; retrain it")

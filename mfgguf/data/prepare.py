@@ -32,7 +32,8 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     trunk, one shard per expert, and a held-out split per domain that no module trains on.
 
     Sources: text files, directories, globs, JSONL (`domain` field optional), `hf:NAME[:CONFIG][:SPLIT]`,
-    `hf:json:FILES`, or `builtin` (Python's own code, English docs and C headers); `LABEL=SOURCE`
+    `hf:json:FILES`, `builtin` (Python's own code, English docs and C headers) or `study` (the larger
+    experiment corpus: installed packages' code and docstrings, C and C++ headers, man pages); `LABEL=SOURCE`
     names the domain. Partitions: `label` (by domain), `random` (with OVERLAP, a document may join
     a second expert), `cluster` (balanced k-means over tf-idf, c-BTM style). Returns run.json.
 
@@ -124,7 +125,7 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
 
 def _validate(sources, out: Path, n_experts, partition, vocab_size, heldout_frac, overlap, max_chars, force) -> None:
     if not sources:
-        raise MfggufError("no sources given; pass files, directories, globs, JSONL, hf:NAME or `builtin`")
+        raise MfggufError("no sources given; pass files, directories, globs, JSONL, hf:NAME, `builtin` or `study`")
     if isinstance(n_experts, bool) or not isinstance(n_experts, int) or n_experts < 1:
         raise MfggufError(f"number of experts must be at least 1, got {n_experts}; pass --experts N")
     if partition not in PARTITIONS:

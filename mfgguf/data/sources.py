@@ -29,6 +29,7 @@ from ..errors import MfggufError
 MAX_DOC_CHARS = 8192
 BUILTIN = "builtin"
 BUILTIN_DOMAINS = ("python", "english", "c")
+STUDY = "study"  # the larger experiment corpus: study.py
 _GLOB_CHARS = set("*?[")
 _LABEL_RE = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 _HF_FILE_BUILDERS = ("json", "csv", "text", "parquet")
@@ -49,8 +50,10 @@ def load_documents(sources: list[str], *, text_field: str = "text", max_chars_pe
 
     A source is a text file, a directory (read recursively), a glob (`src/**/*.md`), a JSONL file
     (one object per line with TEXT_FIELD and optionally `domain`), `hf:NAME[:CONFIG][:SPLIT]` (a
-    `datasets` dataset; `hf:json:data/*.jsonl` reads local files), or `builtin` (the Python
-    standard library's code, English docs and C headers). `LABEL=SOURCE` sets the domain label;
+    `datasets` dataset; `hf:json:data/*.jsonl` reads local files), `builtin` (the Python
+    standard library's code, English docs and C headers) or `study` (tens of millions of tokens in
+    five domains from the installed packages and the distribution: code, docstrings, C and C++
+    headers, man pages; see mfgguf/data/study.py). `LABEL=SOURCE` sets the domain label;
     otherwise it is the file stem, directory or dataset name. Binary and non-UTF-8 files are
     skipped. MAX_CHARS_PER_DOMAIN caps each domain, deterministically.
 
@@ -114,6 +117,10 @@ def _read_source(source: str, text_field: str, st: dict, cap: "_Cap") -> Iterato
 
     if spec == BUILTIN:
         yield from emit(builtin_texts(cap.full, label))
+    elif spec == STUDY:
+        from .study import study_texts
+
+        yield from emit(study_texts(cap.full, label))
     elif spec.startswith("hf:"):
         yield from emit(_hf_texts(spec, text_field, label, cap.full))
     else:

@@ -49,11 +49,28 @@ def _restart_hint(d: Path) -> str:
     return f"pass --restart (restart=True) to delete {d} and start over"
 
 
-def load(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimizer, expect: dict) -> dict | None:
+def peek(d: Path) -> dict | None:
+    """The JSON state of the checkpoint in `d` (None when there is none or it is unreadable)."""
+    st, _ = _files(d)
+    if not st.is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(st), framework="pt") as f:
+            return json.loads((f.metadata() or {})["state"])
+    except Exception:
+        return None
+
+
+def load(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimizer, expect: dict,
+         keep: frozenset[str] = frozenset()) -> dict | None:
     """Restore params and optimizer state from `d` if a checkpoint is there; return its JSON state.
 
     None when there is no checkpoint. A checkpoint that is unreadable, from another mfgguf, or
-    from a different config or trunk (the keys of `expect`) raises MfggufError.
+    from a different config or trunk (the keys of `expect`) raises MfggufError. Parameters named
+    in `keep` keep their current values (a sync round's new shared tensors) but get their AdamW
+    moments back.
     """
     st, _ = _files(d)
     if not st.is_file():
@@ -82,7 +99,8 @@ def load(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimi
             src = tensors[f"param.{name}"]
             if src.shape != p.shape:
                 raise MfggufError(f"checkpoint {st} has shape {tuple(src.shape)} for {name}; {_restart_hint(d)}")
-            p.copy_(src)
+            if name not in keep:
+                p.copy_(src)
             if f"exp_avg.{name}" in tensors:
                 opt.state[p] = {
                     "step": tensors[f"step.{name}"].reshape(()).clone(),

@@ -32,6 +32,7 @@ from . import shared as sh
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
                    resolve_device, resolve_precision, result_meta, run_loop, split_overrides)
 from .stats import RouterStats
+from .sync import round_end
 from .trunk import wants_recompute
 
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -64,6 +65,8 @@ def _set_param(model: nn.Module, name: str, value: torch.Tensor, requires_grad: 
 
 def load_trunk_meta(rd: RunDir) -> dict:
     """The trunk's metadata, after checking that its file is the one the manifest recorded."""
+    if rd.pending_sync() is not None:
+        raise MfggufError(f"a `mfgguf sync` of {rd.root} was interrupted; run `mfgguf sync {rd.root}` again to finish it")
     if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
         raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
     meta = read_module_meta(rd, 0)
@@ -76,10 +79,11 @@ def load_trunk_meta(rd: RunDir) -> dict:
 
 
 def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.device, bf16_trunk: bool,
-                       init: str = "random", trainable: Collection[str] = ()) -> Transformer:
+                       init: str = "random", trainable: Collection[str] = (), trunk_path: Path | None = None) -> Transformer:
     """Transformer(cfg, n_experts=1): frozen trunk from the module file, trainable expert 0 (zero down-proj).
 
     `trainable` names trunk parameters loaded instead as trainable f32 copies (`--shared`, see shared.py).
+    `trunk_path` reads another trunk file than RUN's (a sync's merged trunk before it is published).
 
     Built on the meta device and filled tensor by tensor, so no f32 copy of the whole trunk exists.
     init="anchor" starts gate/up from the anchor's first expert_ff rows (tiled if the expert is
@@ -92,7 +96,7 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
         model = Transformer(cfg, n_experts=1)
     linear = {n + ".weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers).items()}
-    for gname, t in _read_safetensors(rd.module_file(0)):
+    for gname, t in _read_safetensors(trunk_path or rd.module_file(0)):
         name = by_gguf.get(gname)
         if name is None:
             continue
@@ -150,7 +154,11 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
 
     --shared norms|attn|all also trains a private f32 copy of those trunk tensors (the norms;
     + attention; the whole trunk), at peak LR lr * --shared-lr-scale, stored in the module file as
-    shared.<trunk tensor name> for assembly to merge. Default none: the FFN only.
+    shared.<trunk tensor name> for assembly (or `mfgguf sync`) to merge. Default none: the FFN only.
+
+    --rounds R (with --shared) cuts the schedule into R rounds: each call trains the next round and
+    keeps its checkpoint; `mfgguf sync RUN` between rounds merges every expert's shared copies into
+    the trunk the next round starts from.
 
     Example:
         >>> train_expert(Path("RUN"), 1, tokens=20_000)["heldout_loss"]
@@ -167,6 +175,7 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     preset = trunk.get("preset", "small")
     tc = with_overrides(get_preset(preset).expert, tokens=tokens, **t_over)
     sh.check_shared(tc)
+    rnd = _round(rd, trunk, tc, i)
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     data = load_tokens(rd.shard(i), f"shard {i}")
@@ -183,10 +192,28 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     named = {**expert_params(model), **sh.shared_params(model, tc.shared)}
     ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
                  "train": asdict(tc), "trunk_sha256": trunk["sha256"]}
+    steps = max(1, tc.tokens // (tc.batch_size * cfg.ctx_len))
+    keep, resume_from = frozenset(), None
+    state = ckpt_io.peek(ckpt_dir)
+    if rnd > 1 and state and state.get("trunk_sha256") == trunk.get("synced_from"):
+        # the previous round's state, trained against the trunk before this sync: continue with its
+        # FFN and AdamW moments, but from the merged shared tensors just loaded from the new trunk
+        if state.get("step") != round_end(steps, tc.rounds, rnd - 1):
+            raise MfggufError(f"{module_name(i)}'s checkpoint in {ckpt_dir} stopped at step {state.get('step')}, not at"
+                              f" the end of round {rnd - 1}; pass --restart to train it again from round 1")
+        resume_from = {**ckpt_meta, "trunk_sha256": trunk["synced_from"]}
+        keep = frozenset(sh.shared_names(cfg, tc.shared))
+    elif rnd > 1 and not state:
+        raise MfggufError(f"{module_name(i)} has no checkpoint of round {rnd - 1} in {ckpt_dir}, which round {rnd}"
+                          f" continues from; retrain it from round 1 (a new RUN) or restore that directory")
+    until = round_end(steps, tc.rounds, rnd)
     curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, "single", dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route="single", stream=i, ckpt_dir=ckpt_dir,
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=module_name(i),
-                   heldout=curve, lr_scale=sh.lr_scales(model, tc))
+                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=_label(i, rnd, tc.rounds),
+                   heldout=curve, lr_scale=sh.lr_scales(model, tc), until=until, keep=keep,
+                   resume_from=resume_from)
+    if rnd < tc.rounds:
+        return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
 
     heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, "single", dev, prec)
     stats = RouterStats(cfg.n_layers, cfg.dim)
@@ -202,6 +229,7 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
         "trunk_heldout_loss": trunk.get("heldout_loss", {}),
         "router_stats_count": stats.n,
         **sh.shared_meta(cfg, tc.shared),
+        "round": rnd, "rounds": tc.rounds,
     }
     tensors = {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared), **stats.tensors()}
     meta = write_module(rd, i, tensors, meta)
@@ -209,6 +237,42 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
                reference=trunk.get("heldout_loss"), title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
+
+
+def _round(rd: RunDir, trunk: dict, tc, i: int) -> int:
+    """Which round (1..R) this job trains: one more than the syncs the trunk has been through."""
+    if not (isinstance(tc.rounds, int) and tc.rounds >= 1):
+        raise MfggufError(f"--rounds must be a whole number >= 1, got {tc.rounds}")
+    if tc.rounds > 1 and tc.shared == "none":
+        raise MfggufError("--rounds > 1 needs experts that train shared tensors (--shared norms|attn|all):"
+                          " with --shared none there is nothing to sync between rounds")
+    if trunk.get("final"):
+        raise MfggufError(f"{rd.root} is synced after its last round; its experts are final: assemble it")
+    rnd = int(trunk.get("round", 0)) + 1
+    if rnd > tc.rounds:
+        raise MfggufError(f"the trunk has been through {rnd - 1} sync(s), so expert {i} would train round {rnd},"
+                          f" but --rounds is {tc.rounds}; pass the --rounds the run was started with")
+    return rnd
+
+
+def _label(i: int, rnd: int, rounds: int) -> str:
+    return module_name(i) if rounds == 1 else f"{module_name(i)} round {rnd}/{rounds}"
+
+
+def _write_round(rd: RunDir, i: int, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start) -> dict:
+    """The module file after a round that is not the last: FFNs + shared copies for `mfgguf sync`.
+
+    No router statistics (the next round changes them); the checkpoint stays for the next round.
+    """
+    heldout = res.heldout_history[-1][2] if res.heldout_history else {}
+    meta = {
+        **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                      recompute=rec, heldout=heldout, t_start=t_start),
+        "index": i, "trunk_sha256": trunk["sha256"], "shard": i, "shard_domains": _shard_domains(info, i),
+        "trunk_heldout_loss": trunk.get("heldout_loss", {}), "router_stats_count": 0,
+        **sh.shared_meta(cfg, tc.shared), "round": rnd, "rounds": tc.rounds,
+    }
+    return write_module(rd, i, {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared)}, meta)
 
 
 if __name__ == "__main__":  # python -m mfgguf.train.expert RUN I: the CLI verb without typer

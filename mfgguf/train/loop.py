@@ -234,21 +234,27 @@ def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc
 def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], data: np.ndarray, tc: TrainConfig,
              *, dev, precision: str, route: str, stream: int, ckpt_dir: Path, ckpt_meta: dict,
              recompute: bool = False, progress: bool = True, label: str = "train",
-             heldout: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None) -> LoopResult:
+             heldout: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None,
+             until: int | None = None, keep: frozenset[str] = frozenset(),
+             resume_from: dict | None = None) -> LoopResult:
     """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
     start over. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and
     after the last one: the held-out curve, kept in checkpoints like the loss history. `lr_scale`
-    {name: factor} scales some parameters' LR (make_optimizer). Returns the loss and held-out
-    histories and token counts.
+    {name: factor} scales some parameters' LR (make_optimizer). `until` stops after that many of the
+    schedule's steps (a sync round: the LR schedule still spans the whole run) and checkpoints
+    there; `keep` names parameters a resumed checkpoint must not overwrite (checkpoint.load), and
+    `resume_from` is what that checkpoint must match instead of `ckpt_meta` (the previous round's).
+    Returns the loss and held-out histories and token counts.
     """
     cfg: ModelConfig = model.cfg
     per_step = tc.batch_size * cfg.ctx_len
     steps = max(1, tc.tokens // per_step)
     params = list(named_params.values())
     opt = make_optimizer(named_params, tc, dev, lr_scale)
-    state = ckpt_io.load(ckpt_dir, named_params, opt, ckpt_meta)
+    end = steps if until is None else min(steps, until)
+    state = ckpt_io.load(ckpt_dir, named_params, opt, resume_from or ckpt_meta, keep)
     start, history = (state["step"], state["history"]) if state else (0, [])
     curve = state.get("heldout_history", []) if state else []
     eval_s = 0.0
@@ -260,11 +266,11 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
         model.train()  # heldout() leaves the model in eval mode
         eval_s += time.perf_counter() - t
 
-    bar = _Progress(label, steps * per_step, start * per_step) if progress else None
+    bar = _Progress(label, end * per_step, start * per_step) if progress else None
     model.train()
     t0, tok0 = time.perf_counter(), start * per_step
     try:
-        for step in range(start, steps):
+        for step in range(start, end):
             x, y = get_batch(data, tc.seed, stream, step, tc.batch_size, cfg.ctx_len)
             x, y = x.to(dev), y.to(dev)
             lr = lr_at(step, steps, tc)
@@ -282,18 +288,20 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
             history.append([step + 1, (step + 1) * per_step, lv])
             if bar:
                 bar.update((step + 1) * per_step, lv, time.perf_counter() - t0, (step + 1) * per_step - tok0)
-            if heldout and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < steps:
+            if heldout and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < end:
                 record(step + 1)  # before the checkpoint, so a resumed run has this point too
-            if (step + 1) % tc.ckpt_every == 0 and step + 1 < steps:
+            if (step + 1) % tc.ckpt_every == 0 and step + 1 < end:
                 ckpt_io.save(ckpt_dir, named_params, opt,
                              {**ckpt_meta, "step": step + 1, "history": history, "heldout_history": curve})
     finally:
         if bar:
             bar.close()
     train_s = time.perf_counter() - t0 - eval_s
-    if heldout and (not curve or curve[-1][0] != steps):
-        record(steps)
-    return LoopResult(steps=steps, tokens_seen=steps * per_step, final_loss=_smooth(history), history=history,
+    if heldout and (not curve or curve[-1][0] != end):
+        record(end)
+    if end < steps:  # the round's state: the next round resumes from it after `mfgguf sync`
+        ckpt_io.save(ckpt_dir, named_params, opt, {**ckpt_meta, "step": end, "history": history, "heldout_history": curve})
+    return LoopResult(steps=end, tokens_seen=end * per_step, final_loss=_smooth(history), history=history,
                       heldout_history=curve, eval_s=eval_s, train_s=train_s, resumed_from=start)
 
 

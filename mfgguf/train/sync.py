@@ -1,0 +1,213 @@
+"""`mfgguf sync RUN`: merge the experts' shared-parameter copies into the next trunk, between rounds.
+
+With `train-expert --shared CHOICE --rounds R` every expert's schedule is cut into R equal parts
+(rounds). After each round, every expert has written a module file holding its FFNs and its
+trained copies of the shared trunk tensors; `sync` merges the copies (merge.py: token-weighted
+mean or TIES, one row chunk of one tensor at a time) into a new version of the trunk. Each expert
+then continues its next round from that trunk, with its own FFNs and AdamW state (kept in its
+checkpoint). Only the shared tensors travel; experts still run in any order, anywhere.
+
+After the last round, `sync` finalises: it merges once more, and because the merged trunk
+changes every FFN's input, each expert's router statistics (and held-out losses) are recomputed
+on the model that will actually be written (restat.py: merged trunk + that expert, forward only).
+`sync` runs that pass for every expert in turn; with 100 experts on 100 machines, `sync
+--no-restat` and then `mfgguf restat RUN --expert I` per machine. `sync` after R = 1 (no rounds)
+is this finalisation alone.
+
+Crash safety: the new trunk is first written under RUN/rounds/sync_<k>/ (`before/` hard links of
+the inputs, `after/` the new trunk, `sync.json` the plan); then published with a rename, its JSON
+and the manifest. Every publishing step is idempotent, and each expert's statistics pass replaces
+its module atomically, so a sync killed at any point finishes when run again, with the same bytes.
+
+Example:
+    >>> sync(Path("RUN"))  # after every expert has trained round k of R
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
+from ..errors import MfggufError
+from ..run import (RunDir, module_meta_for, module_name, read_json, read_manifest, read_module_meta,
+                   update_manifest, write_json)
+
+SYNC_FORMAT = "mfgguf-sync"
+
+
+def round_end(steps: int, rounds: int, r: int) -> int:
+    """The schedule step at which round r (1..rounds) of a `steps`-step run ends."""
+    return steps * r // rounds
+
+
+def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, restat: bool = True,
+         device: str = "cpu", progress: bool = True) -> dict:
+    """Merge the experts' shared-tensor copies into the next trunk version (between sync rounds).
+
+    Run it after every expert has trained its current round (`train-expert --shared ... --rounds R`).
+    Between rounds the merged trunk is what every expert continues from. After the last round (and
+    for R = 1) it finalises: the merged trunk is final and each expert's router statistics are
+    recomputed on merged trunk + that expert (forward only), so `mfgguf assemble` routes for the
+    model it writes; --no-restat leaves that to `mfgguf restat RUN --expert I`, one process per
+    expert on any machine. --merge mean (token-weighted) or ties (--merge-density). A killed sync
+    finishes when re-run.
+
+    Example:
+        >>> sync(Path("RUN"), merge="mean")["round"]
+        1
+    """
+    from .restat import needs_restat, restat as restat_one
+
+    rd = RunDir(run)
+    info = rd.info()
+    t0 = time.perf_counter()
+    plan_file = rd.pending_sync()
+    if plan_file is None:
+        trunk = read_module_meta(rd, 0) if rd.module_meta(0).is_file() else {}
+        if trunk.get("final"):  # the last merge is published: only statistics passes can be left
+            if not restat or not [i for i in range(1, info["n_experts"] + 1) if needs_restat(rd, trunk, i)]:
+                raise MfggufError(f"{rd.root} is already synced after its last round; assemble it with"
+                                  f" `mfgguf assemble {rd.root}`")
+            plan_file = sorted(rd.rounds.glob("sync_*/sync.json"))[-1]
+        else:
+            plan_file = _stage(rd, info, merge, density, device, progress)
+    plan = read_json(plan_file, "the sync plan")
+    _publish(rd, plan_file.parent, plan)
+    plan["state"] = "published"
+    write_json(plan_file, plan)
+    restated = []
+    if plan["final"] and restat:
+        for i in range(1, plan["experts"] + 1):
+            _say(progress, f"router statistics of {module_name(i)} on the merged trunk")
+            if restat_one(rd.root, i, device=device)["restated"]:
+                restated.append(i)
+    trunk = read_module_meta(rd, 0)
+    return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
+            "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],
+            "heldout_loss": trunk.get("heldout_loss", {}), "before_heldout_loss": plan["before_heldout_loss"],
+            "experts": plan["experts"], "restated": restated, "wall_s": time.perf_counter() - t0,
+            "dir": str(plan_file.parent)}
+
+
+# ---- staging: compute every new module under rounds/sync_<k>/after ------------------------------
+
+
+def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, progress: bool) -> Path:
+    from ..converters.layout import load_module, trunk_shapes, model_config
+    from .expert import load_trunk_meta
+
+    n = info["n_experts"]
+    trunk = load_trunk_meta(rd)
+    k = int(trunk.get("round", 0))
+    metas = {}
+    missing = [i for i in range(1, n + 1) if not rd.module_meta(i).is_file()]
+    if missing:
+        raise MfggufError(f"expert {missing[0]} has not trained round {k + 1} ({len(missing)} of {n} missing);"
+                          f" run `mfgguf train-expert {rd.root} --expert {missing[0]}` first")
+    for i in range(1, n + 1):
+        m = read_module_meta(rd, i)
+        if m.get("trunk_sha256") != trunk["sha256"] or int(m.get("round", 1)) != k + 1:
+            raise MfggufError(f"{module_name(i)} has not trained round {k + 1} against the current trunk;"
+                              f" run `mfgguf train-expert {rd.root} --expert {i}` first")
+        metas[i] = m
+    rounds = {int(m.get("rounds", 1)) for m in metas.values()}
+    if len(rounds) > 1:
+        raise MfggufError(f"the experts were trained with different --rounds ({sorted(rounds)}); retrain them with one value")
+    R = rounds.pop()
+    if not any(m.get("shared_tensors") for m in metas.values()):
+        raise MfggufError("the experts share no trunk tensors, so there is nothing to sync; assemble the run directly,"
+                          " or train the experts with --shared norms|attn|all")
+    final = k + 1 == R
+
+    manifest = read_manifest(rd)
+    tmod = load_module(rd, 0, manifest)
+    cfg = model_config(tmod, info.get("vocab_size") or trunk["config"]["vocab_size"])
+    mods = [load_module(rd, i, manifest) for i in range(1, n + 1)]
+    shapes = trunk_shapes(cfg)
+    what = merge_plan(mods, shapes, merge, density)
+
+    d = rd.rounds / f"sync_{k + 1:02d}"
+    if d.exists():  # a sync that died before its plan was written: start it over
+        shutil.rmtree(d)
+    before, after = d / "before", d / "after"
+    before.mkdir(parents=True)
+    after.mkdir()
+    for i in range(0, n + 1):  # the inputs, kept (hard links cost nothing; the next round replaces the files)
+        for src in (rd.module_file(i), rd.module_meta(i)):
+            _link_or_copy(src, before / src.name)
+
+    _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({merge}) from {n} experts")
+    new_trunk = after / rd.module_file(0).name
+    _merged_trunk(tmod, mods, what, new_trunk, merge, density)
+    from .restat import heldout_trunk
+
+    held = heldout_trunk(rd, new_trunk, trunk, device)
+    tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
+             "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
+             "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
+             "heldout_loss": held, "heldout_loss_mean": float(np.mean(list(held.values()))) if held else float("nan"),
+             "sync": {"merge": merge, "density": density, "merged_tensors": list(what), "experts": n}}
+    tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
+    metas_after = {"trunk": tfull}
+    plan = {"format": SYNC_FORMAT, "state": "staged", "round": k + 1, "rounds": R, "final": final, "merge": merge,
+            "density": density, "merged_tensors": len(what), "experts": n,
+            "before_heldout_loss": trunk.get("heldout_loss", {}), "modules": metas_after}
+    write_json(d / "sync.json", plan)
+    return d / "sync.json"
+
+
+def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge: str, density: float) -> None:
+    """The trunk file with every tensor in `what` replaced by its merge, written atomically at `out`.
+
+    Same safetensors header and tensor offsets as the trunk (all f32, same shapes), so the copy is
+    patched in place one merged row chunk at a time: memory is one chunk, whatever N is.
+    """
+    from ..run import atomic_path
+
+    with atomic_path(out) as tmp:
+        shutil.copyfile(tmod.path, tmp)
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            for name, positions in what.items():
+                e = tmod.entries[name]
+                cols = e.shape[-1] if e.shape else 1
+                for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge, density=density):
+                    data = memoryview(np.ascontiguousarray(rows, np.float32)).cast("B")
+                    off = e.begin + r0 * cols * 4
+                    while len(data):
+                        w = os.pwrite(fd, data, off)
+                        data, off = data[w:], off + w
+        finally:
+            os.close(fd)
+
+
+# ---- publishing: idempotent steps, so a killed sync completes when re-run ------------------------
+
+
+def _publish(rd: RunDir, d: Path, plan: dict) -> None:
+    for name, meta in plan["modules"].items():
+        index = int(meta["index"])
+        staged = d / "after" / meta["file"]
+        if staged.is_file():
+            os.replace(staged, rd.module_file(index))
+        write_json(rd.module_meta(index), meta)
+        update_manifest(rd, index, meta)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        import sys
+
+        print(msg, file=sys.stderr, flush=True)
