@@ -87,6 +87,21 @@ def copy_run(src: Path, dst: Path) -> None:
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoints", "eval", "rounds"))
 
 
+def _budget(dense_run: Path) -> int | None:
+    meta = dense_run / "modules" / "trunk.json"
+    return json.loads(meta.read_text())["tokens_seen"] if meta.is_file() else None
+
+
+def _budget_plan(run: Path, key: str) -> int | None:
+    """Tokens `mfgguf eval` will give baseline `key` (dense-flop / dense-wallclock) for this RUN."""
+    from mfgguf.baselines import plan_baselines
+    from mfgguf.run import RunDir, read_module_meta
+
+    rd = RunDir(run)
+    metas = {i: read_module_meta(rd, i) for i in range(0, rd.info()["n_experts"] + 1)}
+    return next((b.tokens for b in plan_baselines(metas, ("flop", "wallclock")) if f"dense-{b.key}" == key), None)
+
+
 def summarize(run: Path, n: int, r: int) -> dict:
     rep = json.loads((run / "eval" / "report.json").read_text())
     res, g = rep["results"], rep["goals"]
@@ -196,13 +211,15 @@ def main() -> None:
                            "--shared-lr-scale", a.shared_lr_scale, "--rounds", r, *batch, "--no-progress", log=log)
                 if a.shared != "none" and json.loads((run / "modules" / "trunk.json").read_text()).get("round", 0) < k:
                     mfgguf("sync", run, "--no-progress", log=log)
-            sib = out / f"n{n}-r1" / "eval"  # same N, same FLOPs: the same dense baselines
-            if r != 1 and sib.is_dir():
-                for b in ("dense-flop", "dense-wallclock"):
-                    if (sib / b).is_dir() and not (run / "eval" / b).exists():
+            # a baseline with the same budget is the same model (same data, seed, code): reuse an earlier
+            # configuration's (eval checks the recorded tokens and retrains it when they differ)
+            for b in ("dense-flop", "dense-wallclock"):
+                for sib in [out / f"n{m}-r{q}" / "eval" / b for m, q in configs]:
+                    if sib.is_dir() and sib.parent.parent != run and not (run / "eval" / b).exists() and \
+                            _budget(sib) == _budget_plan(run, b):
                         (run / "eval").mkdir(exist_ok=True)
-                        shutil.copytree(sib / b, run / "eval" / b, symlinks=True)
-            mfgguf("eval", run, "--routers", "ridge,centroid", "--top-k", "1,2", "--baselines", "flop,wallclock",
+                        shutil.copytree(sib, run / "eval" / b, symlinks=True)
+            mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", "--baselines", "flop,wallclock",
                    "--quants", "", log=log)
         row = summarize(run, n, r)
         rows.append(row)

@@ -16,7 +16,15 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     assert r.exit_code == 0, r.output
     s = json.loads((out / "summary.json").read_text())
     names = [st["stage"] for st in s["stages"]]
-    assert names[:5] == ["prepare", "train-trunk", "train-expert 1", "train-expert 2", "train-expert 3"]
+    cfg = s["config"]  # the defaults: experts that train the whole trunk too, in sync rounds
+    assert cfg["shared"] != "none" and cfg["rounds"] > 1
+    experts = [f"train-expert {i} round {r}" for r in range(1, cfg["rounds"] + 1) for i in (1, 2, 3)]
+    syncs = [f"sync {r}" for r in range(1, cfg["rounds"] + 1)]
+    assert names[:2] == ["prepare", "train-trunk"]
+    assert [n for n in names if n.startswith(("train-expert", "sync"))] == \
+        [x for r in range(cfg["rounds"]) for x in experts[3 * r: 3 * r + 3] + [syncs[r]]]
+    trunk = json.loads((out / "run" / "modules" / "trunk.json").read_text())
+    assert trunk["final"] and trunk["round"] == cfg["rounds"]
     assert all(st["peak_rss_mb"] > 50 for st in s["stages"] if st["stage"].startswith("train"))
     ppl = s["perplexity"]
     assert set(ppl) == {"trunk alone", "assembled MoE"}
@@ -31,7 +39,7 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     assert r2.exit_code == 0, r2.output
     s2 = json.loads((out / "summary.json").read_text())
     skipped = {st["stage"] for st in s2["stages"] if st["skipped"]}
-    assert {"prepare", "train-trunk", "train-expert 1", "assemble"} <= skipped
+    assert {"prepare", "train-trunk", "train-expert 1 round 1", f"sync {cfg['rounds']}", "assemble"} <= skipped
     assert s2["perplexity"]["assembled MoE"]["overall"]["ppl"] == ppl["assembled MoE"]["overall"]["ppl"]
 
 
