@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -30,7 +29,7 @@ import numpy as np
 from .baselines import flops_section, plan_baselines, train_baseline
 from .errors import MfggufError
 from .flops import trunk_step_flops
-from .run import RunDir, read_module_meta, update_manifest, write_json, write_text
+from .run import RunDir, link_or_copy, read_module_meta, update_manifest, write_json, write_text
 from .stages import run_stage
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
@@ -254,10 +253,7 @@ def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
     for name in ("trunk.safetensors", "trunk.json"):
         dst = view.modules / name
         dst.unlink(missing_ok=True)
-        try:
-            os.link(before / name, dst)
-        except OSError:  # another filesystem
-            dst.write_bytes((before / name).read_bytes())
+        link_or_copy(before / name, dst)
     update_manifest(view, 0, read_module_meta(view, 0))
     return view
 

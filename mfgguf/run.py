@@ -31,6 +31,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -87,6 +88,11 @@ class RunDir:
             if read_json(f, "a sync plan").get("state") != "published":
                 return f
         return None
+
+    def check_no_pending_sync(self) -> None:
+        """Refuse to read modules while a killed `mfgguf sync` has published only some of them."""
+        if self.pending_sync() is not None:
+            raise MfggufError(f"a `mfgguf sync` of {self.root} was interrupted; run `mfgguf sync {self.root}` again to finish it")
 
     def shard(self, i: int) -> Path:
         return self.data / f"shard_{i:03d}.npy"
@@ -175,6 +181,14 @@ def atomic_path(dest: Path, suffix: str = ""):
         tmp.unlink(missing_ok=True)
 
 
+def link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link of `src` at `dst` (free, and immune to `src` being replaced later), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(src, dst)
+
+
 def write_text(path: Path, text: str) -> None:
     """Replace `path` with `text` atomically: readers see the old file or the new one, never half."""
     with atomic_path(path) as tmp:
@@ -208,17 +222,7 @@ def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
     Example:
         >>> write_module(RunDir("RUN"), 0, model.trunk_tensors(), {"kind": "trunk", ...})
     """
-    full = save_module_file(run.module_file(index), index, tensors, meta)
-    write_json(run.module_meta(index), full)
-    update_manifest(run, index, full)
-    return full
-
-
-def save_module_file(path: Path, index: int, tensors: dict, meta: dict) -> dict:
-    """Write module `index`'s safetensors file atomically at `path`; return its full metadata.
-
-    write_module's first half, for writers that publish the file elsewhere later (`mfgguf sync`).
-    """
+    path = run.module_file(index)
     import numpy as np
 
     arrays = {}
@@ -232,7 +236,10 @@ def save_module_file(path: Path, index: int, tensors: dict, meta: dict) -> dict:
         # One metadata key: safetensors writes the metadata map in hash order, so two keys would
         # make the sha256 of bit-identical weights differ from run to run.
         save_file(arrays, str(tmp), metadata={"format": f"{MODULE_FORMAT}/{module_name(index)}"})
-    return module_meta_for(path, index, meta, {k: list(a.shape) for k, a in arrays.items()})
+    full = module_meta_for(path, index, meta, {k: list(a.shape) for k, a in arrays.items()})
+    write_json(run.module_meta(index), full)
+    update_manifest(run, index, full)
+    return full
 
 
 def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[int]]) -> dict:

@@ -19,7 +19,6 @@ plots in OUT. Every step is skipped when its output exists, so the script resume
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import subprocess
@@ -44,10 +43,6 @@ def mfgguf(*args, log: Path) -> None:
         sys.exit(f"study: `mfgguf {args[0]}` failed (exit {rc}); see {log}")
 
 
-def sha(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def write_corpus(path: Path, chars: int) -> dict:
     from mfgguf.data.sources import load_documents
 
@@ -68,13 +63,13 @@ def write_corpus(path: Path, chars: int) -> dict:
 
 def install_trunk(src: Path, dst: Path) -> None:
     """Copy src's trained trunk into dst (same tokenizer and trunk tokens, checked), with its manifest entry."""
-    from mfgguf.run import RunDir, read_module_meta, update_manifest
+    from mfgguf.run import RunDir, read_module_meta, sha256_file, update_manifest
 
     a, b = RunDir(src), RunDir(dst)
     if b.module_meta(0).is_file():
         return
     for f in ("tokenizer.json", "data/train.npy"):
-        if sha(src / f) != sha(dst / f):
+        if sha256_file(src / f) != sha256_file(dst / f):
             sys.exit(f"study: {dst} has another {f} than {src}; prepare both from the same study.jsonl")
     b.modules.mkdir(parents=True, exist_ok=True)
     shutil.copy2(a.module_file(0), b.module_file(0))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from ..converters.merge import DEFAULT_DENSITY
 from .app import command
 
 
@@ -105,7 +106,7 @@ def sync_cmd(
     run: Path = _RUN,
     merge: str = typer.Option("mean", "--merge", help="How the experts' shared copies merge: mean (token-weighted)"
                               " or ties."),
-    merge_density: float = typer.Option(0.2, "--merge-density", help="ties: share of each delta row kept."),
+    merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density", help="ties: share of each delta row kept."),
     restat: bool = typer.Option(True, "--restat/--no-restat", help="After the last round, recompute every expert's"
                                 " router statistics here (--no-restat: run `mfgguf restat RUN --expert I` per expert)."),
     device: str = _DEVICE, progress: bool = _PROGRESS,

@@ -216,8 +216,7 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
     if router not in schema.ROUTERS:
         raise MfggufError(f"unknown router {router!r}; choose one of {', '.join(schema.ROUTERS)}")
     info = run.info()
-    if run.pending_sync() is not None:
-        raise MfggufError(f"a `mfgguf sync` of {run.root} was interrupted; run `mfgguf sync {run.root}` again to finish it")
+    run.check_no_pending_sync()
     manifest = read_manifest(run)
     tok_kv, vocab = tokenizer_kv(run.tokenizer)
     trunk = load_module(run, 0, manifest)

@@ -30,7 +30,7 @@ from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_f
 from . import checkpoint as ckpt_io
 from . import shared as sh
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
-                   resolve_device, resolve_precision, result_meta, run_loop, split_overrides)
+                   resolve_device, resolve_precision, result_meta, run_loop, schedule_steps, split_overrides)
 from .stats import RouterStats
 from .sync import round_end
 from .trunk import wants_recompute
@@ -65,8 +65,7 @@ def _set_param(model: nn.Module, name: str, value: torch.Tensor, requires_grad: 
 
 def load_trunk_meta(rd: RunDir) -> dict:
     """The trunk's metadata, after checking that its file is the one the manifest recorded."""
-    if rd.pending_sync() is not None:
-        raise MfggufError(f"a `mfgguf sync` of {rd.root} was interrupted; run `mfgguf sync {rd.root}` again to finish it")
+    rd.check_no_pending_sync()
     if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
         raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
     meta = read_module_meta(rd, 0)
@@ -192,7 +191,7 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     named = {**expert_params(model), **sh.shared_params(model, tc.shared)}
     ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
                  "train": asdict(tc), "trunk_sha256": trunk["sha256"]}
-    steps = max(1, tc.tokens // (tc.batch_size * cfg.ctx_len))
+    steps = schedule_steps(tc, cfg.ctx_len)
     keep, resume_from = frozenset(), None
     state = ckpt_io.peek(ckpt_dir)
     if rnd > 1 and state and state.get("trunk_sha256") == trunk.get("synced_from"):

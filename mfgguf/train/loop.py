@@ -121,6 +121,11 @@ def get_batch(tokens: np.ndarray, seed: int, stream: int, step: int, batch_size:
     return w[:, :-1], w[:, 1:]  # (B, T), (B, T)
 
 
+def schedule_steps(tc: TrainConfig, ctx_len: int) -> int:
+    """Optimizer steps of a whole run: its LR schedule's length (sync rounds cut it, never resize it)."""
+    return max(1, tc.tokens // (tc.batch_size * ctx_len))
+
+
 def lr_at(step: int, steps: int, tc: TrainConfig) -> float:
     """Linear warm-up, then cosine from lr down to lr * min_lr_frac."""
     warm = max(1, int(round(tc.warmup_frac * steps)))
@@ -250,7 +255,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     """
     cfg: ModelConfig = model.cfg
     per_step = tc.batch_size * cfg.ctx_len
-    steps = max(1, tc.tokens // per_step)
+    steps = schedule_steps(tc, cfg.ctx_len)
     params = list(named_params.values())
     opt = make_optimizer(named_params, tc, dev, lr_scale)
     end = steps if until is None else min(steps, until)

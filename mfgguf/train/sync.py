@@ -34,8 +34,8 @@ import numpy as np
 
 from ..converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
 from ..errors import MfggufError
-from ..run import (RunDir, module_meta_for, module_name, read_json, read_manifest, read_module_meta,
-                   update_manifest, write_json)
+from ..run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
+                   read_module_meta, update_manifest, write_json)
 
 SYNC_FORMAT = "mfgguf-sync"
 
@@ -139,18 +139,19 @@ def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, prog
     after.mkdir()
     for i in range(0, n + 1):  # the inputs, kept (hard links cost nothing; the next round replaces the files)
         for src in (rd.module_file(i), rd.module_meta(i)):
-            _link_or_copy(src, before / src.name)
+            link_or_copy(src, before / src.name)
 
     _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({merge}) from {n} experts")
     new_trunk = after / rd.module_file(0).name
     _merged_trunk(tmod, mods, what, new_trunk, merge, density)
+    from .loop import mean
     from .restat import heldout_trunk
 
     held = heldout_trunk(rd, new_trunk, trunk, device)
     tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
              "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
              "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
-             "heldout_loss": held, "heldout_loss_mean": float(np.mean(list(held.values()))) if held else float("nan"),
+             "heldout_loss": held, "heldout_loss_mean": mean(held),
              "sync": {"merge": merge, "density": density, "merged_tensors": list(what), "experts": n}}
     tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
     metas_after = {"trunk": tfull}
@@ -167,7 +168,7 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
     Same safetensors header and tensor offsets as the trunk (all f32, same shapes), so the copy is
     patched in place one merged row chunk at a time: memory is one chunk, whatever N is.
     """
-    from ..run import atomic_path
+    from ..converters.assemble import _pwrite_all
 
     with atomic_path(out) as tmp:
         shutil.copyfile(tmod.path, tmp)
@@ -177,11 +178,7 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
                 e = tmod.entries[name]
                 cols = e.shape[-1] if e.shape else 1
                 for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge, density=density):
-                    data = memoryview(np.ascontiguousarray(rows, np.float32)).cast("B")
-                    off = e.begin + r0 * cols * 4
-                    while len(data):
-                        w = os.pwrite(fd, data, off)
-                        data, off = data[w:], off + w
+                    _pwrite_all(fd, rows.astype(np.float32, copy=False), e.begin + r0 * cols * 4)
         finally:
             os.close(fd)
 
@@ -190,20 +187,13 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
 
 
 def _publish(rd: RunDir, d: Path, plan: dict) -> None:
-    for name, meta in plan["modules"].items():
+    for meta in plan["modules"].values():
         index = int(meta["index"])
         staged = d / "after" / meta["file"]
         if staged.is_file():
             os.replace(staged, rd.module_file(index))
         write_json(rd.module_meta(index), meta)
         update_manifest(rd, index, meta)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _say(progress: bool, msg: str) -> None:

@@ -46,6 +46,14 @@ def _cli(*args):
     return r.exit_code, r.output.strip()
 
 
+def _copy_mid_run(src: Path, dst: Path) -> Path:
+    """copy_run plus the experts' checkpoints: between rounds they are part of the run's state."""
+    run = copy_run(src, dst)
+    for i in EXPERTS:
+        shutil.copytree(RunDir(src).checkpoint_dir(i), RunDir(run).checkpoint_dir(i))
+    return run
+
+
 @pytest.fixture(scope="module")
 def round1(trained_run, tmp_path_factory):
     """trained_run's trunk; every expert has trained round 1 of 2 with --shared attn."""
@@ -57,12 +65,7 @@ def round1(trained_run, tmp_path_factory):
 @pytest.fixture(scope="module")
 def finished(round1, tmp_path_factory):
     """round1 synced, round 2 trained, and the final sync done: what `mfgguf assemble` gets."""
-    run = copy_run(round1, tmp_path_factory.mktemp("sync") / "run")
-    for i in EXPERTS:  # the round's checkpoints are part of the state (copy_run leaves them out)
-        src, dst = RunDir(round1).checkpoint_dir(i), RunDir(run).checkpoint_dir(i)
-        dst.mkdir(parents=True)
-        for f in src.iterdir():
-            (dst / f.name).write_bytes(f.read_bytes())
+    run = _copy_mid_run(round1, tmp_path_factory.mktemp("sync") / "run")
     sync(run, progress=False)
     _round(run)
     sync(run, progress=False)
@@ -85,12 +88,8 @@ def test_a_round_writes_ffn_and_copies_and_keeps_its_checkpoint(round1):
 
 
 def test_sync_writes_the_token_weighted_mean_and_experts_continue_from_it(round1, tmp_path):
-    run = copy_run(round1, tmp_path / "run")
-    rd, src = RunDir(run), RunDir(round1)
-    for i in EXPERTS:
-        (rd.checkpoint_dir(i)).mkdir(parents=True)
-        for f in src.checkpoint_dir(i).iterdir():
-            (rd.checkpoint_dir(i) / f.name).write_bytes(f.read_bytes())
+    run = _copy_mid_run(round1, tmp_path / "run")
+    rd = RunDir(run)
     old = load_file(rd.module_file(0))
     copies = {i: load_file(rd.module_file(i)) for i in EXPERTS}
     tokens = [_meta(run, i)["tokens_seen"] for i in EXPERTS]
@@ -156,15 +155,7 @@ def test_the_assembled_synced_model_matches_the_reference(finished, tmp_path):
 def test_a_killed_sync_finishes_with_the_same_bytes(round1, tmp_path):
     from mfgguf.train import sync as sync_mod
 
-    runs = []
-    for name in ("whole", "killed"):
-        run = copy_run(round1, tmp_path / name)
-        for i in EXPERTS:
-            (RunDir(run).checkpoint_dir(i)).mkdir(parents=True)
-            for f in RunDir(round1).checkpoint_dir(i).iterdir():
-                (RunDir(run).checkpoint_dir(i) / f.name).write_bytes(f.read_bytes())
-        runs.append(run)
-    whole, killed = runs
+    whole, killed = (_copy_mid_run(round1, tmp_path / name) for name in ("whole", "killed"))
     sync(whole, progress=False)
     # the state a SIGKILL after the first rename leaves: plan staged, trunk file replaced, its JSON not
     rd = RunDir(killed)
@@ -186,16 +177,9 @@ def test_a_killed_sync_finishes_with_the_same_bytes(round1, tmp_path):
 
 def test_a_sigkilled_round_resumes_exactly(round1, tmp_path):
     """Round 2 killed after its first checkpoint, resumed: the same module as an uninterrupted round 2."""
-    runs = []
-    for name in ("whole", "killed"):
-        run = copy_run(round1, tmp_path / name)
-        for i in EXPERTS:
-            (RunDir(run).checkpoint_dir(i)).mkdir(parents=True)
-            for f in RunDir(round1).checkpoint_dir(i).iterdir():
-                (RunDir(run).checkpoint_dir(i) / f.name).write_bytes(f.read_bytes())
+    whole, killed = (_copy_mid_run(round1, tmp_path / name) for name in ("whole", "killed"))
+    for run in (whole, killed):
         sync(run, progress=False)
-        runs.append(run)
-    whole, killed = runs
     a = train_expert(whole, 1, progress=False, shared="attn", rounds=R)  # tiny: checkpoints every 10 steps
     state = RunDir(killed).checkpoint_dir(1) / "state.json"
     start = json.loads(state.read_text())["step"]
