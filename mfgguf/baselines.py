@@ -77,7 +77,7 @@ def plan_baselines(metas: dict, which: tuple[str, ...] | None = None) -> list[Ba
     budget = {"flop": fl["total"], "wallclock": fl["critical_path"], "total": fl["total"]}
     plans = []
     for k in which:
-        dense = replace(cfg, anchor_ff=ff[k])
+        dense = replace(cfg, anchor_ff=ff[k], seed_expert=False)
         plans.append(Baseline(k, LABELS[k], ff[k], budget[k], tokens_for_flops(budget[k], dense, per_step),
                               trunk_step_flops(dense).total))
     return plans

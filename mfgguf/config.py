@@ -32,6 +32,8 @@ class ModelConfig:
     ctx_len: int = 256  # training context; also written as the GGUF context length
     rope_theta: float = 10000.0  # RoPE base frequency (llama.cpp's "normal" adjacent-pair rotation)
     norm_eps: float = 1e-5  # RMSNorm epsilon
+    seed_expert: bool = False  # the trunk also trains one expert-width FFN, the seed, that every expert starts
+    #                            from (BTX-style upcycling); the trunk alone is then anchor + seed, a dense model
 
     @property
     def head_dim(self) -> int:
@@ -57,11 +59,16 @@ class ModelConfig:
     # Parameter counts, used by `inspect`, the benchmarks and the dense baseline.
     def trunk_params(self) -> int:
         attn = self.dim * self.dim * 2 + self.dim * self.n_kv_heads * self.head_dim * 2
-        per_layer = attn + 3 * self.dim * self.anchor_ff + 2 * self.dim
+        per_layer = attn + 3 * self.dim * self.trunk_ff + 2 * self.dim
         return 2 * self.vocab_size * self.dim + self.n_layers * per_layer + self.dim
 
     def expert_params(self) -> int:
         return self.n_layers * 3 * self.dim * self.expert_ff
+
+    @property
+    def trunk_ff(self) -> int:
+        """FFN width the trunk trains and runs alone: the anchor, plus the seed when it has one."""
+        return self.anchor_ff + (self.expert_ff if self.seed_expert else 0)
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,8 @@ class TrainConfig:
     seed: int = 1234  # init and data-order seed
     ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
     eval_tokens: int = 65_536  # held-out tokens scored at the end of training
-    expert_init: str = "random"  # experts: "random", or "anchor" = start from the anchor's gate/up rows (upcycling)
+    expert_init: str = "auto"  # experts: "seed" = start from the trunk's seed FFN (all of it, down included),
+    #                            "random", "anchor" = the anchor's gate/up rows; auto = seed if the trunk has one
     eval_every: int = 50  # steps between held-out evaluations during training (the curve); 0 = only at the end.
     #                       `small`: about 2% of training time (4.5% measured at 25 steps)
     curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)

@@ -106,7 +106,7 @@ def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool) 
         live = live or qkv or o
         f_in = live or t("ffn_norm")
         out = swiglu(cfg.anchor_ff, (t("ffn_gate_shexp"), t("ffn_up_shexp"), t("ffn_down_shexp")), f_in)
-        if with_expert:
+        if with_expert or cfg.seed_expert:  # an expert job's expert, or the trunk's seed FFN (trains with it)
             out = swiglu(cfg.expert_ff, (True, True, True), f_in) or out
         live = live or f_in or out
     mm(C * V, "output.weight" in trained, live or "output_norm.weight" in trained)

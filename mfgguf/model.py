@@ -152,9 +152,11 @@ class Transformer(nn.Module):
     # ---- module files: GGUF tensor names <-> parameters -----------------------------------------
 
     def trunk_tensors(self) -> dict[str, torch.Tensor]:
-        """The trunk module's tensors under their GGUF names (anchor = shared expert)."""
+        """The trunk module's tensors under their GGUF names (anchor = shared expert; the seed FFN,
+        loaded as expert 0, when the config has one)."""
         sd = self.state_dict()
-        return {gguf: sd[name] for name, gguf in trunk_name_map(self.cfg.n_layers).items()}
+        names = trunk_name_map(self.cfg.n_layers) | (seed_name_map(self.cfg.n_layers) if self.cfg.seed_expert else {})
+        return {gguf: sd[name] for name, gguf in names.items()}
 
     def expert_tensors(self, slot: int = 0) -> dict[str, torch.Tensor]:
         """Loaded expert `slot`'s tensors as `blk.{l}.ffn_{gate,up,down}.weight`."""
@@ -172,6 +174,12 @@ class Transformer(nn.Module):
         missing, _ = self.load_state_dict(sd, strict=False)
         missing = [m for m in missing if ".experts." not in m and ".router" not in m]
         assert not missing, f"trunk tensors missing: {missing}"
+
+    @torch.no_grad()
+    def load_seed(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The trunk's seed FFN (`blk.{l}.ffn_*_seed.weight`) into expert slot 0."""
+        for name, gguf in seed_name_map(self.cfg.n_layers).items():
+            self.get_parameter(name).copy_(tensors[gguf])
 
     @torch.no_grad()
     def load_expert(self, tensors: dict[str, torch.Tensor], slot: int = 0) -> None:
@@ -203,6 +211,19 @@ def trunk_name_map(n_layers: int) -> dict[str, str]:
     return m
 
 
+SEED_FFN = "blk.{l}.ffn_{f}_seed.weight"  # the trunk's seed FFN (ModelConfig.seed_expert), f = gate|up|down
+
+
+def seed_name_map(n_layers: int) -> dict[str, str]:
+    """Torch parameter name of the seed (trained as expert slot 0 of the trunk) -> its name in the trunk file."""
+    return {f"layers.{l}.experts.0.{f}.weight": SEED_FFN.format(l=l, f=f) for l in range(n_layers) for f in ("gate", "up", "down")}
+
+
+def trunk_model(cfg: ModelConfig) -> tuple["Transformer", str]:
+    """(the trunk as it trains and runs alone, its route): anchor only, or anchor + seed as expert 0."""
+    return (Transformer(cfg, n_experts=1), "single") if cfg.seed_expert else (Transformer(cfg, n_experts=0), "anchor")
+
+
 def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Torch-layout (row-major) shape of every trunk tensor, by GGUF name; the assembler's layout source."""
     hd, C = cfg.head_dim, cfg.dim
@@ -219,6 +240,9 @@ def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             f"blk.{l}.ffn_up_shexp.weight": (cfg.anchor_ff, C),
             f"blk.{l}.ffn_down_shexp.weight": (C, cfg.anchor_ff),
         })
+        if cfg.seed_expert:
+            s.update({SEED_FFN.format(l=l, f="gate"): (cfg.expert_ff, C), SEED_FFN.format(l=l, f="up"): (cfg.expert_ff, C),
+                      SEED_FFN.format(l=l, f="down"): (C, cfg.expert_ff)})
     return s
 
 

@@ -26,7 +26,7 @@ import torch
 from .converters.layout import model_config, tokenizer_kv
 from .converters.merge import DEFAULT_DENSITY, merge_arrays
 from .errors import MfggufError
-from .model import Transformer
+from .model import Transformer, trunk_model
 from .run import SHARED_PREFIX, RunDir, read_module_meta
 
 
@@ -105,15 +105,20 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
         meta = trunk_meta
 
     cfg = replace(model_config(_M, vocab), n_experts=len(experts), top_k=max(1, top_k))
-    model = Transformer(cfg, n_experts=len(experts))
     trunk = load_file(str(rd.module_file(0)))
+    if not experts:  # the trunk alone: anchor, + the seed FFN when it has one
+        model, route = trunk_model(cfg)
+        model.load_trunk(trunk)
+        if cfg.seed_expert:
+            model.load_seed(trunk)
+        return model.eval(), route
+    model = Transformer(cfg, n_experts=len(experts))
     merged = merged_trunk_tensors(rd, {k: v.numpy() for k, v in trunk.items()}, experts, merge, merge_density)
     trunk.update({k: torch.from_numpy(v) for k, v in merged.items()})
     model.load_trunk(trunk)
     for slot, i in enumerate(experts):
         model.load_expert(load_file(str(rd.module_file(i))), slot)
-    if experts:
-        if router_rows is None or len(router_rows) != cfg.n_layers:
-            raise MfggufError("the reference needs router rows for every layer; pass gguf_path or router_rows")
-        model.set_router([torch.from_numpy(np.asarray(w, np.float32)) for w in router_rows])
-    return model.eval(), ("router" if experts else "anchor")
+    if router_rows is None or len(router_rows) != cfg.n_layers:
+        raise MfggufError("the reference needs router rows for every layer; pass gguf_path or router_rows")
+    model.set_router([torch.from_numpy(np.asarray(w, np.float32)) for w in router_rows])
+    return model.eval(), "router"

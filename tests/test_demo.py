@@ -17,14 +17,14 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     names = [st["stage"] for st in s["stages"]]
     cfg = s["config"]  # the defaults: experts that train the whole trunk too, in sync rounds
-    assert cfg["shared"] != "none" and cfg["rounds"] > 1
+    assert cfg["shared"] != "none" and cfg["rounds"] > 1 and cfg["seed_expert"]
     experts = [f"train-expert {i} round {r}" for r in range(1, cfg["rounds"] + 1) for i in (1, 2, 3)]
     syncs = [f"sync {r}" for r in range(1, cfg["rounds"] + 1)]
     assert names[:2] == ["prepare", "train-trunk"]
     assert [n for n in names if n.startswith(("train-expert", "sync"))] == \
         [x for r in range(cfg["rounds"]) for x in experts[3 * r: 3 * r + 3] + [syncs[r]]]
     trunk = json.loads((out / "run" / "modules" / "trunk.json").read_text())
-    assert trunk["final"] and trunk["round"] == cfg["rounds"]
+    assert trunk["final"] and trunk["round"] == cfg["rounds"] and trunk["config"]["seed_expert"]
     assert all(st["peak_rss_mb"] > 50 for st in s["stages"] if st["stage"].startswith("train"))
     ppl = s["perplexity"]
     assert set(ppl) == {"trunk alone", "assembled MoE"}

@@ -20,6 +20,8 @@ def demo_cmd(
     trunk_tokens: int = typer.Option(None, help="Trunk training tokens (default: the preset's)."),
     expert_tokens: int = typer.Option(None, help="Training tokens per expert (default: the preset's)."),
     max_chars_per_domain: int = typer.Option(DemoConfig.max_chars_per_domain, help="Cap on each built-in domain's text."),
+    seed_expert: bool = typer.Option(DemoConfig.seed_expert, "--seed-expert/--no-seed-expert",
+                                     help="Train the trunk with a seed FFN the experts start from."),
     shared: str = typer.Option(DemoConfig.shared, "--shared", help="Trunk tensors each expert also trains a private"
                                " copy of, merged by `mfgguf sync`: none, norms, attn or all."),
     shared_lr_scale: float = typer.Option(DemoConfig.shared_lr_scale, "--shared-lr-scale",
@@ -29,7 +31,7 @@ def demo_cmd(
     check_demo_dir(out)
     demo(out, DemoConfig(preset=preset, experts=experts, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
                          max_chars_per_domain=max_chars_per_domain, shared=shared, shared_lr_scale=shared_lr_scale,
-                         rounds=rounds))
+                         rounds=rounds, seed_expert=seed_expert))
 
 
 @command("eval", evaluate)

@@ -71,6 +71,7 @@ from .stream import CHUNK_BYTES, stream_modules
 
 WRITEBACK_BYTES = 64 << 20
 _FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)(_shexp)?\.weight")
+_SEED_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_seed\.weight")
 _STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.(mean|second_moment)")
 
 
@@ -184,7 +185,7 @@ class _Writer:
         """Trunk and experts in one pass: the trunk's hashing overlaps the experts' work."""
         self._enter("stream", "preallocate")
         p, lay = self.p, self.p.layout
-        if lay == "mixtral":  # the anchor is folded into every expert slot
+        if lay == "mixtral" or (lay == "dense" and p.cfg.seed_expert):  # anchor rows joined to other rows
             self.anchor_fd = os.open(p.trunk.path, os.O_RDONLY)
         counts = [0] + [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
         # chunks of one tensor region come in module order, so the router's pooled sums are added
@@ -224,13 +225,29 @@ class _Writer:
         p, lay = self.p, self.p.layout
         if name in p.merged:
             return  # written by the merge phase
+        if (sm := _SEED_RE.fullmatch(name)) is not None:
+            if lay == "dense":  # trunk alone = anchor + seed, one SwiGLU of width anchor_ff + expert_ff
+                self._seed_chunk(int(sm.group(1)), sm.group(2), r0, x)
+            return  # in an MoE the seed is where the experts started, not a tensor of the model
         m = _FFN_RE.fullmatch(name)
         if m and m.group(3):  # anchor
             if lay == "mixtral":
                 return  # folded into every expert slot (_fold_anchor_rows)
             if lay == "dense":
+                if m.group(2) == "down" and p.cfg.seed_expert:
+                    return  # joined with the seed's columns (_seed_chunk)
                 name = blk(int(m.group(1)), f"ffn_{m.group(2)}")
         s = p.slot(name)
+        self._put(s, s.offset + r0 * s.row_bytes, x)
+
+    def _seed_chunk(self, l: int, f: str, r0: int, x: np.ndarray) -> None:
+        """dense with a seed: gate/up rows follow the anchor's; down rows join anchor and seed columns."""
+        s = self.p.slot(blk(l, f"ffn_{f}"))
+        if f == "down":
+            a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r0 + len(x))  # (rows, anchor_ff)
+            x = np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
+        else:
+            r0 += self.p.cfg.anchor_ff
         self._put(s, s.offset + r0 * s.row_bytes, x)
 
     def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:

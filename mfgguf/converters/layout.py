@@ -99,6 +99,9 @@ def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             blk(l, "ffn_gate_shexp"): (cfg.anchor_ff, C), blk(l, "ffn_up_shexp"): (cfg.anchor_ff, C),
             blk(l, "ffn_down_shexp"): (C, cfg.anchor_ff),
         })
+        if cfg.seed_expert:  # the seed FFN experts start from; only the trunk-alone (dense) file holds it
+            s.update({blk(l, "ffn_gate_seed"): (cfg.expert_ff, C), blk(l, "ffn_up_seed"): (cfg.expert_ff, C),
+                      blk(l, "ffn_down_seed"): (C, cfg.expert_ff)})
     return s
 
 
@@ -255,7 +258,7 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
     arch = schema.arch_of(layout, N)
 
     slots = _slots(cfg, lay, N, quant)
-    ff = {"dense": cfg.anchor_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]
+    ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]
     kv = [("general.architecture", "STRING", arch), ("general.name", "STRING", f"mfgguf {info.get('partition', '')} {N}x".strip()),
           ("general.file_type", "UINT32", schema.FILE_TYPE[quant]), ("general.quantization_version", "UINT32", 2)]
     kv += schema.model_kv(arch, cfg, n_experts=N, top_k=top_k, ff=ff, shexp_ff=cfg.anchor_ff)
@@ -292,8 +295,9 @@ def _slots(cfg: ModelConfig, lay: str, N: int, quant: str) -> list[Slot]:
     for l in range(cfg.n_layers):
         for a in schema.ATTN:
             shapes.append((blk(l, a), t[blk(l, a)], 0))
-        if lay == "dense":
-            shapes += [(blk(l, f"ffn_{f}"), t[blk(l, f"ffn_{f}_shexp")], 0) for f in FFN]
+        if lay == "dense":  # anchor (+ seed: gate/up rows stacked, down columns joined)
+            shapes += [(blk(l, "ffn_gate"), (cfg.trunk_ff, C), 0), (blk(l, "ffn_up"), (cfg.trunk_ff, C), 0),
+                       (blk(l, "ffn_down"), (C, cfg.trunk_ff), 0)]
             continue
         ff = cfg.expert_ff + (cfg.anchor_ff if lay == "mixtral" else 0)
         shapes.append((blk(l, "ffn_gate_inp"), (N, C), 0))

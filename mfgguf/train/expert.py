@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from ..config import ModelConfig, get_preset, with_overrides
 from ..errors import MfggufError
-from ..model import Transformer, trunk_name_map
+from ..model import SEED_FFN, Transformer, trunk_name_map
 from ..plots import loss_curve
 from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
 from . import checkpoint as ckpt_io
@@ -35,6 +35,7 @@ from .stats import RouterStats
 from .sync import round_end
 from .trunk import wants_recompute
 
+EXPERT_INITS = ("auto", "seed", "random", "anchor")  # TrainConfig.expert_init
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
@@ -85,12 +86,19 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     `trunk_path` reads another trunk file than RUN's (a sync's merged trunk before it is published).
 
     Built on the meta device and filled tensor by tensor, so no f32 copy of the whole trunk exists.
-    init="anchor" starts gate/up from the anchor's first expert_ff rows (tiled if the expert is
-    wider): features the trunk already uses. With the zero down-projection, step 0 still computes
-    exactly the trunk either way.
+    init="seed" starts the whole expert from the trunk's seed FFN, so step 0 computes exactly the
+    trunk alone (anchor + seed); "auto" is seed when the trunk has one, else random. "anchor" starts
+    gate/up from the anchor's first expert_ff rows (tiled if the expert is wider): features the
+    trunk already uses. random and anchor have a zero down-projection, so step 0 computes the anchor.
     """
-    if init not in ("random", "anchor"):
-        raise MfggufError(f"unknown expert init {init!r}; use random or anchor")
+    if init not in EXPERT_INITS:
+        raise MfggufError(f"unknown expert init {init!r}; use one of {', '.join(EXPERT_INITS)}")
+    if init == "auto":
+        init = "seed" if cfg.seed_expert else "random"
+    if init == "seed" and not cfg.seed_expert:
+        raise MfggufError("--init seed needs a trunk trained with a seed FFN; retrain it with"
+                          " `mfgguf train-trunk RUN --seed-expert`, or use --init random")
+    seed_ffn = {}
     with torch.device("meta"):
         model = Transformer(cfg, n_experts=1)
     linear = {n + ".weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
@@ -98,6 +106,8 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     for gname, t in _read_safetensors(trunk_path or rd.module_file(0)):
         name = by_gguf.get(gname)
         if name is None:
+            if init == "seed" and gname.endswith("_seed.weight"):
+                seed_ffn[gname] = t
             continue
         want = tuple(model.get_parameter(name).shape)
         if tuple(t.shape) != want:
@@ -108,6 +118,14 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     g = torch.Generator().manual_seed(seed)
     for l, layer in enumerate(model.layers):
         e = layer.experts[0]
+        if init == "seed":
+            for part in ("gate", "up", "down"):
+                w = seed_ffn.get(SEED_FFN.format(l=l, f=part))
+                if w is None:
+                    raise MfggufError(f"the trunk file has no seed tensor {SEED_FFN.format(l=l, f=part)}; retrain the trunk")
+                _set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev, torch.float32).clone(), True)
+            _set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
+            continue
         for part in ("gate", "up"):  # random: same init as Transformer.reset_parameters
             w = torch.empty(getattr(e, part).weight.shape).normal_(0.0, 0.02, generator=g)  # (expert_ff, dim)
             if init == "anchor":

@@ -21,7 +21,7 @@ import time
 
 from ..config import ModelConfig
 from ..errors import MfggufError
-from ..model import Transformer, trunk_name_map
+from ..model import Transformer, seed_name_map, trunk_model, trunk_name_map
 from ..run import RunDir, module_name, read_module_meta, write_module
 from .expert import _read_safetensors, build_expert_model, load_trunk_meta
 from .loop import evaluate, heldout_losses, load_tokens, mean, resolve_device
@@ -96,14 +96,14 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
 
 @torch.no_grad()
 def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = "cpu") -> dict:
-    """{domain: held-out loss} of the trunk alone (anchor only) read from `trunk_path`."""
+    """{domain: held-out loss} of the trunk alone (anchor, + its seed FFN if it has one) read from `trunk_path`."""
     dev = resolve_device(device)
     cfg = ModelConfig.from_dict(trunk_meta["config"])
-    model = Transformer(cfg, n_experts=0)
-    by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers).items()}
+    model, route = trunk_model(cfg)
+    by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
     sd = {by_gguf[g]: t for g, t in _read_safetensors(trunk_path) if g in by_gguf}
     model.load_state_dict(sd, strict=False)
     model.to(dev)
     eval_tokens = int(trunk_meta.get("train", {}).get("eval_tokens", 65_536))
-    return heldout_losses(rd.heldout_dir, model, eval_tokens, "anchor", dev, _precision(trunk_meta))
+    return heldout_losses(rd.heldout_dir, model, eval_tokens, route, dev, _precision(trunk_meta))
 

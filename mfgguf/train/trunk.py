@@ -1,5 +1,9 @@
 """Train the trunk (module 0) from scratch on the mixed corpus: route "anchor", every parameter trains.
 
+With `seed_expert` the trunk also trains one expert-width FFN beside the anchor (route "single"):
+the seed, written to the trunk file, that every expert starts from (BTX: branch from a trained
+dense model instead of growing FFNs from random weights next to a frozen trunk).
+
 The dense baselines of `mfgguf eval` are the same call on a copy of the RUN with a wider anchor:
 `train_trunk(copy, preset="small", anchor_ff=512 + 512, tokens=...)` (mfgguf/baselines.py).
 Every `eval_every` steps the held-out loss is recorded (`heldout_history`): the training curve.
@@ -16,7 +20,7 @@ import torch
 from ..config import get_preset, with_overrides
 from ..flops import trunk_step_flops
 from ..errors import MfggufError
-from ..model import Transformer
+from ..model import trunk_model
 from ..plots import loss_curve
 from ..run import RunDir, module_name, write_module
 from . import checkpoint as ckpt_io
@@ -37,7 +41,9 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
                 progress: bool = True, precision: str = "auto", restart: bool = False,
                 recompute: bool | None = None, **train_overrides) -> dict:
     """Train the trunk (embeddings, attention, norms, output head and the always-on anchor FFN) on the
-    mixed training tokens of RUN; write modules/trunk.safetensors and its metadata.
+    mixed training tokens of RUN; write modules/trunk.safetensors and its metadata. With
+    `seed_expert=True` it also trains the seed FFN that experts start from (the trunk alone is then
+    a dense model of FFN width anchor_ff + expert_ff).
 
     Resumes from RUN/checkpoints/trunk if a compatible checkpoint is there (--restart deletes it).
     Precision auto uses bf16 autocast where the CPU/GPU has native bf16, else fp32. Overrides
@@ -67,16 +73,16 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
     if rec:  # the memory-bound regime: keep freed buffers out of RSS
         limit_heap_retention()
     torch.manual_seed(tc.seed)
-    model = Transformer(cfg, n_experts=0)
+    model, route = trunk_model(cfg)
     model.reset_parameters(torch.Generator().manual_seed(tc.seed))  # init depends on the seed only
     model.to(dev)
-    named = dict(model.named_parameters())
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}  # not the (unused) router row
     ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
-    curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, "anchor", dev, prec)  # noqa: E731
-    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route="anchor", stream=0, ckpt_dir=ckpt_dir,
+    curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
+    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", heldout=curve)
 
-    heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, "anchor", dev, prec)
+    heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
     if not heldout:
         raise MfggufError(f"no held-out tokens in {rd.heldout_dir}; re-create the run with `mfgguf prepare`")
     meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
