@@ -58,6 +58,8 @@ def train_trunk_cmd(
     tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
     batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
     restart: bool = _RESTART, progress: bool = _PROGRESS,
+    seed_expert: bool = typer.Option(None, "--seed-expert/--no-seed-expert", help="Also train one expert-width"
+                                     " FFN, the seed, that every expert starts from (default: the preset's)."),
     anchor_ff: int = typer.Option(None, "--anchor-ff", help="Anchor FFN width (default: the preset's); the"
                                   " dense baselines of `mfgguf eval` widen it."),
     eval_every: int = typer.Option(None, "--eval-every", help="Steps between held-out evaluations (the curve);"
@@ -69,7 +71,8 @@ def train_trunk_cmd(
 
     meta = train_trunk(run, preset=preset, tokens=tokens, device=device, progress=progress, precision=precision,
                        restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
-                       eval_tokens=eval_tokens, anchor_ff=anchor_ff, eval_every=eval_every, curve_tokens=curve_tokens)
+                       eval_tokens=eval_tokens, anchor_ff=anchor_ff, eval_every=eval_every, curve_tokens=curve_tokens,
+                       seed_expert=seed_expert)
     typer.echo(_line(meta, run))
 
 
@@ -80,8 +83,8 @@ def train_expert_cmd(
     tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
     batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
     restart: bool = _RESTART, progress: bool = _PROGRESS,
-    init: str = typer.Option(None, "--init", help="Expert init: random (default) or anchor (start from the anchor's"
-                             " gate/up rows; the down-projection starts at zero either way)."),
+    init: str = typer.Option(None, "--init", help="Expert init: auto (default: seed if the trunk has a seed FFN,"
+                             " else random), seed, random or anchor (the anchor's gate/up rows, zero down-projection)."),
     shared: str = typer.Option(None, "--shared", help="Trunk tensors the expert also trains a private copy of:"
                                " none (default: the FFN only), norms, attn (norms + attention) or all."),
     shared_lr_scale: float = typer.Option(None, "--shared-lr-scale", help="Peak LR of the shared copies ="
@@ -99,6 +102,39 @@ def train_expert_cmd(
     if meta.get("rounds", 1) > 1:
         line += f" (round {meta['round']} of {meta['rounds']})"
     typer.echo(line)
+
+
+@command("train-experts", help=_doc("schedule", "train_experts"))
+def train_experts_cmd(
+    run: Path = _RUN,
+    experts: str = typer.Option(None, "--experts", help="Which experts, e.g. 1-40,45 (default: all)."),
+    workers: int = typer.Option(None, "--workers", help="Local jobs at once (default: as many as cores and memory"
+                                " allow)."),
+    ray: str = typer.Option(None, "--ray", help="Run one Ray task per expert on this cluster: auto (the one"
+                            " `ray start` made), local (start one here) or an address. Needs the ray extra."),
+    transfer: str = typer.Option("auto", "--transfer", help="Ray: how workers get the trunk and shards: auto, shared"
+                                 " (RUN on a shared filesystem) or copy (through Ray's object store)."),
+    retries: int = typer.Option(2, "--retries", help="Times a job killed from outside is started again."),
+    tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
+    batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
+    progress: bool = _PROGRESS,
+    init: str = typer.Option(None, "--init", help="Expert init, as train-expert's."),
+    shared: str = typer.Option(None, "--shared", help="Trunk tensors each expert also trains a copy of, as train-expert's."),
+    shared_lr_scale: float = typer.Option(None, "--shared-lr-scale", help="As train-expert's."),
+    rounds: int = typer.Option(None, "--rounds", help="Sync rounds R: every expert's round, then `sync`, R times"
+                               " (default: what the run's experts were started with, else 1)."),
+):
+    from ..train.schedule import train_experts
+
+    s = train_experts(run, experts=experts, workers=workers, ray=ray, transfer=transfer, retries=retries,
+                      progress=progress, tokens=tokens, device=None if device == "cpu" else device,
+                      precision=None if precision == "auto" else precision, lr=lr, batch_size=batch_size,
+                      ckpt_every=ckpt_every, seed=seed, eval_tokens=eval_tokens, expert_init=init, shared=shared,
+                      shared_lr_scale=shared_lr_scale, rounds=rounds)
+    n = len(s["jobs"])
+    typer.echo(f"train-experts: {n} job(s) on {s['backend']}, {s['syncs']} sync(s), {s['wall_s']:.1f} s;"
+               f" summary in {Path(run) / 'logs' / 'train-experts.json'}" if n or s["syncs"] else
+               "train-experts: every selected expert is already trained; nothing to do")
 
 
 @command("sync", help=_doc("sync", "sync"))

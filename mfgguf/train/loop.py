@@ -29,6 +29,7 @@ from ..config import ModelConfig, TrainConfig
 from ..errors import MfggufError
 from ..model import Transformer, rope_tables
 from . import checkpoint as ckpt_io
+from .status import StatusFile
 
 LOGITS_CHUNK = 1 << 22  # logits elements per chunk of the output head when recomputing (16 MB in f32)
 _BF16_CPU: bool | None = None  # probed once
@@ -272,6 +273,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
         eval_s += time.perf_counter() - t
 
     bar = _Progress(label, end * per_step, start * per_step) if progress else None
+    status = StatusFile.from_env()  # a scheduler's live view (train-experts), when it asked for one
     model.train()
     t0, tok0 = time.perf_counter(), start * per_step
     try:
@@ -293,6 +295,9 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
             history.append([step + 1, (step + 1) * per_step, lv])
             if bar:
                 bar.update((step + 1) * per_step, lv, time.perf_counter() - t0, (step + 1) * per_step - tok0)
+            if status:
+                status.update(label=label, step=step + 1, steps=end, tokens=(step + 1) * per_step, total=end * per_step,
+                              loss=round(lv, 4), tokens_per_s=((step + 1) * per_step - tok0) / max(time.perf_counter() - t0, 1e-9))
             if heldout and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < end:
                 record(step + 1)  # before the checkpoint, so a resumed run has this point too
             if (step + 1) % tc.ckpt_every == 0 and step + 1 < end:
