@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .config import get_preset
 from .errors import MfggufError
 from .run import RunDir, write_json, write_text
 from .stages import StageResult, run_stage
@@ -29,8 +30,11 @@ class DemoConfig:
     partition: str = "label"  # how documents are split into expert shards
     vocab_size: int = 4096  # BPE vocabulary
     max_chars_per_domain: int = 3_000_000  # caps the built-in corpus so the demo stays within 15 minutes
-    trunk_tokens: int | None = None  # None: the preset's
-    expert_tokens: int | None = None  # None: the preset's
+    trunk_tokens: int | None = None  # None: token_frac x the preset's
+    expert_tokens: int | None = None  # per expert; None: token_frac x the preset's
+    token_frac: float = 0.8  # share of the preset's training tokens (small: 1.2M trunk, 320k per expert): within 15 min
+    eval_tokens: int = 16_384  # at most this many held-out tokens per domain scored by training (and 4x that of the
+    #                            shard for router statistics; small's default is 65,536); llama.cpp's perplexity is separate
     seed_expert: bool = True  # the trunk also trains the seed FFN every expert starts from (BTX upcycling);
     #                           README: 70.4 vs 95.2 mixed held-out perplexity with the settings below
     shared: str = "all"  # trunk tensors each expert also trains a private copy of (merged by `sync`);
@@ -67,10 +71,12 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
         "--vocab-size", cfg.vocab_size, "--max-chars-per-domain", cfg.max_chars_per_domain,
     ])
     n = run.info()["n_experts"]
-    tok = ["--tokens", cfg.trunk_tokens] if cfg.trunk_tokens else []
+    p = get_preset(cfg.preset)
+    ev = ["--eval-tokens", min(cfg.eval_tokens, p.trunk.eval_tokens)]
+    tok = ["--tokens", cfg.trunk_tokens or int(cfg.token_frac * p.trunk.tokens), *ev]
     seed = ["--seed-expert"] if cfg.seed_expert else []
     stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok, *seed])
-    etok = ["--tokens", cfg.expert_tokens] if cfg.expert_tokens else []
+    etok = ["--tokens", cfg.expert_tokens or int(cfg.token_frac * p.expert.tokens), *ev]
     shared = ["--shared", cfg.shared, "--shared-lr-scale", cfg.shared_lr_scale, "--rounds", cfg.rounds]
     for r in range(1, cfg.rounds + 1):
         for i in range(1, n + 1):
