@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 SETUP = {  # preset -> (vocab, chars per domain, trunk tokens, expert tokens)
     "tiny": (512, 200_000, 10_240, 20_480),
-    "small": (2048, 400_000, 65_536, 131_072),
+    "small": (2048, 400_000, 65_536, 65_536),
 }
 
 

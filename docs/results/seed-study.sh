@@ -19,4 +19,3 @@ row() {  # row NAME SHARED SCALE ROUNDS BASELINES
 row all  all  1.0 1 flop,wallclock   # experts start from the seed, train a full trunk copy, one final sync
 row r4   all  1.0 4 flop,wallclock   # the same with 4 sync rounds (the demo's configuration)
 row ffn  none 1.0 1 none             # FFN-only experts from the seed (a smaller FLOP budget: no baselines)
-row s01  all  0.1 1 flop,wallclock   # copies at a tenth of the LR, no communication

@@ -19,6 +19,10 @@ def demo_cmd(
     experts: int = typer.Option(DemoConfig.experts, help="Number of expert modules."),
     trunk_tokens: int = typer.Option(None, help="Trunk training tokens (default: the preset's)."),
     expert_tokens: int = typer.Option(None, help="Training tokens per expert (default: the preset's)."),
+    token_frac: float = typer.Option(DemoConfig.token_frac, "--token-frac", help="Share of the preset's training"
+                                     " tokens when --trunk-tokens/--expert-tokens are not given (1 = the preset's)."),
+    eval_tokens: int = typer.Option(DemoConfig.eval_tokens, "--eval-tokens", help="At most this many held-out tokens"
+                                    " per domain scored by training (router statistics use 4x of the shard)."),
     max_chars_per_domain: int = typer.Option(DemoConfig.max_chars_per_domain, help="Cap on each built-in domain's text."),
     seed_expert: bool = typer.Option(DemoConfig.seed_expert, "--seed-expert/--no-seed-expert",
                                      help="Train the trunk with a seed FFN the experts start from."),
@@ -31,7 +35,7 @@ def demo_cmd(
     check_demo_dir(out)
     demo(out, DemoConfig(preset=preset, experts=experts, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
                          max_chars_per_domain=max_chars_per_domain, shared=shared, shared_lr_scale=shared_lr_scale,
-                         rounds=rounds, seed_expert=seed_expert))
+                         rounds=rounds, seed_expert=seed_expert, token_frac=token_frac, eval_tokens=eval_tokens))
 
 
 @command("eval", evaluate)
