@@ -3,8 +3,8 @@
 A job is exactly `mfgguf train-expert RUN --expert I` (same function, same seed, same bytes); the
 scheduler only decides where and when it runs:
   - local:  one process per job, as many at once as cores and memory allow (`plan_workers`:
-            the measured peak RSS of one job of the preset, JOB_MB, against available memory),
-            each with cores // workers threads;
+            the measured peak RSS of one job of the preset, JOB_MB, against available memory, and
+            the threads a job of the preset uses well, JOB_THREADS), each with cores // workers threads;
   - ray:    one Ray task per job with its CPUs and memory declared (fanout_ray.py), so no node
             takes more than fits; the engine retries a task whose worker died.
 With sync rounds (`--rounds R`, experts with `--shared`), it runs every expert's round, then
@@ -44,6 +44,9 @@ from .status import read_status
 # scheduler's per-job memory reservation and the `memory` each Ray task declares; unknown presets
 # use the largest.
 JOB_MB = {"tiny": 560, "small": 1350, "1b": 2048}
+# Torch threads one job should get before another job runs beside it (scripts/bench_fanout.py on 2 cores:
+# tiny, 2 jobs x 1 thread = 1.34x faster than 1 job x 2 threads; small 0.70x, so small keeps 2).
+JOB_THREADS = {"tiny": 1, "small": 2, "1b": 2}
 MEMORY_HEADROOM = 0.85  # share of available memory the local scheduler may fill with jobs
 TRAIN_OPTIONS = ("tokens", "lr", "batch_size", "ckpt_every", "seed", "eval_tokens", "expert_init", "shared",
                  "shared_lr_scale", "rounds", "precision", "device")  # passed through to every job
@@ -96,7 +99,7 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if workers is None:
         fit = int(_available_mb() * MEMORY_HEADROOM // JOB_MB.get(preset, max(JOB_MB.values())))
-        workers = max(1, min(cores, fit))
+        workers = max(1, min(cores // JOB_THREADS.get(preset, 2), fit))
     if workers < 1:
         raise MfggufError(f"--workers must be at least 1, got {workers}")
     return workers, max(1, cores // workers)
