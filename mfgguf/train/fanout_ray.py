@@ -7,8 +7,8 @@ so Ray places no more on a node than fits, and retries a task whose worker proce
     checkpoints included, so a retried task resumes from the dead one's last checkpoint;
   - copy:   nothing is shared: the driver puts the trunk, tokenizer, run files, held-out split,
             the expert's shard (and, between sync rounds, its checkpoint) in Ray's object store;
-            the worker rebuilds a RUN under its temp dir, keyed by the trunk's hash (a retry on the
-            same node finds its checkpoint there), and sends back the module file, its metadata,
+            the worker rebuilds a RUN under its temp dir, keyed by the trunk's hash and the job's
+            options (a retry on the same node finds its checkpoint there), and sends back the module file, its metadata,
             its loss plot and its checkpoint. The driver writes them into RUN atomically after
             checking the module's sha256 against its metadata, then records it in the manifest.
 A job's status (step, tokens/s, ETA, where) travels through a small actor, the live view's source.
@@ -16,6 +16,7 @@ A job's status (step, tokens/s, ETA, where) travels through a small actor, the l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -151,7 +152,8 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
     else:
         import ray
 
-        rd = _materialize(trunk_sha, ray.get(common) if isinstance(common, ray.ObjectRef) else common,
+        key = hashlib.sha256(json.dumps([trunk_sha, opts], sort_keys=True).encode()).hexdigest()[:16]
+        rd = _materialize(key, ray.get(common) if isinstance(common, ray.ObjectRef) else common,
                           ray.get(own) if isinstance(own, ray.ObjectRef) else own, i)
     status = rd.root / "logs" / f"{module_name(i)}.status.json"
     os.environ[STATUS_ENV] = str(status)
@@ -178,6 +180,7 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
         out["meta"] = json.loads(rd.module_meta(i).read_text())
         out["files"] = _files(rd, [rd.module_file(i), rd.plots / f"loss_{name}.png", *_tree(rd.checkpoint_dir(i))])
         assert out["meta"]["sha256"] == meta["sha256"]
+        shutil.rmtree(rd.checkpoint_dir(i), ignore_errors=True)  # shipped: the driver keeps it from now on
     return out
 
 
@@ -223,9 +226,10 @@ def _sees_run(root: Path, trunk_sha: str) -> bool:
         return False
 
 
-def _materialize(trunk_sha: str, common: dict[str, bytes], own: dict[str, bytes], i: int) -> RunDir:
-    """A RUN for this job under the worker's temp dir, keyed by the trunk's hash."""
-    rd = RunDir(Path(tempfile.gettempdir()) / "mfgguf-ray" / trunk_sha[:16])
+def _materialize(key: str, common: dict[str, bytes], own: dict[str, bytes], i: int) -> RunDir:
+    """A RUN for this job under the worker's temp dir, keyed by the trunk's hash and the job's options
+    (a retry of the same job finds its checkpoint; another job never sees a stale one)."""
+    rd = RunDir(Path(tempfile.gettempdir()) / "mfgguf-ray" / key)
     ckpt = str(rd.checkpoint_dir(i).relative_to(rd.root))
     keep_ckpt = rd.checkpoint_dir(i).is_dir()  # a dead attempt of this very round: resume from it
     for rel, data in {**common, **own}.items():
