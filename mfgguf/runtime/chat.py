@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import signal
 import sys
 import unicodedata
 from pathlib import Path
@@ -81,6 +82,9 @@ def chat(
         >>> chat("model.gguf", temperature=0.7, seed=1)
     """
     _check_sampling(max_tokens, temperature, top_p, top_k)
+    if sys.stdin.isatty() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # started in the background of a script (`cmd &` ignores SIGINT): Ctrl-C is still how a reply stops here
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         import readline  # noqa: F401  line editing and history for input()
     except ImportError:
