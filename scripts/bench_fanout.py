@@ -73,8 +73,6 @@ def one(preset: str, base: Path, work: Path, **kw) -> dict:
 
 def measured_rate(preset: str, base: Path) -> float:
     """Training FLOP/s of one expert job of `preset` here (all cores), from its own metadata."""
-    import json as _json
-
     from mfgguf.flops import module_flops
     from mfgguf.train.expert import train_expert
 

@@ -241,14 +241,18 @@ class _Writer:
         self._put(s, s.offset + r0 * s.row_bytes, x)
 
     def _seed_chunk(self, l: int, f: str, r0: int, x: np.ndarray) -> None:
-        """dense with a seed: gate/up rows follow the anchor's; down rows join anchor and seed columns."""
+        """dense with a seed: the seed joined to the anchor, one SwiGLU of width anchor_ff + expert_ff."""
         s = self.p.slot(blk(l, f"ffn_{f}"))
+        r0, x = self._after_anchor(l, f, r0, x)
+        self._put(s, s.offset + r0 * s.row_bytes, x)
+
+    def _after_anchor(self, l: int, f: str, r0: int, x: np.ndarray) -> tuple[int, np.ndarray]:
+        """Rows r0.. of an expert-width FFN tensor placed after the anchor in one wider SwiGLU: gate/up
+        rows follow the anchor's anchor_ff rows; down rows (dim, expert_ff) get the anchor's columns first."""
         if f == "down":
             a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r0 + len(x))  # (rows, anchor_ff)
-            x = np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
-        else:
-            r0 += self.p.cfg.anchor_ff
-        self._put(s, s.offset + r0 * s.row_bytes, x)
+            return r0, np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
+        return r0 + self.p.cfg.anchor_ff, x
 
     def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:
         p = self.p
@@ -269,11 +273,7 @@ class _Writer:
         if p.layout == "mixtral":
             if f == "down" and blk(l, "ffn_down_shexp") in self.deferred_down:
                 return  # joined with the merged anchor in the fold phase
-            if f == "down":  # rows (dim, anchor_ff + expert_ff): join anchor and expert columns
-                a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r0 + len(x))  # (rows, anchor_ff)
-                x = np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
-            else:  # expert rows follow the anchor's anchor_ff rows
-                r0 += p.cfg.anchor_ff
+            r0, x = self._after_anchor(l, f, r0, x)  # anchor + expert i as one SwiGLU
         self._put(s, base + r0 * s.row_bytes, x)
 
     def router(self) -> None:

@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 from ..run import RunDir, module_name
-from .schedule import STATUS_ENV, Job, job_argv, last_error, read_status
+from .schedule import Job, job_argv, last_error
+from .status import ENV as STATUS_ENV
+from .status import read_status
 
 POLL_S = 0.5
 

@@ -24,10 +24,7 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,8 +32,6 @@ from pathlib import Path
 
 from ..errors import MfggufError
 from ..run import RunDir, module_name, read_module_meta, write_json
-from .status import ENV as STATUS_ENV
-from .status import read_status
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
 # rounded up: tiny 501-543 (tests/train/test_schedule.py's summaries), small 1,314 with --shared all
@@ -164,7 +159,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
             failed = [j for j in jobs if j.state == "failed"]
             if failed:
                 break
-            if not _needs_sync(rd, ids, opts):
+            if not _needs_sync(rd, ids):
                 break
             if len(ids) < int(info["n_experts"]):
                 _say(progress, f"round {r}: the {len(ids)} selected experts are trained; sync needs all"
@@ -218,7 +213,7 @@ def _rounds_in_run(rd: RunDir, ids: list[int]) -> int | None:
     return None
 
 
-def _needs_sync(rd: RunDir, ids: list[int], opts: dict) -> bool:
+def _needs_sync(rd: RunDir, ids: list[int]) -> bool:
     """A sync follows a round when the experts trained shared copies (R = 1 too: the final sync)."""
     metas = [read_module_meta(rd, i) for i in ids if rd.module_meta(i).is_file()]
     return any(m.get("shared_tensors") for m in metas) and not any(m.get("shared_merged") for m in metas)
