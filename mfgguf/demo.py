@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .config import get_preset
 from .errors import MfggufError
-from .run import RunDir, write_json, write_text
+from .run import RunDir, router_stats_current, write_json, write_text
 from .stages import StageResult, run_stage
 
 
@@ -84,6 +84,7 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
             stage(name, _round_of(run, i) >= r, ["train-expert", run.root, "--expert", i, *shared, *etok])
         if cfg.shared != "none":  # merge the copies; the last sync also recomputes router statistics
             stage(f"sync {r}", _round_of(run, 0) >= r, ["sync", run.root])
+    stage("router-stats", router_stats_current(run), ["router-stats", run.root, "--no-progress"])  # the last sync did it
     stamp = run.manifest.stat().st_mtime
     fresh = lambda p: p.is_file() and p.stat().st_mtime >= stamp  # noqa: E731  (stale after retraining)
     stage("assemble", fresh(moe), ["assemble", run.root, "-o", moe, "--quant", cfg.quant, "--force"])

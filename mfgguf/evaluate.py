@@ -29,7 +29,7 @@ import numpy as np
 from .baselines import flops_section, plan_baselines, train_baseline
 from .errors import MfggufError
 from .flops import trunk_step_flops
-from .run import RunDir, link_or_copy, read_module_meta, update_manifest, write_json, write_text
+from .run import RunDir, link_or_copy, read_module_meta, router_stats_current, update_manifest, write_json, write_text
 from .stages import run_stage
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
@@ -62,6 +62,11 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     info = rd.info()
     n = info["n_experts"]
     metas = {i: read_module_meta(rd, i) for i in range(0, n + 1)}
+    if "ridge" in cfg.routers and not router_stats_current(rd) and any(int(metas[i].get("version", 1)) > 1 for i in metas if i):
+        from .train.pooled import pool_router_stats
+
+        _say("router statistics (mfgguf router-stats)")  # the ridge router needs them; stale or missing here
+        pool_router_stats(rd.root, progress=False)
     heldout = rd.heldout_tokens(cfg.max_tokens_per_domain)
     domains = list(heldout)  # domains with a held-out split
     out = Path(out) if out else rd.root / "eval"

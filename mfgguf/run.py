@@ -10,18 +10,22 @@
       data/clusters.safetensors k-means centres (partition=cluster only)
       modules/trunk.safetensors + trunk.json            module 0
       modules/expert_001.safetensors + expert_001.json  experts 1..N
+      modules/router_stats.safetensors + .json          pooled router statistics of this trunk
       manifest.json             every finished module with its sha256
       checkpoints/<module>/     resumable training state
       rounds/sync_<k>/          `mfgguf sync`: the modules before and after merge k, and its plan
       plots/                    loss curves
 
 A module file is one safetensors file of GGUF-named tensors (see `model.trunk_name_map`); an
-expert's file also holds its router statistics as `router_stats.blk.{l}.mean` (dim,) and
-`router_stats.blk.{l}.second_moment` (dim, dim), both f32 means over `router_stats_count` tokens
-(the count lives in the JSON). An expert trained with `--shared` also holds its trained copy of
-each chosen trunk tensor as `shared.<trunk GGUF name>` (f32, the trunk tensor's shape), listed in
-its JSON as `shared_tensors`; assembly merges them into the trunk it writes. The JSON beside it
-holds everything else (see `write_module`).
+expert's file also holds the mean of its FFN inputs per layer, `router_stats.blk.{l}.mean` (dim,),
+over `router_stats_count` tokens (the count lives in the JSON). The router's one dim x dim
+statistic, the second moment of the FFN inputs, is pooled once per trunk instead of stored per
+expert: `modules/router_stats.safetensors` (`router_stats.blk.{l}.second_moment`, from the
+trunk's pass over the mixed training data, see train/pooled.py). Module format 1 (earlier mfgguf)
+stored a second moment in every expert; such runs still assemble as they are. An expert trained
+with `--shared` also holds its trained copy of each chosen trunk tensor as `shared.<trunk GGUF
+name>` (f32, the trunk tensor's shape), listed in its JSON as `shared_tensors`; assembly merges
+them into the trunk it writes. The JSON beside it holds everything else (see `write_module`).
 No pickle anywhere: safetensors, numpy .npy (allow_pickle=False) and JSON only.
 """
 
@@ -42,7 +46,8 @@ from .errors import MfggufError
 RUN_FORMAT = "mfgguf-run"
 RUN_VERSION = 1
 MODULE_FORMAT = "mfgguf-module"
-MODULE_VERSION = 1
+MODULE_VERSION = 2  # 2: experts hold weights and means only (the second moment is pooled once)
+READABLE_MODULE_VERSIONS = (1, 2)
 STATS_PREFIX = "router_stats."
 SHARED_PREFIX = "shared."  # an expert's trained private copy of a trunk tensor: shared.<trunk GGUF name>
 
@@ -103,6 +108,11 @@ class RunDir:
     def heldout_text(self, domain: str) -> Path:
         return self.heldout_dir / f"{domain}.txt"
 
+    @property
+    def router_stats(self) -> Path: return self.modules / "router_stats.safetensors"  # pooled, per trunk
+    @property
+    def router_stats_meta(self) -> Path: return self.modules / "router_stats.json"
+
     def module_file(self, index: int) -> Path:
         return self.modules / f"{module_name(index)}.safetensors"
 
@@ -154,11 +164,24 @@ class RunDir:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
+    return file_digests(path, chunk)["sha256"]
+
+
+def file_digests(path: Path, chunk: int = 1 << 22) -> dict[str, str]:
+    """{"sha256": ..., "blake3": ...} of a file, in one read.
+
+    sha256 names a module (experts record their trunk's); blake3 is what assembly checks every
+    byte against, because it runs at ~3 GB/s per core (and releases the GIL) where sha256 manages
+    ~1 GB/s: the integrity check no longer dominates an assembly.
+    """
+    from blake3 import blake3
+
+    h, b3 = hashlib.sha256(), blake3()
     with open(path, "rb") as f:
         while b := f.read(chunk):
             h.update(b)
-    return h.hexdigest()
+            b3.update(b)
+    return {"sha256": h.hexdigest(), "blake3": b3.hexdigest()}
 
 
 @contextmanager
@@ -249,9 +272,9 @@ def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[i
         "version": MODULE_VERSION,
         "name": module_name(index),
         "index": index,
-        **{k: v for k, v in meta.items() if k not in ("file", "sha256", "bytes", "tensors")},
+        **{k: v for k, v in meta.items() if k not in ("file", "sha256", "blake3", "bytes", "tensors", "version")},
         "file": f"{module_name(index)}.safetensors",  # its name once published in RUN/modules
-        "sha256": sha256_file(path),
+        **file_digests(path),
         "bytes": Path(path).stat().st_size,
         "tensors": {k: s for k, s in shapes.items() if not k.startswith(STATS_PREFIX)},
     }
@@ -263,7 +286,7 @@ def read_module_meta(run: RunDir, index: int) -> dict:
         hint = "mfgguf train-trunk RUN" if index == 0 else f"mfgguf train-expert RUN --expert {index}"
         raise MfggufError(f"module {name} is missing in {run.modules}; train it with `{hint}`")
     meta = read_json(run.module_meta(index), f"metadata of module {name}")
-    if meta.get("format") != MODULE_FORMAT or meta.get("version") != MODULE_VERSION:
+    if meta.get("format") != MODULE_FORMAT or meta.get("version") not in READABLE_MODULE_VERSIONS:
         raise MfggufError(f"module {name} was written by an incompatible mfgguf; retrain it")
     return meta
 
@@ -286,12 +309,50 @@ def update_manifest(run: RunDir, index: int, meta: dict) -> None:
             "index": index,
             "file": f"modules/{meta['file']}",
             "sha256": meta["sha256"],
+            **({"blake3": meta["blake3"]} if meta.get("blake3") else {}),
             "bytes": meta["bytes"],
             "kind": meta.get("kind"),
             "trunk_sha256": meta.get("trunk_sha256"),
         }
         man["modules"] = dict(sorted(man["modules"].items(), key=lambda kv: kv[1]["index"]))
         write_json(run.manifest, man)
+
+
+def write_router_stats(run: RunDir, tensors: dict, meta: dict) -> dict:
+    """Write the pooled router statistics of the current trunk (modules/router_stats.*), recorded in
+    the manifest under "router_stats" with their hashes, like a module. Returns the metadata."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path = run.router_stats
+    arrays = {k: np.ascontiguousarray(v.detach().cpu().float().numpy() if hasattr(v, "detach") else v, dtype=np.float32)
+              for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(arrays, str(tmp), metadata={"format": f"{MODULE_FORMAT}/router_stats"})
+    full = {"format": MODULE_FORMAT, "version": MODULE_VERSION, "name": "router_stats", "kind": "router_stats",
+            **{k: v for k, v in meta.items() if k not in ("sha256", "blake3", "bytes", "file")},
+            "file": path.name, **file_digests(path), "bytes": path.stat().st_size}
+    write_json(run.router_stats_meta, full)
+    with _locked(run.manifest):
+        man = json.loads(run.manifest.read_text()) if run.manifest.is_file() else {"format": "mfgguf-manifest", "modules": {}}
+        man["router_stats"] = {"file": f"modules/{path.name}", "sha256": full["sha256"], "blake3": full["blake3"],
+                               "bytes": full["bytes"], "trunk_sha256": full.get("trunk_sha256")}
+        write_json(run.manifest, man)
+    return full
+
+
+def router_stats_current(run: RunDir) -> bool:
+    """The pooled router statistics were computed on the current trunk and every expert as it is now."""
+    if not run.router_stats_meta.is_file() or not run.module_meta(0).is_file():
+        return False
+    meta = read_json(run.router_stats_meta, "the pooled router statistics")
+    if meta.get("trunk_sha256") != read_json(run.module_meta(0), "the trunk's metadata").get("sha256"):
+        return False
+    if meta.get("source") == "trunk":
+        return True
+    n = int(run.info()["n_experts"])
+    return all(run.module_meta(i).is_file() and (meta.get("experts") or {}).get(module_name(i))
+               == read_json(run.module_meta(i), "an expert's metadata").get("sha256") for i in range(1, n + 1))
 
 
 def read_manifest(run: RunDir) -> dict:

@@ -5,9 +5,13 @@ Prints JSON lines:
   {"bench": "assemble", "n_experts": N, "peak_rss_mb": ..., "wall_s": ..., "io_ref_s": ..., "ratio": ...,
    "cpu_s": ..., "machine_busy": ...}                            child CPU seconds; busy fraction of all cores
   {"bench": "summary", "rss_ratio_max_over_min_n": ..., ...}
+  with --reference, for the largest N, on the same weights (scripts/hf_reference.py):
+  {"bench": "reference", "path": "mfgguf q8_0" | "convert_hf_to_gguf q8_0" | "mfgguf q4_k" |
+   "convert_hf_to_gguf f16 + llama_model_quantize q4_k_s", "wall_s": ..., "peak_rss_mb": ..., "over_io_ref": ...}
+  {"bench": "reference_summary", "q8_0_identical_tensors": ..., "convert_over_mfgguf_q8_0": ..., ...}
 
-Modules are synthetic (scripts/synthetic_run.py) with the `1b` preset's shapes: a ~1.3 GB trunk
-and ~38 MB (f32 weights) + ~50 MB (router statistics) per expert. Each assembly runs in its own
+Modules are synthetic (scripts/synthetic_run.py) with the `1b` preset's shapes: a ~1.3 GB trunk,
+~38 MB of f32 weights per expert and one 50 MB file of pooled router statistics. Each assembly runs in its own
 subprocess (peak RSS: that process's VmHWM). The I/O reference reads the same
 input files and writes the same number of output bytes with fsync, in the same directory, right
 after each assembly (same page-cache state).
@@ -16,6 +20,7 @@ after each assembly (same page-cache state).
     python scripts/bench_assemble.py --quick         # N = 8, 32, smaller quantizer matrices
     python scripts/bench_assemble.py --experts 8,32 --dir /var/tmp/bench
     python scripts/bench_assemble.py --shared attn   # experts hold copies of norms+attention: the merge phase too
+    python scripts/bench_assemble.py --reference     # + llama.cpp's convert_hf_to_gguf.py and quantizer (`bench` extra)
 
 With `--shared CHOICE` every expert also holds a perturbed copy of those trunk tensors (~121 MB
 per expert for `attn` at `1b`), which assembly merges (`--merge`, default mean) into the trunk
@@ -114,6 +119,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the synthetic RUN for the next time")
     ap.add_argument("--shared", default="none", help="experts hold perturbed copies of these trunk tensors: none|norms|attn|all")
     ap.add_argument("--merge", default="mean", help="how assembly merges them: none|mean|ties")
+    ap.add_argument("--reference", action="store_true", help="for the largest N also run llama.cpp's own path to the"
+                    " same files: convert_hf_to_gguf.py (q8_0; f16 + llama_model_quantize for q4_k)")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mfgguf", help="where the converter is unpacked")
     a = ap.parse_args()
     ns = [int(x) for x in (a.experts or ("8,32" if a.quick else "8,32,100")).split(",")]
 
@@ -144,7 +152,7 @@ def main() -> None:
         wall, _, stdout, cpu, busy = _child(code)
         r = json.loads(stdout.strip().splitlines()[-1])
         peak = r["vm_hwm_kb"] / 1024
-        inputs = [rd.module_file(i) for i in range(0, n + 1)]
+        inputs = [rd.module_file(i) for i in range(0, n + 1)] + ([rd.router_stats] if rd.router_stats.is_file() else [])
         io_s, _, _, io_cpu, io_busy = _child(io_reference(inputs, r["bytes"], a.dir / "io-ref.bin"))
         (a.dir / "io-ref.bin").unlink(missing_ok=True)
         out.unlink(missing_ok=True)
@@ -160,8 +168,82 @@ def main() -> None:
     print(json.dumps({"bench": "summary", "shared": a.shared, "merge": a.merge,
                       "rss_ratio": round(rss[hi] / rss[lo], 3), "n_lo": lo, "n_hi": hi,
                       "max_rss_mb": round(max(rss.values()), 1)}), flush=True)
+    if a.reference:
+        reference(rd, hi, a)
     if not a.keep:
         shutil.rmtree(run, ignore_errors=True)
+
+
+def reference(rd, n: int, a) -> None:
+    """mfgguf against llama.cpp's own path to the same file types from the same weights, N experts."""
+    import gguf
+
+    from hf_reference import convert_code, converter_dir, quantize_code, write_hf_checkpoint
+
+    conv = converter_dir(a.cache)
+    d = a.dir / f"reference-{n}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    experts = list(range(1, n + 1))
+    t0 = time.perf_counter()
+    _child(_assemble_code(rd.root, d / "f32.gguf", "f32", experts, a.threads))  # the weights, once, for the checkpoint
+    hf = write_hf_checkpoint(d / "f32.gguf", rd.tokenizer, d / "hf")
+    (d / "f32.gguf").unlink()
+    print(json.dumps({"bench": "reference_setup", "n_experts": n, "hf_checkpoint_mb": round(_du(hf) / 1e6),
+                      "s": round(time.perf_counter() - t0, 1)}), flush=True)
+    inputs = sorted(hf.glob("*.safetensors"))
+    threads = a.threads or os.cpu_count()
+    rows = {}
+
+    def row(path: str, code: str, out: Path, io_inputs: list[Path]) -> dict:
+        wall, _, stdout, cpu, busy = _child(code)
+        last = stdout.strip().splitlines()[-1]  # mfgguf: its JSON result; the others: VmHWM in KB
+        peak = (json.loads(last)["vm_hwm_kb"] if path.startswith("mfgguf") else int(last)) / 1024
+        io_s, *_ = _child(io_reference(io_inputs, out.stat().st_size, d / "io-ref.bin"))
+        (d / "io-ref.bin").unlink(missing_ok=True)
+        r = {"bench": "reference", "n_experts": n, "path": path, "wall_s": round(wall, 2), "peak_rss_mb": round(peak, 1),
+             "output_mb": round(out.stat().st_size / 1e6), "io_ref_s": round(io_s, 2), "over_io_ref": round(wall / io_s, 2),
+             "cpu_s": round(cpu, 2), "machine_busy": round(busy, 2)}
+        print(json.dumps(r), flush=True)
+        rows[path] = r
+        return r
+
+    mod_inputs = [rd.module_file(i) for i in range(0, n + 1)] + ([rd.router_stats] if rd.router_stats.is_file() else [])
+    row("mfgguf q8_0", _assemble_code(rd.root, d / "mfgguf-q8_0.gguf", "q8_0", experts, a.threads),
+        d / "mfgguf-q8_0.gguf", mod_inputs)
+    row("convert_hf_to_gguf q8_0", convert_code(conv, hf, d / "convert-q8_0.gguf", "q8_0"), d / "convert-q8_0.gguf", inputs)
+    x = {t.name: t for t in gguf.GGUFReader(d / "mfgguf-q8_0.gguf").tensors}
+    y = {t.name: t for t in gguf.GGUFReader(d / "convert-q8_0.gguf").tensors}
+    identical = x.keys() == y.keys() and all(x[k].tensor_type == y[k].tensor_type
+                                             and np.array_equal(x[k].data, y[k].data) for k in x)
+    del x, y
+    for f in ("mfgguf-q8_0.gguf", "convert-q8_0.gguf"):
+        (d / f).unlink()
+    row("mfgguf q4_k", _assemble_code(rd.root, d / "mfgguf-q4_k.gguf", "q4_k", experts, a.threads),
+        d / "mfgguf-q4_k.gguf", mod_inputs)
+    (d / "mfgguf-q4_k.gguf").unlink()
+    f16 = row("convert_hf_to_gguf f16", convert_code(conv, hf, d / "convert-f16.gguf", "f16"), d / "convert-f16.gguf", inputs)
+    q = row("llama_model_quantize f16 -> q4_k_s", quantize_code(d / "convert-f16.gguf", d / "llama-q4_k.gguf", 14, threads),
+            d / "llama-q4_k.gguf", [d / "convert-f16.gguf"])
+    shutil.rmtree(d, ignore_errors=True)
+    m8, c8, m4 = rows["mfgguf q8_0"], rows["convert_hf_to_gguf q8_0"], rows["mfgguf q4_k"]
+    print(json.dumps({"bench": "reference_summary", "n_experts": n, "q8_0_identical_tensors": identical,
+                      "convert_over_mfgguf_q8_0": round(c8["wall_s"] / m8["wall_s"], 2),
+                      "llama_q4_k_path_s": round(f16["wall_s"] + q["wall_s"], 2),
+                      "llama_q4_k_path_over_mfgguf_q4_k": round((f16["wall_s"] + q["wall_s"]) / m4["wall_s"], 2),
+                      "quantize_only_over_mfgguf_q4_k": round(q["wall_s"] / m4["wall_s"], 2)}), flush=True)
+
+
+def _assemble_code(run: Path, out: Path, quant: str, experts: list[int], threads) -> str:
+    return (f"import sys, json; from pathlib import Path; from mfgguf.converters.assemble import assemble; "
+            f"r = assemble(Path({str(run)!r}), Path({str(out)!r}), quant={quant!r}, experts={experts!r}, "
+            f"force=True, progress=False, threads={threads!r}); "
+            f"r['vm_hwm_kb'] = int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); "
+            f"print(json.dumps(r))")
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ def prepared_run(tmp_path_factory) -> Path:
 def trained_run(prepared_run, tmp_path_factory) -> Path:
     """`prepared_run` copied, with a trained `tiny` trunk and all experts trained."""
     from mfgguf.train.expert import train_expert
+    from mfgguf.train.pooled import pool_router_stats
     from mfgguf.train.trunk import train_trunk
 
     root = tmp_path_factory.mktemp("trained") / "run"
@@ -37,6 +38,7 @@ def trained_run(prepared_run, tmp_path_factory) -> Path:
     train_trunk(root, preset="tiny", progress=False)
     for i in range(1, TINY_EXPERTS + 1):
         train_expert(root, i, progress=False)
+    pool_router_stats(root, progress=False)  # `mfgguf router-stats`, as train-experts does at its end
     return root
 
 

@@ -177,3 +177,20 @@ def restat_cmd(
     typer.echo(f"{m['name']}: router statistics over {m['router_stats_count']:,} tokens on the merged trunk,"
                f" held-out loss {m['premerge']['heldout_loss_mean']:.3f} (own trunk copy) -> {m['heldout_loss_mean']:.3f},"
                f" {m['restat_s']:.1f} s")
+
+
+@command("router-stats", help=_doc("pooled", "pool_router_stats"))
+def router_stats_cmd(
+    run: Path = _RUN,
+    source: str = typer.Option("experts", "--source", help="experts: trunk + each expert over a sample of its shard"
+                               " (as the experts' own statistics); trunk: the trunk alone over the mixed data"
+                               " (cheaper, measured worse)."),
+    tokens: int = typer.Option(None, "--tokens", help="Tokens per expert (source experts) or in all (source trunk);"
+                               " default: 4 x the eval tokens, as each expert's own statistics."),
+    device: str = _DEVICE, progress: bool = _PROGRESS,
+):
+    from ..train.pooled import pool_router_stats
+
+    m = pool_router_stats(run, source=source, tokens=tokens, device=device, progress=progress)
+    typer.echo(f"router statistics: second moments over {m['router_stats_count']:,} tokens ({m['router_stats_on']}),"
+               f" {Path(run) / 'modules' / m['file']}, {m['seconds']:.1f} s")

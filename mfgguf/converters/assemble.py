@@ -8,7 +8,8 @@ Phases, each checking its own state before the next runs:
                         each quantized and written at its precomputed offset with os.pwrite. A few
                         module files are open at a time, read and hashed on background threads
                         (stream.py). Expert slot p of a stacked tensor lives at
-                        `offset + p * expert_bytes`; router statistics are pooled as they pass
+                        `offset + p * expert_bytes`; the experts' means and the trunk's pooled
+                        second moments (modules/router_stats.safetensors) feed the router
   6. merge              trunk tensors that experts trained copies of (`--shared`): each one merged
                         from the trunk's and the copies' row chunks (merge.py), then written; the
                         stream pass skipped these slots
@@ -22,9 +23,9 @@ Phases, each checking its own state before the next runs:
 Memory is one chunk of one tensor (plus its quantized bytes) and the router accumulator
 (layers x dim x dim f32 for ridge) and a few read-ahead buffers per open file: it does not grow
 with the number of experts. Every module file is read once, sequentially; its sha256 is computed
-on that same read (the very bytes that are quantized) and compared with the manifest's, and every
-chunk is checked for NaN/Inf, so a damaged module aborts assembly before anything reaches the
-destination. This path imports no torch. The merge phase rereads the merged tensors' rows with
+on that same read (the very bytes that are quantized) and compared with the manifest's (blake3;
+sha256 for modules written before it), and every chunk is checked for NaN/Inf, so a damaged
+module aborts assembly before anything reaches the destination. This path imports no torch. The merge phase rereads the merged tensors' rows with
 pread (checked to be the same files: size and mtime), one row chunk of one tensor from one
 module at a time, so it too is flat in the number of experts.
 
@@ -187,15 +188,17 @@ class _Writer:
         p, lay = self.p, self.p.layout
         if lay == "mixtral" or (lay == "dense" and p.cfg.seed_expert):  # anchor rows joined to other rows
             self.anchor_fd = os.open(p.trunk.path, os.O_RDONLY)
-        counts = [0] + [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
+        first = 2 if p.pooled else 1  # stream position of expert slot 0
+        counts = [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
         # chunks of one tensor region come in module order, so the router's pooled sums are added
         # in the same order as with one file at a time
-        for pos, name, r0, x in stream_modules([p.trunk, *p.expert_modules], lanes=self.lanes,
-                                               on_bytes=self.bar.advance):
+        for pos, name, r0, x in stream_modules(p.modules, lanes=self.lanes, on_bytes=self.bar.advance):
             if pos == 0:
                 self._trunk_chunk(name, r0, x)
+            elif pos < first:
+                self._pooled_chunk(name, r0, x)
             else:
-                self._expert_chunk(pos - 1, counts[pos], name, r0, x)
+                self._expert_chunk(pos - first, counts[pos - first], name, r0, x)
 
     def merge(self) -> None:
         """Merged trunk tensors, after every module's sha256 has been checked (merge.py)."""
@@ -254,6 +257,10 @@ class _Writer:
             return r0, np.concatenate([a, x], axis=1)  # (rows, anchor_ff + expert_ff)
         return r0 + self.p.cfg.anchor_ff, x
 
+    def _pooled_chunk(self, name: str, r0: int, x: np.ndarray) -> None:
+        if (st := _STATS_RE.fullmatch(name)) is not None and st.group(2) == "second_moment":
+            self.rb.add_pooled(int(st.group(1)), r0, x)
+
     def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:
         p = self.p
         if (st := _STATS_RE.fullmatch(name)) is not None:
@@ -261,7 +268,7 @@ class _Writer:
                 l = int(st.group(1))
                 if st.group(2) == "mean":
                     self.rb.add_mean(slot_i, l, x.reshape(-1), count)
-                else:
+                elif p.pooled is None:  # module format 1: every expert holds its own second moment
                     self.rb.add_second_moment(slot_i, l, r0, x, count)
             return
         m = _FFN_RE.fullmatch(name)

@@ -105,7 +105,8 @@ def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
-def expert_shapes(cfg: ModelConfig, with_stats: bool) -> dict[str, tuple[int, ...]]:
+def expert_shapes(cfg: ModelConfig, with_stats: bool, second_moment: bool = False) -> dict[str, tuple[int, ...]]:
+    """An expert file's tensors: FFN weights, + its FFN-input means (+ second moments: module format 1)."""
     s = {}
     for l in range(cfg.n_layers):
         s[blk(l, "ffn_gate")] = (cfg.expert_ff, cfg.dim)
@@ -113,8 +114,36 @@ def expert_shapes(cfg: ModelConfig, with_stats: bool) -> dict[str, tuple[int, ..
         s[blk(l, "ffn_down")] = (cfg.dim, cfg.expert_ff)
         if with_stats:
             s[f"{STATS_PREFIX}blk.{l}.mean"] = (cfg.dim,)
+        if second_moment:
             s[f"{STATS_PREFIX}blk.{l}.second_moment"] = (cfg.dim, cfg.dim)
     return s
+
+
+def pooled_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    return {f"{STATS_PREFIX}blk.{l}.second_moment": (cfg.dim, cfg.dim) for l in range(cfg.n_layers)}
+
+
+def load_pooled_stats(run: RunDir, manifest: dict, trunk: Module, experts: list[Module]) -> Module:
+    """The pooled router statistics (train/pooled.py) of this trunk and these experts, checked against the manifest."""
+    redo = f"compute them with `mfgguf router-stats {run.root}`"
+    if not run.router_stats_meta.is_file() or not run.router_stats.is_file():
+        raise MfggufError(f"{run.root} has no pooled router statistics (modules/{run.router_stats.name}); {redo}")
+    meta = json.loads(run.router_stats_meta.read_text())
+    rec = manifest.get("router_stats") or {}
+    if rec.get("blake3") != meta.get("blake3") or not meta.get("blake3"):
+        raise MfggufError(f"the pooled router statistics' metadata differs from the manifest's; {redo}")
+    if meta.get("trunk_sha256") != trunk.meta["sha256"]:
+        raise MfggufError(f"the pooled router statistics belong to another version of the trunk; {redo}")
+    if meta.get("source") != "trunk":
+        for m in experts:
+            if (meta.get("experts") or {}).get(m.name) != m.meta["sha256"]:
+                raise MfggufError(f"the pooled router statistics predate {m.name} (trained since); {redo}")
+    st = run.router_stats.stat()
+    if st.st_size != meta.get("bytes"):
+        raise MfggufError(f"{run.router_stats.name} is {st.st_size} bytes, {meta.get('bytes')} were recorded: modified"
+                          f" or truncated; {redo}")
+    header_len, entries = read_header(run.router_stats, "the pooled router statistics")
+    return Module(-1, "router_stats", run.router_stats, meta, entries, header_len, st.st_size, st.st_mtime_ns)
 
 
 def _check_shapes(what: str, entries: dict[str, Entry], want: dict[str, tuple[int, ...]], hint: str) -> None:
@@ -133,8 +162,8 @@ def load_module(run: RunDir, index: int, manifest: dict) -> Module:
     hint = "retrain it" if index else "retrain the trunk"
     if rec is None:
         raise MfggufError(f"module {name} is not in the run manifest; {hint}")
-    if rec.get("sha256") != meta.get("sha256"):
-        raise MfggufError(f"module {name}: its metadata sha256 differs from the manifest's; {hint}")
+    if rec.get("sha256") != meta.get("sha256") or rec.get("blake3") != meta.get("blake3"):
+        raise MfggufError(f"module {name}: its metadata hashes differ from the manifest's; {hint}")
     path = run.module_file(index)
     st = path.stat()
     size = st.st_size
@@ -179,6 +208,7 @@ class Plan:
     experts: list[int]  # expert ids in slot order
     trunk: Module
     expert_modules: list[Module]  # headers only; streaming reopens each file in turn
+    pooled: Module | None  # the router's pooled second moments (None: not needed, or format-1 experts hold them)
     kv: list[tuple[str, str, object]]
     slots: list[Slot]
     merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
@@ -194,7 +224,12 @@ class Plan:
 
     @property
     def input_bytes(self) -> int:
-        return self.trunk.size + sum(m.size for m in self.expert_modules)
+        return self.trunk.size + sum(m.size for m in self.expert_modules) + (self.pooled.size if self.pooled else 0)
+
+    @property
+    def modules(self) -> list[Module]:
+        """Every file assembly reads, in stream order: trunk, pooled statistics, experts."""
+        return [self.trunk, *([self.pooled] if self.pooled else []), *self.expert_modules]
 
 
 def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
@@ -243,12 +278,16 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
                               f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
         if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
             raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
-        _check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, needs_stats(router)),
+        _check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, needs_stats(router), _format1(m) and router == "ridge"),
                       "retrain it (or use --router uniform if only its statistics are missing)")
         if needs_stats(router) and not m.meta.get("router_stats_count"):
             raise MfggufError(f"module {m.name} recorded no router statistics; retrain it or use --router uniform")
         mods.append(m)
     N = len(ids)
+    pooled = None
+    if N and router == "ridge" and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
+        pooled = load_pooled_stats(run, manifest, trunk, mods)  # format-1 experts alone: their own second moments
+        _check_shapes("the pooled router statistics", pooled.entries, pooled_shapes(cfg), f"run `mfgguf router-stats {run.root}`")
     if N and not 1 <= top_k <= N:
         raise MfggufError(f"--top-k {top_k} is out of range; this model has {N} experts, use 1..{N}")
     if N == 0:
@@ -277,15 +316,22 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
         ("mfgguf.modules", "ARRAY", ("STRING", [trunk.name] + [m.name for m in mods])),
         ("mfgguf.module_sha256", "ARRAY", ("STRING", [trunk.meta["sha256"]] + [m.meta["sha256"] for m in mods])),
     ]
+    if pooled is not None:
+        kv.append(("mfgguf.router_stats_sha256", "STRING", pooled.meta["sha256"]))
     if N:
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
     if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions
         kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
         if merge == "ties":
             kv.append(("mfgguf.merge_density", "FLOAT64", density))  # f64: the exact float given
-    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, kv, slots, merge, density, merged)
+    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged)
     _place(p)
     return p
+
+
+def _format1(m: Module) -> bool:
+    """A module written before router statistics were pooled: it holds its own second moments."""
+    return int(m.meta.get("version", 1)) == 1
 
 
 def _slots(cfg: ModelConfig, lay: str, N: int, quant: str) -> list[Slot]:

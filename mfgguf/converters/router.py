@@ -1,13 +1,15 @@
 """Router weights without retraining, computed from the statistics each expert recorded on its own shard.
 
-Each expert file holds, per layer l, the mean mu_i (dim,) and uncentred second moment M_i
-(dim, dim) of the FFN-input vectors (after ffn_norm) over n_i tokens of its shard. The router
-is llama.cpp's `ffn_gate_inp`: logits = x @ R.T with R (n_expert, dim), no bias.
+Each expert file holds, per layer l, the mean mu_i (dim,) of the FFN-input vectors (after
+ffn_norm) over n_i tokens of its shard. The uncentred second moment of those vectors over the
+union of the shards, G (dim, dim), is recorded once per trunk (train/pooled.py: the trunk's pass
+over the mixed training data); module format 1 stored each shard's M_i instead, G = sum n_i M_i / n.
+The router is llama.cpp's `ffn_gate_inp`: logits = x @ R.T with R (n_expert, dim), no bias.
 
 Methods:
   ridge     closed-form ridge regression from x to one-hot expert labels over the union of the
-            shards: W = (sum_i n_i M_i + lam I)^-1 [n_1 mu_1 ... n_N mu_N]  (dim, N), computed in
-            normalised form (divided by n = sum n_i); lam = 1e-3 * trace(G) / dim.
+            shards: W = (G + lam I)^-1 [n_1 mu_1 ... n_N mu_N] / n  (dim, N), n = sum n_i;
+            lam = 1e-3 * trace(G) / dim.
   centroid  R_i = unit(mu_i - m), m the pooled mean: the direction that separates shard i.
   uniform   zeros: every expert equally likely (ties broken by llama.cpp's sort).
   random    seeded Gaussian rows, std 1/sqrt(dim): a floor for comparisons.
@@ -23,7 +25,8 @@ f32) plus the N small means, so memory does not grow with the experts' sizes.
 
 Example:
     >>> rb = RouterBuilder("ridge", n_layers=2, dim=64, n_experts=3)
-    >>> # for each expert p: rb.add_mean(p, l, mu, n); rb.add_second_moment(p, l, row0, rows, n)
+    >>> # for each expert p: rb.add_mean(p, l, mu, n); then per layer rb.add_pooled(l, row0, rows)
+    >>> # (format 1: rb.add_second_moment(p, l, row0, rows, n) for each expert instead)
     >>> weights = rb.finish()  # list over layers of (3, 64) f32
 """
 
@@ -58,6 +61,7 @@ class RouterBuilder:
         # pooled sum_i n_i M_i, only for ridge: (L, dim, dim) f32, filled row chunk by row chunk
         self.G = np.zeros((n_layers, dim, dim), np.float32) if method == "ridge" else None
         self.rows_seen = np.zeros((n_layers, n_experts), np.int64)
+        self.pooled_rows = np.zeros(n_layers, np.int64)  # rows of G given already normalised (add_pooled)
 
     def add_mean(self, p: int, layer: int, mu: np.ndarray, count: int) -> None:
         """Expert in slot p: its layer-`layer` mean (dim,) over `count` tokens."""
@@ -71,6 +75,12 @@ class RouterBuilder:
             self.G[layer, row0:row0 + len(rows)] += np.float32(count) * rows
         self.rows_seen[layer, p] += len(rows)
 
+    def add_pooled(self, layer: int, row0: int, rows: np.ndarray) -> None:
+        """Rows row0.. of the pooled second moment G (a mean over the union of the shards)."""
+        if self.G is not None:
+            self.G[layer, row0:row0 + len(rows)] = rows
+        self.pooled_rows[layer] += len(rows)
+
     def finish(self) -> list[np.ndarray]:
         """Router rows per layer: list of (n_experts, dim) f32."""
         L, N, D = self.L, self.N, self.dim
@@ -81,8 +91,8 @@ class RouterBuilder:
             return [(rng.standard_normal((N, D)) / np.sqrt(D)).astype(np.float32) for _ in range(L)]
         if not self.seen_mean.all() or (self.counts <= 0).any():
             raise MfggufError("router statistics are incomplete (an expert recorded no tokens); retrain it or use --router uniform")
-        if self.G is not None and not (self.rows_seen == D).all():
-            raise MfggufError("router second moments are incomplete; retrain the experts or use --router centroid")
+        if self.G is not None and not ((self.pooled_rows == D).all() or (self.rows_seen == D).all()):
+            raise MfggufError("router second moments are incomplete; run `mfgguf restat RUN` or use --router centroid")
         n = self.counts.sum()
         out = []
         with _one_blas_thread():
@@ -95,7 +105,7 @@ class RouterBuilder:
         D = self.dim
         mu = self.mu[l].astype(np.float64)  # (N, D)
         if self.method == "ridge":
-            G = self.G[l].astype(np.float64) / n  # (D, D) pooled second moment
+            G = self.G[l].astype(np.float64) / (1.0 if self.pooled_rows[l] else n)  # (D, D) pooled second moment
             B = (self.counts[:, None] * mu).T / n  # (D, N)
             lam = RIDGE_REL_LAMBDA * np.trace(G) / D + 1e-12
             W = np.linalg.solve(G + lam * np.eye(D), B)  # (D, N)

@@ -37,14 +37,15 @@ def needs_restat(rd: RunDir, trunk: dict, i: int) -> bool:
     return m.get("trunk_sha256") == trunk.get("synced_from") and not m.get("shared_merged")
 
 
-def restat(run: Path, expert: int, *, device: str = "cpu") -> dict:
+def restat(run: Path, expert: int, *, device: str = "cpu", pooled: RouterStats | None = None) -> dict:
     """Recompute expert EXPERT's router statistics on the final merged trunk (after the last `mfgguf sync`).
 
     Forward only, trunk + this one expert in memory, over the sample of its shard that training
     used; its held-out losses are recomputed too. Rewrites its module file with its FFNs and the
     new statistics against the merged trunk (its shared copies live in that trunk now; the files
     before are kept in RUN/rounds/sync_<k>/before). One process per expert, on any machine, in
-    any order; an expert already done is left alone.
+    any order; an expert already done is left alone. `pooled` (a RouterStats with second moments)
+    also receives this pass's statistics, so `sync` pools the router's G without a second pass.
 
     Example:
         >>> restat(Path("RUN"), 3)["restated"]
@@ -62,7 +63,7 @@ def restat(run: Path, expert: int, *, device: str = "cpu") -> dict:
     if not needs_restat(rd, trunk, i):
         raise MfggufError(f"{module_name(i)} was not trained against the trunk the final sync merged; retrain it")
     cfg = ModelConfig.from_dict(trunk["config"])
-    tensors, extra = restat_expert(rd, i, meta, rd.module_file(0), cfg, device)
+    tensors, extra = restat_expert(rd, i, meta, rd.module_file(0), cfg, device, pooled)
     extra["restat_s"] = time.perf_counter() - t0
     out = write_module(rd, i, tensors, {**meta, **extra, "trunk_sha256": trunk["sha256"], "shared_merged": True})
     return {**out, "restated": True}
@@ -73,8 +74,9 @@ def _precision(meta: dict) -> str:
 
 
 @torch.no_grad()
-def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelConfig, device: str = "cpu"):
-    """(module tensors: FFN + router statistics, metadata updates) of expert i on the trunk at `trunk_path`."""
+def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelConfig, device: str = "cpu",
+                  pooled: RouterStats | None = None):
+    """(module tensors: FFN + router means, metadata updates) of expert i on the trunk at `trunk_path`."""
     dev = resolve_device(device)
     prec = _precision(meta)
     model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=trunk_path)
@@ -82,9 +84,12 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
     model.load_expert(ffn)
     tc = meta.get("train", {})
     eval_tokens = int(tc.get("eval_tokens", 65_536))
-    stats = RouterStats(cfg.n_layers, cfg.dim)
+    stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=pooled is not None)
     shard_loss, _ = evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), 4 * eval_tokens, "single", dev, prec,
                              hook=stats.hook)
+    if pooled is not None:
+        pooled.add(stats)
+        stats.sq = None  # the module keeps its means only
     held = heldout_losses(rd.heldout_dir, model, eval_tokens, "single", dev, prec)
     extra = {
         "router_stats_count": stats.n, "router_stats_on": "merged trunk", "shard_loss": shard_loss,

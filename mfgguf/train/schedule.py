@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import MfggufError
-from ..run import RunDir, module_name, read_module_meta, write_json
+from ..run import RunDir, module_name, read_module_meta, router_stats_current, write_json
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
 # rounded up: tiny 501-543 (tests/train/test_schedule.py's summaries), small 1,314 with --shared all
@@ -172,6 +172,12 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
             syncs += 1
             if r >= rounds:
                 break
+        if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, int(info["n_experts"])) \
+                and not router_stats_current(rd):
+            from .pooled import pool_router_stats
+
+            _say(progress, "router statistics: trunk + each expert over its shard (pooled.py)")
+            pool_router_stats(rd.root, progress=progress)
     finally:
         backend.close()
     summary = {"run": str(rd.root), "backend": backend.describe(), "rounds": rounds, "syncs": syncs,
@@ -203,6 +209,18 @@ def _trained(rd: RunDir, i: int, trunk: dict, r: int) -> bool:
         return False
     m = read_module_meta(rd, i)
     return m.get("trunk_sha256") == trunk["sha256"] and int(m.get("round", 1)) == r
+
+
+def _all_finished(rd: RunDir, n: int) -> bool:
+    """Every expert of the run has finished its last round against the current trunk (nothing left to sync)."""
+    trunk = _trunk_meta(rd)
+    for i in range(1, n + 1):
+        if not rd.module_meta(i).is_file():
+            return False
+        m = read_module_meta(rd, i)
+        if m.get("trunk_sha256") != trunk["sha256"] or int(m.get("round", 1)) < int(m.get("rounds", 1)):
+            return False
+    return True
 
 
 def _rounds_in_run(rd: RunDir, ids: list[int]) -> int | None:

@@ -9,7 +9,8 @@ checkpoint). Only the shared tensors travel; experts still run in any order, any
 
 After the last round, `sync` finalises: it merges once more, and because the merged trunk
 changes every FFN's input, each expert's router statistics (and held-out losses) are recomputed
-on the model that will actually be written (restat.py: merged trunk + that expert, forward only).
+on the model that will actually be written (restat.py: merged trunk + that expert, forward only),
+and then the router's pooled second moment over every expert's shard (pooled.py).
 `sync` runs that pass for every expert in turn; with 100 experts on 100 machines, `sync
 --no-restat` and then `mfgguf restat RUN --expert I` per machine. `sync` after R = 1 (no rounds)
 is this finalisation alone.
@@ -35,7 +36,7 @@ import numpy as np
 from ..converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
 from ..errors import MfggufError
 from ..run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
-                   read_module_meta, update_manifest, write_json)
+                   read_module_meta, router_stats_current, update_manifest, write_json)
 
 SYNC_FORMAT = "mfgguf-sync"
 
@@ -53,8 +54,9 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     Between rounds the merged trunk is what every expert continues from. After the last round (and
     for R = 1) it finalises: the merged trunk is final and each expert's router statistics are
     recomputed on merged trunk + that expert (forward only), so `mfgguf assemble` routes for the
-    model it writes; --no-restat leaves that to `mfgguf restat RUN --expert I`, one process per
-    expert on any machine. --merge mean (token-weighted) or ties (--merge-density). A killed sync
+    model it writes, and so are the router's pooled statistics (`mfgguf router-stats`); --no-restat
+    leaves both to `mfgguf restat RUN --expert I`, one process per expert on any machine, then
+    `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density). A killed sync
     finishes when re-run.
 
     Example:
@@ -70,7 +72,8 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     if plan_file is None:
         trunk = read_module_meta(rd, 0) if rd.module_meta(0).is_file() else {}
         if trunk.get("final"):  # the last merge is published: only statistics passes can be left
-            if not restat or not [i for i in range(1, info["n_experts"] + 1) if needs_restat(rd, trunk, i)]:
+            restats = restat and [i for i in range(1, info["n_experts"] + 1) if needs_restat(rd, trunk, i)]
+            if not restats and (not restat or router_stats_current(rd)):
                 raise MfggufError(f"{rd.root} is already synced after its last round; assemble it with"
                                   f" `mfgguf assemble {rd.root}`")
             plan_file = sorted(rd.rounds.glob("sync_*/sync.json"))[-1]
@@ -82,10 +85,20 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     write_json(plan_file, plan)
     restated = []
     if plan["final"] and restat:
+        from .pooled import pool_router_stats, write_pooled
+        from .stats import RouterStats
+
+        cfg = read_module_meta(rd, 0)["config"]
+        acc = RouterStats(cfg["n_layers"], cfg["dim"], second_moment=True)  # the router's G, from the same passes
         for i in range(1, plan["experts"] + 1):
             _say(progress, f"router statistics of {module_name(i)} on the merged trunk")
-            if restat_one(rd.root, i, device=device)["restated"]:
+            if restat_one(rd.root, i, device=device, pooled=acc)["restated"]:
                 restated.append(i)
+        if len(restated) == plan["experts"]:
+            write_pooled(rd, acc, t0=t0)
+        elif not router_stats_current(rd):  # some were restated by an earlier, killed sync: one more pass
+            _say(progress, "pooled router statistics of the merged model")
+            pool_router_stats(rd.root, device=device, progress=False)
     trunk = read_module_meta(rd, 0)
     return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
             "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],

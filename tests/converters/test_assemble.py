@@ -19,7 +19,7 @@ from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.converters.inspect import format_inspect, inspect_gguf
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, write_module
+from mfgguf.run import RunDir, write_module, write_router_stats
 
 from . import ROOT, synthetic_run
 
@@ -126,6 +126,27 @@ def _inf(run):
     m = write_module(rd, 0, t, {k: meta[k] for k in ("kind", "preset", "config")})
     for i in (1, 2, 3):  # experts re-recorded against the new trunk: only the Inf is wrong
         _rewrite_expert(run, i, lambda t, meta: meta.update(trunk_sha256=m["sha256"]))
+    _repool(run, m["sha256"])
+
+
+def _repool(run, trunk_sha256):
+    """The pooled router statistics, re-recorded as belonging to trunk `trunk_sha256`."""
+    rd = RunDir(run)
+    meta = json.loads(rd.router_stats_meta.read_text())
+    write_router_stats(rd, load_file(str(rd.router_stats)), {**meta, "trunk_sha256": trunk_sha256})
+
+
+def _flip_pooled(run):
+    p = RunDir(run).router_stats
+    with open(p, "r+b") as f:
+        f.seek(p.stat().st_size - 10)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def _no_pooled(run):
+    RunDir(run).router_stats_meta.unlink()
 
 
 def _other_trunk(run):
@@ -138,7 +159,10 @@ def _missing(run):
 
 BAD = [
     (_truncate, [], "expert_002.*truncated"),
-    (_flip_byte, [], "expert_002.*sha256"),
+    (_flip_byte, [], "expert_002.*recorded blake3"),
+    (_flip_pooled, [], "module router_stats .*recorded blake3"),
+    (_no_pooled, [], "no pooled router statistics.*`mfgguf restat "),
+    (lambda run: _repool(run, "0" * 64), [], "pooled router statistics belong to another version of the trunk.*restat"),
     (_wrong_shape, [], "expert_002.*blk.1.ffn_up.weight has shape \\[64, 64\\], expected \\[128, 64\\]"),
     (_nan, [], "expert_003.*blk.1.ffn_down.weight contains NaN or Inf"),
     (_inf, [], "trunk.*blk.0.attn_q.weight contains NaN or Inf"),

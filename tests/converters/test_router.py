@@ -69,3 +69,22 @@ def test_uniform_random_and_missing_stats():
         rb.finish()
     with pytest.raises(MfggufError, match="unknown router"):
         RouterBuilder("learned", n_layers=1, dim=8, n_experts=2)
+
+
+def test_pooled_second_moment_gives_the_same_router():
+    """One pooled G (module format 2) == the experts' own second moments pooled by count (format 1)."""
+    xs, counts, mus, Ms = _shards()
+    R1 = _build("ridge", counts, mus, Ms)
+    rb = RouterBuilder("ridge", n_layers=1, dim=16, n_experts=4)
+    for p in range(4):
+        rb.add_mean(p, 0, mus[p].astype(np.float32), counts[p])
+    G = sum(n * M for n, M in zip(counts, Ms)) / sum(counts)
+    for r0 in range(0, 16, 5):
+        rb.add_pooled(0, r0, G[r0:r0 + 5].astype(np.float32))
+    np.testing.assert_allclose(rb.finish()[0], R1, rtol=1e-4, atol=1e-5)
+    incomplete = RouterBuilder("ridge", n_layers=1, dim=16, n_experts=4)
+    for p in range(4):
+        incomplete.add_mean(p, 0, mus[p].astype(np.float32), counts[p])
+    incomplete.add_pooled(0, 0, G[:8].astype(np.float32))
+    with pytest.raises(MfggufError, match="second moments are incomplete.*restat"):
+        incomplete.finish()

@@ -54,9 +54,12 @@ def test_overrides_are_checked():
 def test_router_stats_match_a_direct_computation():
     torch.manual_seed(0)
     a, b = torch.randn(2, 5, 8), torch.randn(3, 7, 8)  # two batches (B, T, C) of FFN inputs
-    st = RouterStats(n_layers=1, dim=8)
+    st = RouterStats(n_layers=1, dim=8, second_moment=True)
     st.hook(0, a)
     st.hook(0, b)
+    means_only = RouterStats(n_layers=1, dim=8)  # what experts record (module format 2)
+    means_only.hook(0, a)
+    assert set(means_only.tensors()) == {"router_stats.blk.0.mean"}
     x = torch.cat([a.reshape(-1, 8), b.reshape(-1, 8)]).double()  # (31, 8)
     t = st.tensors()
     assert st.n == 31

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, read_module_meta
+from mfgguf.run import RunDir, read_module_meta, router_stats_current
 from mfgguf.train.schedule import parse_experts, train_experts
 from tests.conftest import TINY_CHARS, copy_run
 
@@ -82,6 +82,7 @@ def test_local_two_workers_equal_sequential(four_run, sequential, tmp_path):
     assert sorted(j["expert"] for j in s["jobs"]) == [1, 2, 3, 4] and not s["failed"]
     assert all(j["peak_rss_mb"] > 50 for j in s["jobs"])
     assert json.loads((run / "logs" / "train-experts.json").read_text())["jobs"]
+    assert router_stats_current(RunDir(run))  # every expert done: the router's pooled statistics too
     again = train_experts(run, workers=2, tokens=TOKENS, progress=False)  # nothing missing: nothing runs
     assert again["jobs"] == []
 
@@ -123,6 +124,7 @@ def test_rounds_run_every_round_and_sync(two_rounds):
     trunk = read_module_meta(RunDir(run), 0)
     assert trunk["final"] and trunk["round"] == 2
     assert all(read_module_meta(RunDir(run), i).get("shared_merged") for i in range(1, N + 1))
+    assert router_stats_current(RunDir(run))  # pooled by the final sync's statistics passes
     r = CliRunner().invoke(app, ["train-experts", str(run), "--no-progress"])
     assert r.exit_code == 0 and "nothing to do" in r.output
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from mfgguf.cli.app import app
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.converters.assemble import assemble
+from mfgguf.train.pooled import pool_router_stats
 from mfgguf.flops import trunk_step_flops
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.expert import build_expert_model, train_expert
@@ -87,6 +88,7 @@ def test_moe_from_seeded_experts_matches_reference(seeded_run, tmp_path):
     run = copy_run(seeded_run, tmp_path / "run")
     for i in range(1, TINY_EXPERTS + 1):
         train_expert(run, i, tokens=4096, progress=False)
+    pool_router_stats(run, progress=False)
     out = tmp_path / "moe.gguf"
     assemble(run, out, quant="f32", top_k=1, progress=False)
     assert not any("seed" in n for n, _ in read_gguf_tensors(out))

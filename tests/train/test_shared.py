@@ -63,10 +63,11 @@ def test_shared_attn_module_file_and_own_domain_gain(attn_run, trained_run):
     # the FFN and the router statistics are still there, unchanged in form
     ffn = {f"blk.{l}.ffn_{w}.weight" for l in range(cfg.n_layers) for w in ("gate", "up", "down")}
     assert {k for k in t if not k.startswith((SHARED_PREFIX, STATS_PREFIX))} == ffn
-    # Router statistics come from the expert's own model: after ITS ffn_norm copy w, sum_c n_c^2/w_c^2 = dim.
+    # Router statistics come from the expert's own model: after ITS ffn_norm copy w, |mean / w|^2 <= dim.
     for l in range(cfg.n_layers):
-        m2, w = t[f"{STATS_PREFIX}blk.{l}.second_moment"], t[f"{SHARED_PREFIX}blk.{l}.ffn_norm.weight"]
-        assert (m2.diagonal() / w**2).sum().item() == pytest.approx(cfg.dim, rel=2e-2)
+        mu, w = t[f"{STATS_PREFIX}blk.{l}.mean"], t[f"{SHARED_PREFIX}blk.{l}.ffn_norm.weight"]
+        assert f"{STATS_PREFIX}blk.{l}.second_moment" not in t
+        assert 0 < ((mu / w) ** 2).sum().item() <= cfg.dim * 1.01
     # Training attention too buys more on the expert's own domain than the FFN alone, at the same tokens.
     (own,) = meta["shard_domains"]
     assert meta["heldout_loss"][own] < none["heldout_loss"][own] - 0.01, (meta["heldout_loss"], none["heldout_loss"])

@@ -23,8 +23,9 @@ from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.converters.merge import merge_arrays
 from mfgguf.errors import MfggufError
-from mfgguf.run import SHARED_PREFIX, STATS_PREFIX, RunDir, sha256_file, update_manifest
+from mfgguf.run import SHARED_PREFIX, STATS_PREFIX, RunDir, router_stats_current, sha256_file, update_manifest
 from mfgguf.train.expert import train_expert
+from mfgguf.train.pooled import pool_router_stats
 from mfgguf.train.sync import round_end, sync
 from tests.conftest import TINY_EXPERTS, copy_run
 from tests.converters import llama_logits, reference_logits, rel_diff, text_sample
@@ -119,7 +120,7 @@ def test_sync_writes_the_token_weighted_mean_and_experts_continue_from_it(round1
         train_expert(run, 2, progress=False, shared="attn", rounds=1)
 
 
-def test_final_sync_recomputes_statistics_on_the_merged_model(finished, round1):
+def test_final_sync_recomputes_statistics_on_the_merged_model(finished, round1, tmp_path):
     rd = RunDir(finished)
     trunk = _meta(finished, 0)
     assert (trunk["round"], trunk["rounds"], trunk["final"]) == (2, 2, True)
@@ -134,6 +135,14 @@ def test_final_sync_recomputes_statistics_on_the_merged_model(finished, round1):
             k = f"{STATS_PREFIX}blk.{l}.mean"
             assert not np.array_equal(t[k], before[k])
         assert not rd.checkpoint_dir(i).exists()  # the last round removes the checkpoint as before
+    # The router's pooled G came from those same passes, no second one: equal to a fresh `router-stats`.
+    pooled = json.loads(rd.router_stats_meta.read_text())
+    assert router_stats_current(rd) and pooled["source"] == "experts"
+    assert pooled["router_stats_count"] == sum(_meta(finished, i)["router_stats_count"] for i in EXPERTS)
+    again = copy_run(finished, tmp_path / "again")
+    pool_router_stats(again, progress=False)
+    g0, g1 = load_file(rd.router_stats), load_file(RunDir(again).router_stats)
+    assert all(np.allclose(g0[k], g1[k], rtol=1e-5, atol=1e-6) for k in g0)
     code, out = _cli("sync", finished)
     assert code == 1 and "already synced after its last round" in out
     code, out = _cli("train-expert", finished, "--expert", "1", "--shared", "attn", "--rounds", "2", "--no-progress")

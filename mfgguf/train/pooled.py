@@ -1,0 +1,117 @@
+"""The router's pooled second moment: one file per run instead of one dim x dim matrix in every expert.
+
+Ridge routing needs, per layer, each expert's mean FFN input (dim,), which experts keep recording,
+and G, the second moment of the FFN inputs over the union of the shards (dim x dim). Module format
+1 stored each expert's own second moment M_i: for the `1b` preset 50 MB per expert, more than the
+expert's weights, read and hashed at every assembly. `pool_router_stats` computes
+G = sum_i n_i M_i / sum_i n_i once, with the statistics pass restat.py uses: trunk + one expert in
+memory, forward only, over the same sample of each expert's shard that its training measured
+(4 x eval_tokens, windows spread over the shard), experts one after another. With that sample it
+is the very G that format 1 pooled at assembly, so the router is unchanged.
+
+`--source trunk` measures G instead with the trunk alone over the mixed training data: no expert
+needed, but the deeper layers' FFN inputs then lack the experts' contribution; measured worse
+(README, issue 10), kept as an option.
+
+Output: modules/router_stats.safetensors (`router_stats.blk.{l}.second_moment`, f32) and its JSON,
+recorded in the manifest with their hashes; the JSON names the trunk and every expert (sha256) it
+was computed with, so assembly refuses statistics that predate a retrained module.
+
+Example:
+    >>> pool_router_stats(Path("RUN"))["router_stats_count"]
+    786432
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import MfggufError
+from ..model import seed_name_map, trunk_model, trunk_name_map
+from ..run import RunDir, module_name, read_module_meta, write_router_stats
+from .expert import _read_safetensors, build_expert_model, load_trunk_meta
+from .loop import evaluate, load_tokens, resolve_device
+from .stats import RouterStats
+
+SOURCES = ("experts", "trunk")
+
+
+@torch.no_grad()
+def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None = None, device: str = "cpu",
+                      progress: bool = True) -> dict:
+    """Compute the router's pooled statistics of RUN (modules/router_stats.safetensors), which assembly
+    needs for the ridge router: the second moment of the FFN inputs over every expert's shard, from
+    trunk + that expert (forward only, one expert in memory at a time). Run it after the experts are
+    trained (`train-experts` and the final `sync` do it for you); rerun it after retraining one.
+    --source trunk uses the trunk alone over the mixed data (no experts needed; a worse router).
+
+    Example:
+        >>> pool_router_stats(Path("RUN"))["experts"]
+        {'expert_001': '3f2a...', ...}
+    """
+    if source not in SOURCES:
+        raise MfggufError(f"unknown --source {source!r}; choose experts or trunk")
+    t0 = time.perf_counter()
+    rd = RunDir(run)
+    info = rd.info()
+    trunk = load_trunk_meta(rd)
+    cfg = ModelConfig.from_dict(trunk["config"])
+    dev = resolve_device(device)
+    per = int(tokens or 4 * int(trunk.get("train", {}).get("eval_tokens", 65_536)))
+    stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
+    if source == "trunk":
+        model, route = trunk_model(cfg)
+        by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
+        model.load_state_dict({by_gguf[g]: t for g, t in _read_safetensors(rd.module_file(0)) if g in by_gguf},
+                              strict=False)
+        model.to(dev)
+        evaluate(model, load_tokens(rd.train_tokens, "the trunk's training tokens"), per, route, dev,
+                 _precision(trunk), hook=stats.hook)
+    else:
+        metas = {i: _expert_meta(rd, trunk, i) for i in range(1, info["n_experts"] + 1)}
+        prec = _precision(metas[1])
+        model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=rd.module_file(0))
+        for i in metas:
+            if progress:
+                print(f"router statistics: {module_name(i)} ({i}/{len(metas)})", flush=True)
+            model.load_expert({k: t for k, t in _read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
+            evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), per, "single", dev, prec, hook=stats.hook)
+        return write_pooled(rd, stats, t0=t0, tokens=per)
+    return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
+
+
+def write_pooled(rd: RunDir, stats: RouterStats, *, t0: float, tokens: int | None = None) -> dict:
+    """Write G from `stats` accumulated over trunk + every expert, as they are now (restat.py's passes
+    feed it during `sync`, so the final sync needs no second pass)."""
+    trunk = read_module_meta(rd, 0)
+    n = int(rd.info()["n_experts"])
+    experts = {module_name(i): read_module_meta(rd, i)["sha256"] for i in range(1, n + 1)}
+    per = tokens or 4 * int(read_module_meta(rd, 1).get("train", {}).get("eval_tokens", 65_536))
+    return _write(rd, stats, trunk, "experts", experts, per, "trunk + each expert over its shard", t0)
+
+
+def _write(rd: RunDir, stats: RouterStats, trunk: dict, source: str, experts: dict, per: int, on: str, t0: float) -> dict:
+    tensors = {k: v for k, v in stats.tensors().items() if k.endswith(".second_moment")}
+    return write_router_stats(rd, tensors, {
+        "trunk_sha256": trunk["sha256"], "source": source, "experts": experts, "tokens_per_source": per,
+        "router_stats_count": stats.n, "router_stats_on": on, "seconds": round(time.perf_counter() - t0, 3),
+    })
+
+
+def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
+    if not rd.module_meta(i).is_file():
+        raise MfggufError(f"{module_name(i)} is not trained yet; train every expert before `mfgguf router-stats`"
+                          " (or use --source trunk)")
+    m = read_module_meta(rd, i)
+    if m.get("trunk_sha256") != trunk["sha256"] or int(m.get("round", 1)) < int(m.get("rounds", 1)):
+        raise MfggufError(f"{module_name(i)} has not finished training against the current trunk; finish it"
+                          f" (`mfgguf train-expert {rd.root} --expert {i}`, `mfgguf sync {rd.root}`) first")
+    return m
+
+
+def _precision(meta: dict) -> str:
+    return meta.get("precision") if meta.get("precision") in ("bf16", "fp32") else "fp32"
