@@ -143,7 +143,9 @@ def build(out: Path, *, preset: str = "tiny", n_experts: int = 3, vocab: int | N
         _as_format1(rd, n_experts)
     else:
         write_router_stats(rd, {f"router_stats.blk.{l}.second_moment": g.astype(np.float32) for l, g in enumerate(pooled)},
-                           {"trunk_sha256": trunk["sha256"], "router_stats_count": stats_count * n_experts, "synthetic": True})
+                           {"trunk_sha256": trunk["sha256"], "router_stats_count": stats_count * n_experts, "synthetic": True,
+                            "source": "experts", "experts": {f"expert_{i:03d}": json.loads(rd.module_meta(i).read_text())["sha256"]
+                                                             for i in range(1, n_experts + 1)}})
     return out
 
 

@@ -143,12 +143,16 @@ class _Writer:
             self.scratch = tempfile.TemporaryFile(dir=path.parent)
             self.deferred_down = {n for n in p.merged if n.endswith("ffn_down_shexp.weight")}
         self.unflushed = 0  # bytes written since writeback was last started
+        self.behind = _WriteBehind(self.fd) if os.environ.get("MFGGUF_WRITE_BEHIND", "1") != "0" else None
 
     def _enter(self, phase: str, after: str) -> None:
         assert self.phase == after, f"phase {phase} after {self.phase}, expected after {after}"
         self.phase = phase
 
     def close(self) -> None:
+        if self.behind is not None:
+            self.behind.close(raise_error=False)
+            self.behind = None
         self.bar.close()
         if self.scratch is not None:
             self.scratch.close()
@@ -294,6 +298,9 @@ class _Writer:
 
     def finish(self) -> None:
         self._enter("fsync", "router")
+        if self.behind is not None:  # every queued chunk on its way to the disk (raises what a write raised)
+            self.behind.close()
+            self.behind = None
         missing = [s.name for s in self.p.slots if s.written != s.nbytes]
         if missing:
             s = self.p.slot(missing[0])
@@ -309,9 +316,12 @@ class _Writer:
             mv, offset = mv[n:], offset + n
 
     def _put(self, s, offset: int, x: np.ndarray) -> None:
-        q = Q.quantize(x, s.qtype, threads=self.threads)
+        q = Q.quantize(x, s.qtype, threads=self.threads)  # a new array: it may be written after we return
         assert s.offset <= offset and offset + q.nbytes <= s.offset + s.nbytes, (s.name, offset)
-        self._pwrite(q, self.p.data_offset + offset)
+        if self.behind is not None:
+            self.behind.put(q, self.p.data_offset + offset)
+        else:
+            self._pwrite(q, self.p.data_offset + offset)
         s.written += q.nbytes
         self.unflushed += q.nbytes
         if self.unflushed >= WRITEBACK_BYTES:  # the disk writes while we compute; the final fsync waits less
@@ -358,6 +368,46 @@ class _Writer:
         else:
             _pread_into(self.anchor_fd, buf, e.begin + r0 * cols * 4)
         return buf
+
+
+class _WriteBehind:
+    """A thread that pwrites quantized chunks while the next ones are read and quantized.
+
+    The copy into the page cache (and, past the dirty limit, the wait for the disk) then overlaps
+    the quantizer instead of following it. At most DEPTH chunks wait (a few MB); a write error is
+    raised by the next `put` or by `close`.
+    """
+
+    DEPTH = 4
+
+    def __init__(self, fd: int):
+        import queue
+        import threading
+
+        self.fd, self.error = fd, None
+        self.q: queue.Queue = queue.Queue(self.DEPTH)
+        self.t = threading.Thread(target=self._run, name="mfgguf-write", daemon=True)
+        self.t.start()
+
+    def put(self, data: np.ndarray, offset: int) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put((data, offset))
+
+    def close(self, raise_error: bool = True) -> None:
+        if self.t.is_alive():
+            self.q.put(None)
+            self.t.join()
+        if raise_error and self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while (item := self.q.get()) is not None:
+            if self.error is None:
+                try:
+                    _pwrite_all(self.fd, *item)
+                except BaseException as e:  # noqa: BLE001 - handed to the assembling thread
+                    self.error = e
 
 
 _LIBC: list = []

@@ -70,3 +70,21 @@ def reference_logits(run: Path, gguf_path: Path, ids: list[int]) -> tuple[np.nda
 
 def rel_diff(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(a - ref).mean() / np.abs(ref).mean())
+
+
+def repool(run: Path, trunk_sha256: str | None = None) -> None:
+    """Re-record the run's pooled router statistics for its experts as they are now (and for `trunk_sha256`
+    if given): after a test rewrites a module, only what it changed on purpose is wrong."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    from mfgguf.run import RunDir, write_router_stats
+
+    rd = RunDir(run)
+    meta = json.loads(rd.router_stats_meta.read_text())
+    n = json.loads(rd.run_json.read_text())["n_experts"]
+    experts = {f"expert_{i:03d}": json.loads(rd.module_meta(i).read_text())["sha256"] for i in range(1, n + 1)
+               if rd.module_meta(i).is_file()}
+    write_router_stats(rd, load_file(str(rd.router_stats)),
+                       {**meta, "trunk_sha256": trunk_sha256 or meta["trunk_sha256"], "experts": experts})

@@ -21,7 +21,7 @@ from mfgguf.converters.inspect import format_inspect, inspect_gguf
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, write_module, write_router_stats
 
-from . import ROOT, synthetic_run
+from . import ROOT, repool, synthetic_run
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +83,17 @@ def _expert_tensors(run, i):
     return load_file(str(RunDir(run).module_file(i)))
 
 
-def _rewrite_expert(run, i, change):
+def _rewrite_expert(run, i, change, refresh=True):
+    """Expert i changed by `change`; with refresh, the pooled router statistics re-recorded for it (so that only
+    the change itself is wrong)."""
     rd = RunDir(run)
     meta = json.loads(rd.module_meta(i).read_text())
     t = _expert_tensors(run, i)
     change(t, meta)
     keep = {k: meta[k] for k in ("kind", "preset", "config", "shard", "trunk_sha256", "router_stats_count")}
     write_module(rd, i, t, keep)
+    if refresh:
+        repool(run)
 
 
 def _truncate(run):
@@ -125,15 +129,12 @@ def _inf(run):
     t["blk.0.attn_q.weight"][0, 0] = np.inf
     m = write_module(rd, 0, t, {k: meta[k] for k in ("kind", "preset", "config")})
     for i in (1, 2, 3):  # experts re-recorded against the new trunk: only the Inf is wrong
-        _rewrite_expert(run, i, lambda t, meta: meta.update(trunk_sha256=m["sha256"]))
+        _rewrite_expert(run, i, lambda t, meta: meta.update(trunk_sha256=m["sha256"]), refresh=False)
     _repool(run, m["sha256"])
 
 
 def _repool(run, trunk_sha256):
-    """The pooled router statistics, re-recorded as belonging to trunk `trunk_sha256`."""
-    rd = RunDir(run)
-    meta = json.loads(rd.router_stats_meta.read_text())
-    write_router_stats(rd, load_file(str(rd.router_stats)), {**meta, "trunk_sha256": trunk_sha256})
+    repool(run, trunk_sha256)
 
 
 def _flip_pooled(run):
@@ -143,6 +144,10 @@ def _flip_pooled(run):
         b = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0xFF]))
+
+
+def _retrained_expert(run):
+    _rewrite_expert(run, 2, lambda t, meta: t["blk.0.ffn_up.weight"].__imul__(1.01), refresh=False)
 
 
 def _no_pooled(run):
@@ -161,8 +166,9 @@ BAD = [
     (_truncate, [], "expert_002.*truncated"),
     (_flip_byte, [], "expert_002.*recorded blake3"),
     (_flip_pooled, [], "module router_stats .*recorded blake3"),
-    (_no_pooled, [], "no pooled router statistics.*`mfgguf restat "),
-    (lambda run: _repool(run, "0" * 64), [], "pooled router statistics belong to another version of the trunk.*restat"),
+    (_no_pooled, [], "no pooled router statistics.*`mfgguf router-stats "),
+    (lambda run: _repool(run, "0" * 64), [], "pooled router statistics belong to another version of the trunk.*router-stats"),
+    (_retrained_expert, [], "pooled router statistics predate expert_002.*router-stats"),
     (_wrong_shape, [], "expert_002.*blk.1.ffn_up.weight has shape \\[64, 64\\], expected \\[128, 64\\]"),
     (_nan, [], "expert_003.*blk.1.ffn_down.weight contains NaN or Inf"),
     (_inf, [], "trunk.*blk.0.attn_q.weight contains NaN or Inf"),
