@@ -77,11 +77,14 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return _POOLS[n]
 
 
-def quantize(x: np.ndarray, qtype: str, *, threads: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+def quantize(x: np.ndarray, qtype: str, *, threads: int | None = None, out: np.ndarray | None = None,
+             fast: bool = False) -> np.ndarray:
     """Quantize an f32 array (..., n_per_row) to a flat uint8 array of GGUF bytes of type `qtype`.
 
     Rows are quantized independently, so a tensor may be quantized in row chunks and the
     chunks' bytes concatenated. Raises MfggufError when the row length does not fit the block.
+    `fast=True` quantizes q8_0 with ggml-cpu's vectorised row quantizer (fastquant.py: ~8x
+    faster, a few bytes per million differ from the reference); other types are unaffected.
     """
     t = QTYPES[qtype]
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -95,6 +98,11 @@ def quantize(x: np.ndarray, qtype: str, *, threads: int | None = None, out: np.n
     if qtype == "f32":
         out[:] = x.reshape(-1).view(np.uint8)
         return out
+    if fast and qtype == "q8_0":
+        from .fastquant import quantize_q8_0
+
+        if quantize_q8_0(x, out) is not None:
+            return out
     lib = ggml_lib()
     if lib is None:
         return _quantize_gguf_py(x.reshape(nrows, n_per_row), qtype, out)

@@ -91,3 +91,25 @@ def test_pooled_file_holds_only_second_moments(runs):
     with safe_open(str(RunDir(runs[0]).router_stats), "numpy") as f:
         keys = list(f.keys())
     assert keys and all(k.startswith(STATS_PREFIX) and k.endswith(".second_moment") for k in keys)
+
+
+def test_fast_quant_writes_the_same_model_up_to_rounding(runs, tmp_path):
+    """`assemble --fast-quant`: same tensors and types, q8_0 quants differing from the reference's by one step in a
+    few places per million, and llama.cpp's logits as close to the reference file's as q8_0 rounding allows."""
+    from tokenizers import Tokenizer
+
+    from mfgguf.converters import fastquant
+
+    from . import llama_logits, rel_diff, text_sample
+
+    if not fastquant.available():
+        pytest.skip("libggml-cpu not loadable")
+    ref = assemble(runs[0], tmp_path / "ref.gguf", quant="q8_0", progress=False)
+    fast = assemble(runs[0], tmp_path / "fast.gguf", quant="q8_0", fast_quant=True, progress=False)
+    assert fast["quantizer"].startswith("ggml-cpu") and ref["quantizer"] == "ggml"
+    a, b = gguf.GGUFReader(ref["path"]).tensors, gguf.GGUFReader(fast["path"]).tensors
+    assert [(t.name, t.tensor_type) for t in a] == [(t.name, t.tensor_type) for t in b]
+    differ = sum(int(np.count_nonzero(np.asarray(x.data) != np.asarray(y.data))) for x, y in zip(a, b))
+    assert differ <= 1e-4 * sum(int(np.asarray(x.data).nbytes) for x in a)
+    ids = Tokenizer.from_file(str(RunDir(runs[0]).tokenizer)).encode(text_sample()).ids[:32]
+    assert rel_diff(llama_logits(tmp_path / "fast.gguf", ids, 32), llama_logits(tmp_path / "ref.gguf", ids, 32)) < 1e-2

@@ -113,3 +113,19 @@ def test_type_rules():
     t, why = schema.tensor_type("blk.0.attn_q.weight", (64, 64), "q4_k")
     assert t == "q5_0" and "64" in why
     assert schema.tensor_type("blk.0.attn_q.weight", (64, 48), "q6_k")[0] == "f16"  # 48 % 32 != 0
+
+
+@pytest.mark.skipif(not __import__("mfgguf.converters.fastquant", fromlist=["x"]).available(),
+                    reason="libggml-cpu not loadable")
+def test_fast_q8_0_is_the_same_format_within_one_step():
+    """ggml-cpu's vectorised q8_0: same block scales as the reference, a quant differs by at most one step, rarely."""
+    x = np.random.default_rng(1).standard_normal((512, 1024), dtype=np.float32) * 0.02
+    ref, fast = Q.quantize(x, "q8_0"), Q.quantize(x, "q8_0", fast=True)
+    assert fast.shape == ref.shape
+    blocks_r, blocks_f = ref.reshape(-1, 34), fast.reshape(-1, 34)
+    assert np.array_equal(blocks_r[:, :2], blocks_f[:, :2])  # fp16 scales
+    dq = blocks_r[:, 2:].view(np.int8).astype(int) - blocks_f[:, 2:].view(np.int8).astype(int)
+    assert np.abs(dq).max() <= 1 and np.count_nonzero(dq) <= 1e-4 * dq.size
+    np.testing.assert_allclose(Q.dequantize(fast, "q8_0", x.shape), x, atol=float(np.abs(x).max()) / 127)
+    y = np.random.default_rng(2).standard_normal((64, 256), dtype=np.float32)
+    assert np.array_equal(Q.quantize(y, "q4_k", fast=True), Q.quantize(y, "q4_k"))  # other types: unaffected
