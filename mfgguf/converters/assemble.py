@@ -5,9 +5,10 @@ Phases, each checking its own state before the next runs:
   2. header             key-values, tokenizer, provenance and tensor infos, at offset 0
   3. preallocate        the whole file (posix_fallocate): a full disk fails now, not in an hour
   4+5. stream          trunk and experts, tensor by tensor in row chunks of at most CHUNK_BYTES,
-                        each quantized and written at its precomputed offset with os.pwrite. A few
-                        module files are open at a time, read and hashed on background threads
-                        (stream.py). Expert slot p of a stacked tensor lives at
+                        each quantized and written at its precomputed offset with os.pwrite, whole
+                        chunks on a pool of threads (_QuantPool). A few module files are open at a
+                        time, read and hashed on background threads (stream.py). Expert slot p of a
+                        stacked tensor lives at
                         `offset + p * expert_bytes`; the experts' means and the trunk's pooled
                         second moments (modules/router_stats.safetensors) feed the router
   6. merge              trunk tensors that experts trained copies of (`--shared`): each one merged
@@ -20,12 +21,13 @@ Phases, each checking its own state before the next runs:
                         sizes, offsets
   10. rename            the temporary file beside the destination replaces it atomically
 
-Memory is one chunk of one tensor (plus its quantized bytes) and the router accumulator
-(layers x dim x dim f32 for ridge) and a few read-ahead buffers per open file: it does not grow
-with the number of experts. Every module file is read once, sequentially; its sha256 is computed
-on that same read (the very bytes that are quantized) and compared with the manifest's (blake3;
-sha256 for modules written before it), and every chunk is checked for NaN/Inf, so a damaged
-module aborts assembly before anything reaches the destination. This path imports no torch. The merge phase rereads the merged tensors' rows with
+Memory is a few chunks in flight (plus their quantized bytes), the router accumulator (layers x
+dim x dim f32 for ridge) and a few read-ahead buffers per open file: it does not grow with the
+number of experts. Every module file is read once, sequentially; its digest is computed on that
+same read (the very bytes that are quantized) and compared with the manifest's (blake3; sha256
+for modules written before it), and every chunk is checked for NaN/Inf, so a damaged module
+aborts assembly before anything reaches the destination. This path imports no torch. The merge
+phase rereads the merged tensors' rows with
 pread (checked to be the same files: size and mtime), one row chunk of one tensor from one
 module at a time, so it too is flat in the number of experts.
 

@@ -89,9 +89,10 @@ def test_expert_modules_meta_and_router_stats(trained_run):
             # After RMSNorm with weight w every token has sum_c (n_c / w_c)^2 = dim, so the mean at most that.
             assert mu.shape == (cfg.dim,) and 0 < ((mu / w) ** 2).sum().item() <= cfg.dim * 1.01
         assert (rd.plots / f"loss_expert_{i:03d}.png").is_file()
-    # The router's second moment, pooled once by the trunk's pass over the mixed training data.
+    # The router's second moment, pooled once (`router-stats`: trunk + each expert over its shard sample).
     pooled = json.loads(rd.router_stats_meta.read_text())
-    assert pooled["trunk_sha256"] == trunk["sha256"] and pooled["router_stats_count"] == 4 * trunk["train"]["eval_tokens"]
+    counts = [json.loads(rd.module_meta(i).read_text())["router_stats_count"] for i in range(1, TINY_EXPERTS + 1)]
+    assert pooled["trunk_sha256"] == trunk["sha256"] and pooled["router_stats_count"] == sum(counts)
     g = load_file(rd.router_stats)
     for l in range(cfg.n_layers):
         m2, w = g[f"{STATS_PREFIX}blk.{l}.second_moment"], trunk_t[f"blk.{l}.ffn_norm.weight"]
