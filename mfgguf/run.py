@@ -10,7 +10,7 @@
       data/clusters.safetensors k-means centres (partition=cluster only)
       modules/trunk.safetensors + trunk.json            module 0
       modules/expert_001.safetensors + expert_001.json  experts 1..N
-      modules/router_stats.safetensors + .json          pooled router statistics of this trunk
+      modules/router_stats.safetensors + .json          pooled router statistics of this trunk + experts
       manifest.json             every finished module with its sha256
       checkpoints/<module>/     resumable training state
       rounds/sync_<k>/          `mfgguf sync`: the modules before and after merge k, and its plan
@@ -20,8 +20,8 @@ A module file is one safetensors file of GGUF-named tensors (see `model.trunk_na
 expert's file also holds the mean of its FFN inputs per layer, `router_stats.blk.{l}.mean` (dim,),
 over `router_stats_count` tokens (the count lives in the JSON). The router's one dim x dim
 statistic, the second moment of the FFN inputs, is pooled once per trunk instead of stored per
-expert: `modules/router_stats.safetensors` (`router_stats.blk.{l}.second_moment`, from the
-trunk's pass over the mixed training data, see train/pooled.py). Module format 1 (earlier mfgguf)
+expert: `modules/router_stats.safetensors` (`router_stats.blk.{l}.second_moment`, from trunk +
+each expert over its shard sample, see train/pooled.py). Module format 1 (earlier mfgguf)
 stored a second moment in every expert; such runs still assemble as they are. An expert trained
 with `--shared` also holds its trained copy of each chosen trunk tensor as `shared.<trunk GGUF
 name>` (f32, the trunk tensor's shape), listed in its JSON as `shared_tensors`; assembly merges
@@ -246,20 +246,8 @@ def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
         >>> write_module(RunDir("RUN"), 0, model.trunk_tensors(), {"kind": "trunk", ...})
     """
     path = run.module_file(index)
-    import numpy as np
-
-    arrays = {}
-    for k, v in tensors.items():
-        if hasattr(v, "detach"):
-            v = v.detach().to("cpu").float().contiguous().numpy()
-        arrays[k] = np.ascontiguousarray(v, dtype=np.float32)
-    from safetensors.numpy import save_file
-
-    with atomic_path(path) as tmp:
-        # One metadata key: safetensors writes the metadata map in hash order, so two keys would
-        # make the sha256 of bit-identical weights differ from run to run.
-        save_file(arrays, str(tmp), metadata={"format": f"{MODULE_FORMAT}/{module_name(index)}"})
-    full = module_meta_for(path, index, meta, {k: list(a.shape) for k, a in arrays.items()})
+    shapes = _save_f32(path, tensors, module_name(index))
+    full = module_meta_for(path, index, meta, shapes)
     write_json(run.module_meta(index), full)
     update_manifest(run, index, full)
     return full
@@ -302,9 +290,34 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def update_manifest(run: RunDir, index: int, meta: dict) -> None:
+def _save_f32(path: Path, tensors: dict, name: str) -> dict[str, list[int]]:
+    """Write `tensors` (torch or numpy) as f32 safetensors at `path`, atomically; their shapes."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    arrays = {}
+    for k, v in tensors.items():
+        if hasattr(v, "detach"):
+            v = v.detach().to("cpu").float().contiguous().numpy()
+        arrays[k] = np.ascontiguousarray(v, dtype=np.float32)
+    with atomic_path(path) as tmp:
+        # One metadata key: safetensors writes the metadata map in hash order, so two keys would
+        # make the sha256 of bit-identical weights differ from run to run.
+        save_file(arrays, str(tmp), metadata={"format": f"{MODULE_FORMAT}/{name}"})
+    return {k: list(a.shape) for k, a in arrays.items()}
+
+
+@contextmanager
+def _manifest(run: RunDir):
+    """The manifest as a dict to edit, under the lock, written back atomically on exit."""
     with _locked(run.manifest):
         man = json.loads(run.manifest.read_text()) if run.manifest.is_file() else {"format": "mfgguf-manifest", "modules": {}}
+        yield man
+        write_json(run.manifest, man)
+
+
+def update_manifest(run: RunDir, index: int, meta: dict) -> None:
+    with _manifest(run) as man:
         man["modules"][module_name(index)] = {
             "index": index,
             "file": f"modules/{meta['file']}",
@@ -315,44 +328,50 @@ def update_manifest(run: RunDir, index: int, meta: dict) -> None:
             "trunk_sha256": meta.get("trunk_sha256"),
         }
         man["modules"] = dict(sorted(man["modules"].items(), key=lambda kv: kv[1]["index"]))
-        write_json(run.manifest, man)
 
 
 def write_router_stats(run: RunDir, tensors: dict, meta: dict) -> dict:
     """Write the pooled router statistics of the current trunk (modules/router_stats.*), recorded in
     the manifest under "router_stats" with their hashes, like a module. Returns the metadata."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
     path = run.router_stats
-    arrays = {k: np.ascontiguousarray(v.detach().cpu().float().numpy() if hasattr(v, "detach") else v, dtype=np.float32)
-              for k, v in tensors.items()}
-    with atomic_path(path) as tmp:
-        save_file(arrays, str(tmp), metadata={"format": f"{MODULE_FORMAT}/router_stats"})
+    _save_f32(path, tensors, "router_stats")
     full = {"format": MODULE_FORMAT, "version": MODULE_VERSION, "name": "router_stats", "kind": "router_stats",
             **{k: v for k, v in meta.items() if k not in ("sha256", "blake3", "bytes", "file")},
             "file": path.name, **file_digests(path), "bytes": path.stat().st_size}
     write_json(run.router_stats_meta, full)
-    with _locked(run.manifest):
-        man = json.loads(run.manifest.read_text()) if run.manifest.is_file() else {"format": "mfgguf-manifest", "modules": {}}
+    with _manifest(run) as man:
         man["router_stats"] = {"file": f"modules/{path.name}", "sha256": full["sha256"], "blake3": full["blake3"],
                                "bytes": full["bytes"], "trunk_sha256": full.get("trunk_sha256")}
-        write_json(run.manifest, man)
     return full
+
+
+def finished_against(expert_meta: dict, trunk_sha256: str) -> bool:
+    """An expert module has trained its last round against this trunk: nothing left to train or sync."""
+    return (expert_meta.get("trunk_sha256") == trunk_sha256
+            and int(expert_meta.get("round", 1)) >= int(expert_meta.get("rounds", 1)))
+
+
+def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -> str | None:
+    """Why pooled router statistics (their JSON `meta`) do not describe this trunk and these experts
+    ({name: sha256}), or None when they do."""
+    if meta.get("trunk_sha256") != trunk_sha256:
+        return "belong to another version of the trunk"
+    if meta.get("source") != "trunk":  # the trunk's own pass holds for any experts
+        for name, sha in experts.items():
+            if (meta.get("experts") or {}).get(name) != sha:
+                return f"predate {name} (trained since)"
+    return None
 
 
 def router_stats_current(run: RunDir) -> bool:
     """The pooled router statistics were computed on the current trunk and every expert as it is now."""
     if not run.router_stats_meta.is_file() or not run.module_meta(0).is_file():
         return False
-    meta = read_json(run.router_stats_meta, "the pooled router statistics")
-    if meta.get("trunk_sha256") != read_json(run.module_meta(0), "the trunk's metadata").get("sha256"):
-        return False
-    if meta.get("source") == "trunk":
-        return True
     n = int(run.info()["n_experts"])
-    return all(run.module_meta(i).is_file() and (meta.get("experts") or {}).get(module_name(i))
-               == read_json(run.module_meta(i), "an expert's metadata").get("sha256") for i in range(1, n + 1))
+    experts = {module_name(i): read_json(run.module_meta(i), "an expert's metadata").get("sha256")
+               if run.module_meta(i).is_file() else "" for i in range(1, n + 1)}  # "": untrained, never current
+    return router_stats_stale(read_json(run.router_stats_meta, "the pooled router statistics"),
+                              read_json(run.module_meta(0), "the trunk's metadata").get("sha256"), experts) is None
 
 
 def read_manifest(run: RunDir) -> dict:

@@ -90,6 +90,11 @@ def bench_quantizer(n: int, threads: int | None) -> None:
                           "threads": threads or Q.default_threads(), "mb_per_s": round(x.nbytes / dt / 1e6, 1)}), flush=True)
 
 
+def module_inputs(rd, n: int) -> list[Path]:
+    """Every file assembling N experts reads: trunk, experts 1..N, the pooled router statistics."""
+    return [rd.module_file(i) for i in range(0, n + 1)] + ([rd.router_stats] if rd.router_stats.is_file() else [])
+
+
 def io_reference(inputs: list[Path], out_bytes: int, dest: Path) -> str:
     return f"""
 import os
@@ -146,16 +151,11 @@ def main() -> None:
     rss = {}
     for n in ns:
         out = a.dir / f"model-{n}.gguf"
-        code = (f"import sys, json; from pathlib import Path; from mfgguf.converters.assemble import assemble; "
-                f"r = assemble(Path({str(run)!r}), Path({str(out)!r}), quant={a.quant!r}, experts=list(range(1, {n + 1})), "
-                f"merge={a.merge!r}, force=True, progress=False, threads={a.threads!r}, fast_quant={a.fast_quant!r}); "
-                f"assert 'torch' not in sys.modules; "
-                f"r['vm_hwm_kb'] = int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); "
-                f"print(json.dumps(r))")
+        code = _assemble_code(run, out, a.quant, list(range(1, n + 1)), a.threads, merge=a.merge, fast_quant=a.fast_quant)
         wall, _, stdout, cpu, busy = _child(code)
         r = json.loads(stdout.strip().splitlines()[-1])
         peak = r["vm_hwm_kb"] / 1024
-        inputs = [rd.module_file(i) for i in range(0, n + 1)] + ([rd.router_stats] if rd.router_stats.is_file() else [])
+        inputs = module_inputs(rd, n)
         io_s, _, _, io_cpu, io_busy = _child(io_reference(inputs, r["bytes"], a.dir / "io-ref.bin"))
         (a.dir / "io-ref.bin").unlink(missing_ok=True)
         out.unlink(missing_ok=True)
@@ -213,7 +213,7 @@ def reference(rd, n: int, a) -> None:
         rows[path] = r
         return r
 
-    mod_inputs = [rd.module_file(i) for i in range(0, n + 1)] + ([rd.router_stats] if rd.router_stats.is_file() else [])
+    mod_inputs = module_inputs(rd, n)
     row("mfgguf q8_0", _assemble_code(rd.root, d / "mfgguf-q8_0.gguf", "q8_0", experts, a.threads),
         d / "mfgguf-q8_0.gguf", mod_inputs)
     row("convert_hf_to_gguf q8_0", convert_code(conv, hf, d / "convert-q8_0.gguf", "q8_0"), d / "convert-q8_0.gguf", inputs)
@@ -239,10 +239,13 @@ def reference(rd, n: int, a) -> None:
                       "quantize_only_over_mfgguf_q4_k": round(q["wall_s"] / m4["wall_s"], 2)}), flush=True)
 
 
-def _assemble_code(run: Path, out: Path, quant: str, experts: list[int], threads) -> str:
+def _assemble_code(run: Path, out: Path, quant: str, experts: list[int], threads, merge: str = "mean",
+                   fast_quant: bool = False) -> str:
+    """Python source that assembles in a child process and prints its result with its own peak RSS (VmHWM)."""
     return (f"import sys, json; from pathlib import Path; from mfgguf.converters.assemble import assemble; "
             f"r = assemble(Path({str(run)!r}), Path({str(out)!r}), quant={quant!r}, experts={experts!r}, "
-            f"force=True, progress=False, threads={threads!r}); "
+            f"merge={merge!r}, force=True, progress=False, threads={threads!r}, fast_quant={fast_quant!r}); "
+            f"assert 'torch' not in sys.modules; "
             f"r['vm_hwm_kb'] = int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); "
             f"print(json.dumps(r))")
 

@@ -101,12 +101,14 @@ def main() -> None:
         emit(out, metric="train_expert_peak_rss_mb", value=max(rss), mean_wall_s=sum(walls) / len(walls),
              goal="<= 1536", n=len(rss))
 
+    from bench_assemble import module_inputs
+
     from mfgguf.run import router_stats_current
 
     if not router_stats_current(run):  # the router's pooled second moment (module format 2)
         r, _ = run_stage("router-stats", ["router-stats", run.root, "--no-progress"])
         emit(out, stage="router-stats", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
-    in_bytes = sum(p.stat().st_size for p in _inputs(run, a.experts))
+    in_bytes = sum(p.stat().st_size for p in module_inputs(run, a.experts))
     for quant in ("q8_0", "q4_k"):
         gguf = out / f"moe-{quant}.gguf"
         r, _ = run_stage(f"assemble {quant}", ["assemble", run.root, "-o", gguf, "--quant", quant, "--force"])
@@ -156,16 +158,11 @@ def shared_expert_row(out: Path, run: RunDir, shared: str, tokens: int) -> None:
          goal="<= 2048")
 
 
-def _inputs(run: RunDir, n: int) -> list[Path]:
-    """Every file assembly reads: trunk, experts, the pooled router statistics."""
-    return [run.module_file(i) for i in range(0, n + 1)] + ([run.router_stats] if run.router_stats.is_file() else [])
-
-
 def plain_io_seconds(run: RunDir, n: int, out_bytes: int, out: Path) -> float:
     """bench_assemble's reference: read every module file, write as many bytes as the GGUF, fsync."""
-    from bench_assemble import io_reference
+    from bench_assemble import io_reference, module_inputs
 
-    inputs = _inputs(run, n)
+    inputs = module_inputs(run, n)
     tmp = out / ".plain-io.tmp"
     r, _ = run_stage("plain I/O", [sys.executable, "-c", io_reference(inputs, out_bytes, tmp)])
     tmp.unlink()

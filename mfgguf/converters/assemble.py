@@ -8,9 +8,8 @@ Phases, each checking its own state before the next runs:
                         each quantized and written at its precomputed offset with os.pwrite, whole
                         chunks on a pool of threads (_QuantPool). A few module files are open at a
                         time, read and hashed on background threads (stream.py). Expert slot p of a
-                        stacked tensor lives at
-                        `offset + p * expert_bytes`; the experts' means and the trunk's pooled
-                        second moments (modules/router_stats.safetensors) feed the router
+                        stacked tensor lives at `offset + p * expert_bytes`; the experts' means and
+                        the pooled second moments (modules/router_stats.safetensors) feed the router
   6. merge              trunk tensors that experts trained copies of (`--shared`): each one merged
                         from the trunk's and the copies' row chunks (merge.py), then written; the
                         stream pass skipped these slots
@@ -126,7 +125,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
         "path": str(out), "bytes": p.total_size, "arch": p.arch, "layout": p.layout, "quant": p.quant,
         "top_k": p.top_k, "router": p.router if p.experts else None, "experts": p.experts,
         "merge": p.merge if p.merged else None, "merged_tensors": len(p.merged),
-        "n_tensors": len(p.slots), "input_bytes": p.input_bytes, "quantizer": _quantizer_name(quant, fast_quant), "threads": threads,
+        "n_tensors": len(p.slots), "input_bytes": p.input_bytes, "quantizer": _quantizer_name(quant, fast_quant),
+        "threads": threads,
         "seconds": round(time.perf_counter() - t0, 3),
     }
 
@@ -201,8 +201,7 @@ class _Writer:
         counts = [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
         # chunks of one tensor region come in module order, so the router's pooled sums are added
         # in the same order as with one file at a time
-        for pos, name, r0, x, release in stream_modules(p.modules, lanes=self.lanes, on_bytes=self.bar.advance,
-                                                        hold=True):
+        for pos, name, r0, x, release in stream_modules(p.modules, lanes=self.lanes, on_bytes=self.bar.advance):
             self._chunk, self._release = x, release
             try:
                 if pos == 0:
@@ -329,17 +328,16 @@ class _Writer:
     def _put(self, s, offset: int, x: np.ndarray, owned: bool = False) -> None:
         """Quantize rows `x` of slot `s` and write them at `offset`: on the chunk pool when `x` is the
         streamed chunk (released once written) or an array nobody reuses (`owned`), else here."""
+        nbytes = x.size // x.shape[-1] * s.row_bytes
+        assert s.offset <= offset and offset + nbytes <= s.offset + s.nbytes, (s.name, offset)
         if self.pool is not None and (owned or x is self._chunk):
-            nbytes = x.size // x.shape[-1] * s.row_bytes
-            assert s.offset <= offset and offset + nbytes <= s.offset + s.nbytes, (s.name, offset)
             release = None
             if x is self._chunk:
                 release, self._release = self._release, None
             self.pool.submit(x, s.qtype, self.p.data_offset + offset, nbytes, release)
         else:
             q = Q.quantize(x, s.qtype, threads=self.threads, fast=self.fast)
-            nbytes = q.nbytes
-            assert s.offset <= offset and offset + nbytes <= s.offset + s.nbytes, (s.name, offset)
+            assert q.nbytes == nbytes, (q.nbytes, nbytes)
             self._pwrite(q, self.p.data_offset + offset)
         s.written += nbytes
         self.unflushed += nbytes

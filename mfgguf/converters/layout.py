@@ -29,7 +29,7 @@ import numpy as np
 from .. import __version__
 from ..config import ModelConfig, get_preset
 from ..errors import MfggufError
-from ..run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta
+from ..run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta, router_stats_stale
 from . import schema
 from .merge import DEFAULT_DENSITY, merge_plan
 from .router import needs_stats
@@ -132,12 +132,8 @@ def load_pooled_stats(run: RunDir, manifest: dict, trunk: Module, experts: list[
     rec = manifest.get("router_stats") or {}
     if rec.get("blake3") != meta.get("blake3") or not meta.get("blake3"):
         raise MfggufError(f"the pooled router statistics' metadata differs from the manifest's; {redo}")
-    if meta.get("trunk_sha256") != trunk.meta["sha256"]:
-        raise MfggufError(f"the pooled router statistics belong to another version of the trunk; {redo}")
-    if meta.get("source") != "trunk":
-        for m in experts:
-            if (meta.get("experts") or {}).get(m.name) != m.meta["sha256"]:
-                raise MfggufError(f"the pooled router statistics predate {m.name} (trained since); {redo}")
+    if why := router_stats_stale(meta, trunk.meta["sha256"], {m.name: m.meta["sha256"] for m in experts}):
+        raise MfggufError(f"the pooled router statistics {why}; {redo}")
     st = run.router_stats.stat()
     if st.st_size != meta.get("bytes"):
         raise MfggufError(f"{run.router_stats.name} is {st.st_size} bytes, {meta.get('bytes')} were recorded: modified"

@@ -20,8 +20,9 @@ earlier module has been read and checked.
 Memory: lanes x LANE_BUFFERS buffers of chunk_bytes, whatever the number of modules.
 
 Example:
-    >>> for pos, name, r0, x in stream_modules([trunk, e1, e2]):  # x: (rows, cols) f32 view
-    ...     use(x)  # valid until the next iteration
+    >>> for pos, name, r0, x, release in stream_modules([trunk, e1, e2]):  # x: (rows, cols) f32 view
+    ...     use(x)
+    ...     release()  # the buffer goes back to its reader
 """
 
 from __future__ import annotations
@@ -60,15 +61,15 @@ class _Job:
 
 
 def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHUNK_BYTES,
-                   on_bytes: Callable[[int], None] | None = None, hold: bool = False) -> Iterator[tuple]:
-    """Yield (module position, tensor name, first row, (rows, cols) f32 chunk) for every tensor of `mods`.
+                   on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple]:
+    """Yield (module position, tensor name, first row, (rows, cols) f32 chunk, release) for every tensor of `mods`.
 
     Each file is read once, sequentially; every byte is hashed and the digest compared with the
     module's record (blake3, or sha256 for older modules) when the file ends; every chunk is
     checked for NaN/Inf before it is yielded.
-    A chunk is a view into a reused buffer: valid until the next iteration. With `hold=True` each
-    item also carries `release`, and the buffer stays the consumer's until it calls that (from any
-    thread): a chunk can then be quantized and written while the next ones stream.
+    A chunk is a view into a reused buffer, the consumer's until it calls `release()` (from any
+    thread; exactly once): a chunk can be quantized and written while the next ones stream. The
+    lane that read it reads no further than its few buffers allow, so release them promptly.
     """
     lanes = max(1, min(lanes, len(mods)))
     cols_max = max((_cols(e) for m in mods for e in m.entries.values()), default=1)
@@ -131,21 +132,13 @@ def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHU
                     fail(job, item)
                     continue
                 name, r0, x, buf, finite = item
-                handed = False
-                try:
-                    if not finite:
-                        fail(job, MfggufError(f"module {job.mod.name}: tensor {name} contains NaN or Inf; retrain it"))
-                        continue
-                    if on_bytes is not None:
-                        on_bytes(x.nbytes)
-                    if hold:
-                        handed = True
-                        yield job.pos, name, r0, x, functools.partial(job.pool.put, buf)
-                    else:
-                        yield job.pos, name, r0, x
-                finally:
-                    if not handed:
-                        job.pool.put(buf)
+                if not finite:
+                    job.pool.put(buf)
+                    fail(job, MfggufError(f"module {job.mod.name}: tensor {name} contains NaN or Inf; retrain it"))
+                    continue
+                if on_bytes is not None:
+                    on_bytes(x.nbytes)
+                yield job.pos, name, r0, x, functools.partial(job.pool.put, buf)
         if failed:
             raise failed[min(failed)]
     finally:

@@ -31,10 +31,10 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import MfggufError
-from ..model import seed_name_map, trunk_model, trunk_name_map
-from ..run import RunDir, module_name, read_module_meta, write_router_stats
+from ..run import RunDir, finished_against, module_name, read_module_meta, write_router_stats
 from .expert import _read_safetensors, build_expert_model, load_trunk_meta
 from .loop import evaluate, load_tokens, resolve_device
+from .restat import precision_of, trunk_alone
 from .stats import RouterStats
 
 SOURCES = ("experts", "trunk")
@@ -64,23 +64,20 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
     per = int(tokens or 4 * int(trunk.get("train", {}).get("eval_tokens", 65_536)))
     stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
     if source == "trunk":
-        model, route = trunk_model(cfg)
-        by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
-        model.load_state_dict({by_gguf[g]: t for g, t in _read_safetensors(rd.module_file(0)) if g in by_gguf},
-                              strict=False)
-        model.to(dev)
+        model, route = trunk_alone(rd.module_file(0), cfg, dev)
         evaluate(model, load_tokens(rd.train_tokens, "the trunk's training tokens"), per, route, dev,
-                 _precision(trunk), hook=stats.hook)
+                 precision_of(trunk), hook=stats.hook)
     else:
         metas = {i: _expert_meta(rd, trunk, i) for i in range(1, info["n_experts"] + 1)}
-        prec = _precision(metas[1])
+        prec = precision_of(metas[1])
         model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=rd.module_file(0))
         for i in metas:
             if progress:
                 print(f"router statistics: {module_name(i)} ({i}/{len(metas)})", flush=True)
             model.load_expert({k: t for k, t in _read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
             evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), per, "single", dev, prec, hook=stats.hook)
-        return write_pooled(rd, stats, t0=t0, tokens=per)
+        return _write(rd, stats, trunk, "experts", {module_name(i): m["sha256"] for i, m in metas.items()}, per,
+                      "trunk + each expert over its shard", t0)
     return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
 
 
@@ -107,11 +104,8 @@ def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
         raise MfggufError(f"{module_name(i)} is not trained yet; train every expert before `mfgguf router-stats`"
                           " (or use --source trunk)")
     m = read_module_meta(rd, i)
-    if m.get("trunk_sha256") != trunk["sha256"] or int(m.get("round", 1)) < int(m.get("rounds", 1)):
+    if not finished_against(m, trunk["sha256"]):
         raise MfggufError(f"{module_name(i)} has not finished training against the current trunk; finish it"
                           f" (`mfgguf train-expert {rd.root} --expert {i}`, `mfgguf sync {rd.root}`) first")
     return m
 
-
-def _precision(meta: dict) -> str:
-    return meta.get("precision") if meta.get("precision") in ("bf16", "fp32") else "fp32"

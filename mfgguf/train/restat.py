@@ -69,7 +69,8 @@ def restat(run: Path, expert: int, *, device: str = "cpu", pooled: RouterStats |
     return {**out, "restated": True}
 
 
-def _precision(meta: dict) -> str:
+def precision_of(meta: dict) -> str:
+    """The precision a module trained in (bf16 or fp32), for forward passes that must match it."""
     return meta.get("precision") if meta.get("precision") in ("bf16", "fp32") else "fp32"
 
 
@@ -78,7 +79,7 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
                   pooled: RouterStats | None = None):
     """(module tensors: FFN + router means, metadata updates) of expert i on the trunk at `trunk_path`."""
     dev = resolve_device(device)
-    prec = _precision(meta)
+    prec = precision_of(meta)
     model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=trunk_path)
     ffn = {k: t for k, t in _read_safetensors(rd.module_file(i)) if k.startswith("blk.")}
     model.load_expert(ffn)
@@ -89,26 +90,29 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
                              hook=stats.hook)
     if pooled is not None:
         pooled.add(stats)
-        stats.sq = None  # the module keeps its means only
     held = heldout_losses(rd.heldout_dir, model, eval_tokens, "single", dev, prec)
     extra = {
         "router_stats_count": stats.n, "router_stats_on": "merged trunk", "shard_loss": shard_loss,
         "heldout_loss": held, "heldout_loss_mean": mean(held),
         "premerge": {k: meta.get(k) for k in ("heldout_loss", "heldout_loss_mean", "shard_loss", "trunk_sha256")},
     }
-    return {**model.expert_tensors(0), **stats.tensors()}, extra
+    means = {k: v for k, v in stats.tensors().items() if k.endswith(".mean")}  # the module keeps its means only
+    return {**model.expert_tensors(0), **means}, extra
+
+
+def trunk_alone(trunk_path: Path, cfg: ModelConfig, dev) -> tuple[Transformer, str]:
+    """(the trunk as it runs alone: anchor, + its seed FFN if it has one, read from `trunk_path`, its route)."""
+    model, route = trunk_model(cfg)
+    by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
+    model.load_state_dict({by_gguf[g]: t for g, t in _read_safetensors(trunk_path) if g in by_gguf}, strict=False)
+    return model.to(dev), route
 
 
 @torch.no_grad()
 def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = "cpu") -> dict:
     """{domain: held-out loss} of the trunk alone (anchor, + its seed FFN if it has one) read from `trunk_path`."""
     dev = resolve_device(device)
-    cfg = ModelConfig.from_dict(trunk_meta["config"])
-    model, route = trunk_model(cfg)
-    by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
-    sd = {by_gguf[g]: t for g, t in _read_safetensors(trunk_path) if g in by_gguf}
-    model.load_state_dict(sd, strict=False)
-    model.to(dev)
+    model, route = trunk_alone(trunk_path, ModelConfig.from_dict(trunk_meta["config"]), dev)
     eval_tokens = int(trunk_meta.get("train", {}).get("eval_tokens", 65_536))
-    return heldout_losses(rd.heldout_dir, model, eval_tokens, route, dev, _precision(trunk_meta))
+    return heldout_losses(rd.heldout_dir, model, eval_tokens, route, dev, precision_of(trunk_meta))
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import MfggufError
-from ..run import RunDir, module_name, read_module_meta, router_stats_current, write_json
+from ..run import RunDir, finished_against, module_name, read_module_meta, router_stats_current, write_json
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
 # rounded up: tiny 501-543 (tests/train/test_schedule.py's summaries), small 1,314 with --shared all
@@ -217,8 +217,7 @@ def _all_finished(rd: RunDir, n: int) -> bool:
     for i in range(1, n + 1):
         if not rd.module_meta(i).is_file():
             return False
-        m = read_module_meta(rd, i)
-        if m.get("trunk_sha256") != trunk["sha256"] or int(m.get("round", 1)) < int(m.get("rounds", 1)):
+        if not finished_against(read_module_meta(rd, i), trunk["sha256"]):
             return False
     return True
 

@@ -88,3 +88,12 @@ def repool(run: Path, trunk_sha256: str | None = None) -> None:
                if rd.module_meta(i).is_file()}
     write_router_stats(rd, load_file(str(rd.router_stats)),
                        {**meta, "trunk_sha256": trunk_sha256 or meta["trunk_sha256"], "experts": experts})
+
+
+def flip_byte(path: Path, from_end: int = 10) -> None:
+    """Damage a file in place: invert one byte near its end (inside the last tensor's data)."""
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size - from_end)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))

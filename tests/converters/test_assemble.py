@@ -21,7 +21,7 @@ from mfgguf.converters.inspect import format_inspect, inspect_gguf
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, write_module, write_router_stats
 
-from . import ROOT, repool, synthetic_run
+from . import ROOT, flip_byte, repool, synthetic_run
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +102,7 @@ def _truncate(run):
 
 
 def _flip_byte(run):
-    p = RunDir(run).module_file(2)
-    with open(p, "r+b") as f:
-        f.seek(p.stat().st_size - 10)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(RunDir(run).module_file(2))
 
 
 def _wrong_shape(run):
@@ -130,20 +125,11 @@ def _inf(run):
     m = write_module(rd, 0, t, {k: meta[k] for k in ("kind", "preset", "config")})
     for i in (1, 2, 3):  # experts re-recorded against the new trunk: only the Inf is wrong
         _rewrite_expert(run, i, lambda t, meta: meta.update(trunk_sha256=m["sha256"]), refresh=False)
-    _repool(run, m["sha256"])
-
-
-def _repool(run, trunk_sha256):
-    repool(run, trunk_sha256)
+    repool(run, m["sha256"])
 
 
 def _flip_pooled(run):
-    p = RunDir(run).router_stats
-    with open(p, "r+b") as f:
-        f.seek(p.stat().st_size - 10)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(RunDir(run).router_stats)
 
 
 def _retrained_expert(run):
@@ -167,7 +153,7 @@ BAD = [
     (_flip_byte, [], "expert_002.*recorded blake3"),
     (_flip_pooled, [], "module router_stats .*recorded blake3"),
     (_no_pooled, [], "no pooled router statistics.*`mfgguf router-stats "),
-    (lambda run: _repool(run, "0" * 64), [], "pooled router statistics belong to another version of the trunk.*router-stats"),
+    (lambda run: repool(run, "0" * 64), [], "pooled router statistics belong to another version of the trunk.*router-stats"),
     (_retrained_expert, [], "pooled router statistics predate expert_002.*router-stats"),
     (_wrong_shape, [], "expert_002.*blk.1.ffn_up.weight has shape \\[64, 64\\], expected \\[128, 64\\]"),
     (_nan, [], "expert_003.*blk.1.ffn_down.weight contains NaN or Inf"),

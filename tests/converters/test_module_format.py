@@ -15,7 +15,7 @@ from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.run import STATS_PREFIX, RunDir
 
-from . import synthetic_run
+from . import flip_byte, synthetic_run
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +64,7 @@ def test_damaged_old_module_is_caught_by_its_sha256(runs, tmp_path):
     import shutil
 
     run = shutil.copytree(runs[1], tmp_path / "run")
-    p = RunDir(run).module_file(3)
-    with open(p, "r+b") as f:
-        f.seek(p.stat().st_size - 10)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(RunDir(run).module_file(3))
     r = CliRunner().invoke(app, ["assemble", str(run), "-o", str(tmp_path / "m.gguf"), "-q"])
     assert r.exit_code == 1 and "expert_003" in r.output and "recorded sha256" in r.output, r.output
     assert not os.path.exists(tmp_path / "m.gguf")
