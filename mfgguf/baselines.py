@@ -106,6 +106,9 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
     same = {"--batch-size": tc["batch_size"], "--lr": tc["lr"], "--seed": tc["seed"], "--eval-tokens": tc["eval_tokens"],
             "--eval-every": tc.get("eval_every"), "--curve-tokens": tc.get("curve_tokens")}  # None: older trunk
     args = [a for k, v in same.items() if v is not None for a in (k, v)]
+    # batch_size is already the whole step's (x --accum); a streamed trunk's budget binds its baselines
+    # too, and any baseline over the RAM available streams by itself (train_trunk's estimate)
+    args += ["--accum", 1] + (["--memory-budget", trunk["streamed"]["memory_budget"]] if trunk.get("streamed") else [])
     _say(f"train {b.label}: anchor_ff {b.anchor_ff}, {b.tokens:,} tokens, {b.budget_flops:.3e} FLOPs budget")
     run_stage(f"train {b.label}", ["train-trunk", dense.root, "--preset", trunk["preset"], "--tokens", b.tokens,
                                    "--anchor-ff", b.anchor_ff, "--precision", trunk.get("precision", "auto"),

@@ -253,6 +253,35 @@ def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
     return full
 
 
+def write_module_streamed(run: RunDir, index: int, shapes: dict[str, tuple], read, meta: dict) -> dict:
+    """`write_module` for a module too large to hold: `read(name)` gives one f32 tensor at a time.
+
+    The same safetensors file `write_module` writes (tensors in name order, one metadata key),
+    built by hand so that only one tensor is ever in memory.
+    """
+    import numpy as np
+
+    names = sorted(shapes)
+    header, off = {"__metadata__": {"format": f"{MODULE_FORMAT}/{module_name(index)}"}}, 0
+    for k in names:
+        n = 4 * int(np.prod(shapes[k]))
+        header[k] = {"dtype": "F32", "shape": list(shapes[k]), "data_offsets": [off, off + n]}
+        off += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # safetensors pads its header to 8 bytes with spaces
+    path = run.module_file(index)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for k in names:
+            a = np.ascontiguousarray(read(k), dtype=np.float32)
+            assert a.size == int(np.prod(shapes[k])), k
+            f.write(memoryview(a).cast("B"))
+    full = module_meta_for(path, index, meta, {k: list(v) for k, v in shapes.items()})
+    write_json(run.module_meta(index), full)
+    update_manifest(run, index, full)
+    return full
+
+
 def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[int]]) -> dict:
     """The full JSON of a module file already written at `path` (hash, size, tensor shapes)."""
     return {

@@ -66,13 +66,20 @@ def train_trunk_cmd(
                                    " 0 = only at the end (default: the preset's)."),
     curve_tokens: int = typer.Option(None, "--curve-tokens", help="Held-out tokens per domain at each curve point"
                                      " (default: the preset's)."),
+    memory_budget: str = typer.Option(None, "--memory-budget", help="Train layer-streamed (weights and optimizer"
+                                      " state on disk, one block in RAM) when the in-memory estimate exceeds this,"
+                                      " like 1.5G (default: the RAM available)."),
+    stream: bool = typer.Option(None, "--stream/--no-stream", help="Force layer-streamed or in-memory training"
+                                " (default: chosen by --memory-budget)."),
+    accum: int = typer.Option(None, "--accum", help="Sequences per step = --batch-size x this, micro-batched"
+                              " (default: 4 when streamed, 1 in memory)."),
 ):
     from ..train.trunk import train_trunk
 
     meta = train_trunk(run, preset=preset, tokens=tokens, device=device, progress=progress, precision=precision,
                        restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
                        eval_tokens=eval_tokens, anchor_ff=anchor_ff, eval_every=eval_every, curve_tokens=curve_tokens,
-                       seed_expert=seed_expert)
+                       seed_expert=seed_expert, memory_budget=memory_budget, stream=stream, accum=accum)
     typer.echo(_line(meta, run))
 
 

@@ -162,6 +162,18 @@ def forward_loss(model: Transformer, idx, targets, route: str, recompute: bool =
     return total / (B * T)
 
 
+def eval_windows(tokens: np.ndarray, ctx_len: int, max_tokens: int) -> tuple[np.ndarray, int]:
+    """(start of each scored window, window length): consecutive windows of a short array, windows
+    spread evenly over a long one; no windows for an array too short to score."""
+    N = len(tokens)
+    if N < 2:
+        return np.zeros(0, dtype=np.int64), 0
+    win = min(ctx_len, N - 1)
+    if N - 1 <= max_tokens:  # short: score it all, contiguous windows
+        return np.arange((N - 1) // win) * win, win
+    return np.linspace(0, N - win - 1, max(1, max_tokens // win)).round().astype(np.int64), win
+
+
 @torch.no_grad()
 def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str, dev, precision: str,
              hook=None) -> tuple[float, int]:
@@ -169,15 +181,10 @@ def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str
 
     Returns (loss, tokens scored); (nan, 0) for an array too short to score.
     """
-    T, N = model.cfg.ctx_len, len(tokens)
-    if N < 2:
-        return float("nan"), 0
-    win = min(T, N - 1)
-    if N - 1 <= max_tokens:  # short: score it all, contiguous windows
-        starts = np.arange((N - 1) // win) * win
-    else:  # long: windows spread evenly over the whole array
-        starts = np.linspace(0, N - win - 1, max(1, max_tokens // win)).round().astype(np.int64)
+    starts, win = eval_windows(tokens, model.cfg.ctx_len, max_tokens)
     n_win = len(starts)
+    if not n_win:
+        return float("nan"), 0
     bs = max(1, LOGITS_CHUNK // (win * model.cfg.vocab_size))  # bound the logits held at once
     total, count = 0.0, 0
     model.eval()

@@ -11,6 +11,8 @@ Every `eval_every` steps the held-out loss is recorded (`heldout_history`): the 
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -20,14 +22,16 @@ import torch
 from ..config import get_preset, with_overrides
 from ..flops import trunk_step_flops
 from ..errors import MfggufError
-from ..model import trunk_model
+from ..model import seed_name_map, trunk_model, trunk_name_map
 from ..plots import loss_curve
-from ..run import RunDir, module_name, write_module
+from ..run import RunDir, module_name, write_module, write_module_streamed
 from . import checkpoint as ckpt_io
 from .loop import (check_token_range, heldout_losses, limit_heap_retention, load_tokens, resolve_device,
                    resolve_precision, result_meta, run_loop, split_overrides)
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
+STREAMED_ACCUM = 4  # streamed runs: sequences per step = batch_size x this unless --accum says otherwise
+#                     (the step's I/O is fixed; see docs/results/bench-trunk-stream.jsonl)
 
 
 def wants_recompute(cfg, batch_size: int) -> bool:
@@ -37,13 +41,60 @@ def wants_recompute(cfg, batch_size: int) -> bool:
     return batch_size * cfg.ctx_len * (cfg.n_layers * per_tok_layer + logits) > ACTIVATION_BUDGET
 
 
+def in_memory_bytes(cfg, batch_size: int) -> int:
+    """Estimated peak RSS of in-memory trunk training: f32 weights, gradients, two AdamW moments,
+    the recomputed activations of one step, and the process itself."""
+    from .streamed import BASELINE, block_bytes
+
+    params = cfg.trunk_params()  # the seed FFN included (trunk_ff)
+    acts = min(ACTIVATION_BUDGET, batch_size * cfg.ctx_len * cfg.n_layers * cfg.dim * 4) + block_bytes(cfg, batch_size * cfg.ctx_len)
+    return BASELINE + 16 * params + acts
+
+
+def parse_size(text: str) -> int:
+    """Bytes of "1.5G", "800M", "2GiB" or "1500000000"; a one-line error otherwise.
+
+    Example:
+        >>> parse_size("1.5G")
+        1610612736
+    """
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    try:
+        n = float(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        n = -1
+    if not n > 0:
+        raise MfggufError(f"--memory-budget {text!r} is not a size; write it like 1.5G or 800M")
+    return int(n)
+
+
+def mem_available() -> int:
+    """MemAvailable of /proc/meminfo (bytes); a large number where it cannot be read."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 50
+
+
 def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, device: str = "cpu",
                 progress: bool = True, precision: str = "auto", restart: bool = False,
-                recompute: bool | None = None, **train_overrides) -> dict:
+                recompute: bool | None = None, memory_budget: str | None = None, stream: bool | None = None,
+                accum: int | None = None,
+                **train_overrides) -> dict:
     """Train the trunk (embeddings, attention, norms, output head and the always-on anchor FFN) on the
     mixed training tokens of RUN; write modules/trunk.safetensors and its metadata. With
     `seed_expert=True` it also trains the seed FFN that experts start from (the trunk alone is then
     a dense model of FFN width anchor_ff + expert_ff).
+
+    Memory: with `memory_budget` (like "1.5G") the trunk trains layer-streamed when the in-memory
+    estimate exceeds it -- weights, gradients and AdamW moments in files under
+    RUN/checkpoints/trunk/stream, one block in RAM at a time (mfgguf/train/streamed.py); without
+    it, when the estimate exceeds the RAM available; `stream` True/False forces the choice. A streamed step takes batch_size x `accum`
+    sequences (default 4 when streamed, 1 in memory), cut into micro-batches that fit the budget.
 
     Resumes from RUN/checkpoints/trunk if a compatible checkpoint is there (--restart deletes it).
     Precision auto uses bf16 autocast where the CPU/GPU has native bf16, else fp32. Overrides
@@ -68,6 +119,25 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
     ckpt_dir = rd.checkpoint_dir(0)
     if restart:
         ckpt_io.remove(ckpt_dir)
+    if accum is not None and accum < 1:
+        raise MfggufError(f"--accum {accum} must be at least 1")
+    budget = parse_size(memory_budget) if memory_budget is not None else None
+    limit = budget if budget is not None else mem_available()
+    resumable = (ckpt_dir / "stream" / "state.json").is_file()
+    streamed = resumable or in_memory_bytes(cfg, tc.batch_size * (accum or 1)) > limit if stream is None else stream
+    if resumable and not streamed:
+        raise MfggufError(f"{ckpt_dir} holds a layer-streamed checkpoint; continue it with --stream, or pass --restart"
+                          " to start over in memory")
+    if streamed:
+        if (ckpt_dir / "state.safetensors").is_file():
+            raise MfggufError(f"{ckpt_dir} holds an in-memory checkpoint but this run would stream; pass --restart"
+                              " to start over streamed, or train without --memory-budget to continue it")
+        if budget is None and stream is None and progress:
+            print(f"trunk: about {in_memory_bytes(cfg, tc.batch_size) / 2**30:.1f} GiB in memory, more than the"
+                  f" {limit / 2**30:.1f} GiB available: training layer-streamed", file=sys.stderr)
+        return _train_streamed(rd, info, preset, cfg, tc, data, dev, prec, ckpt_dir, int(0.8 * limit) if budget is None else budget,
+                               STREAMED_ACCUM if accum is None else accum, progress, t_start)
+    tc = replace(tc, batch_size=tc.batch_size * (accum or 1))
 
     rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
     if rec:  # the memory-bound regime: keep freed buffers out of RSS
@@ -92,5 +162,52 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
     meta = write_module(rd, 0, model.trunk_tensors(), meta)
     loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout, curve=res.heldout_history,
                title=f"trunk ({preset}, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
+    ckpt_io.remove(ckpt_dir)
+    return meta
+
+
+def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, prec: str, ckpt_dir: Path, budget: int,
+                    accum: int, progress: bool, t_start: float) -> dict:
+    """train_trunk's second half for a layer-streamed run (streamed.py): same meta, same module file."""
+    from .offload import ParamStore, trunk_units
+    from .streamed import StreamedTrunk, plan_micro, streamed_bytes, streamed_heldout, streamed_loop
+
+    micro_of = tc.batch_size  # the user's batch: one micro-batch when it fits
+    tc = replace(tc, batch_size=tc.batch_size * accum)
+    units = trunk_units(cfg)
+    micro, spill = plan_micro(cfg, units, tc.batch_size, budget)
+    micro = min(micro_of, micro)
+    while tc.batch_size % micro:
+        micro -= 1
+    limit_heap_retention()  # freed activations and buffers leave RSS at once
+    store = ParamStore(ckpt_dir / "stream", units)
+    route = "single" if cfg.seed_expert else "anchor"
+    trunk = StreamedTrunk(cfg, route, store, dev, prec, micro, spill)
+    group = micro * cfg.ctx_len  # tokens per forward pass when scoring held-out text
+    ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
+    ckpt_meta = json.loads(json.dumps(ckpt_meta))  # as state.json will hold it (tuples -> lists)
+    try:
+        res = streamed_loop(trunk, data, tc, stream=0, ckpt_meta=ckpt_meta, progress=progress, label="trunk (streamed)",
+                            heldout=lambda: streamed_heldout(trunk, rd.heldout_dir, tc.curve_tokens, group))
+        heldout = streamed_heldout(trunk, rd.heldout_dir, tc.eval_tokens, group)
+        if not heldout:
+            raise MfggufError(f"no held-out tokens in {rd.heldout_dir}; re-create the run with `mfgguf prepare`")
+        meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                           recompute=True, heldout=heldout, t_start=t_start)
+        meta["flops_per_token"] = trunk_step_flops(cfg).total
+        meta["train_flops"] = meta["flops_per_token"] * res.tokens_seen
+        meta["streamed"] = {"memory_budget": budget, "accum": accum, "micro_batch": micro, "spill_activations": spill,
+                            "estimated_peak_bytes": streamed_bytes(cfg, units, tc.batch_size, micro, spill),
+                            "disk_bytes": store.disk_bytes(), "read_bytes_per_step": res.io_per_step[0],
+                            "written_bytes_per_step": res.io_per_step[1]}
+        names = trunk_name_map(cfg.n_layers) | (seed_name_map(cfg.n_layers) if cfg.seed_expert else {})
+        where = {names[s.name]: (u, s) for u in units for s in u.slots}
+        meta = write_module_streamed(rd, 0, {g: s.shape for g, (u, s) in where.items()},
+                                     lambda g: store.read(where[g][0].name, trunk.set, "P", where[g][1]).reshape(where[g][1].shape),
+                                     meta)
+    finally:
+        store.close()
+    loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout, curve=res.heldout_history,
+               title=f"trunk ({preset}, streamed, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
