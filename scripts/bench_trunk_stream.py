@@ -122,12 +122,16 @@ def main() -> None:
     rows["accum"] = train(run, out, f"streamed, accum {acc}", a.steps, batch, ctx, a.preset,
                           ["--memory-budget", a.budget, "--stream", "--accum", acc], budget)
     if "memory" in rows:
+        # in memory again: this machine's speed drifts by 20% between minutes, so the reference
+        # is the mean of a run before and one after the streamed ones
+        again = train(run, out, "in-memory (again)", a.steps, batch, ctx, a.preset, ["--no-stream"], None)
         m = rows["memory"]
+        ref = (m["tokens_per_s"] + again["tokens_per_s"]) / 2
         emit(out, metric="trunk_stream", preset=a.preset, in_memory_peak_rss_mb=m["peak_rss_mb"],
              streamed_peak_rss_mb=max(rows["same"]["peak_rss_mb"], rows["accum"]["peak_rss_mb"]),
-             goal_rss_mb=f"<= {budget / 2**20:.0f}",
-             throughput_same_batch=round(rows["same"]["tokens_per_s"] / m["tokens_per_s"], 3), goal_same=">= 0.6",
-             throughput_accum=round(rows["accum"]["tokens_per_s"] / m["tokens_per_s"], 3), goal_accum=">= 0.9",
+             goal_rss_mb=f"<= {budget / 2**20:.0f}", in_memory_tokens_per_s=[m["tokens_per_s"], again["tokens_per_s"]],
+             throughput_same_batch=round(rows["same"]["tokens_per_s"] / ref, 3), goal_same=">= 0.6",
+             throughput_accum=round(rows["accum"]["tokens_per_s"] / ref, 3), goal_accum=">= 0.9",
              accum=acc)
 
 

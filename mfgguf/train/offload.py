@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from collections import deque
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,7 +138,8 @@ class ParamStore:
         self._fds: dict[str, int] = {}
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="mfgguf-read")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="mfgguf-write")
-        self._writes: deque[Future] = deque()
+        self._slots = threading.BoundedSemaphore(_MAX_WRITES)  # writes in flight (any thread may queue them)
+        self._error: BaseException | None = None
         self._dirty: set[str] = set()
         self.bytes_read = self.bytes_written = 0
 
@@ -213,10 +214,7 @@ class ParamStore:
     def write_scratch(self, arr: np.ndarray, offset: int) -> None:
         """Queue `arr` (f32) for the activations scratch file at element `offset` (never synced: a
         step's scratch is worthless after a crash)."""
-        while len(self._writes) >= _MAX_WRITES:
-            self._writes.popleft().result()
-        self._writes.append(self._writer.submit(_pwrite, self._fd("acts", "tmp"), arr, offset * _F32, self.drop))
-        self.bytes_written += arr.nbytes
+        self._queue(self._fd("acts", "tmp"), arr, offset * _F32)
 
     def prefetch(self, *args, **kw) -> Future:
         """`read(...)` on the reader thread, while the caller computes."""
@@ -231,22 +229,34 @@ class ParamStore:
     def write(self, unit: str, kind: str, region: str, arr: np.ndarray, slot: Slot | None = None,
               row0: int = 0) -> None:
         """Queue `arr` (f32) for writing at that place; at most _MAX_WRITES in flight."""
-        while len(self._writes) >= _MAX_WRITES:
-            self._writes.popleft().result()
         fd, off = self._fd(unit, kind), self._offset(unit, region, slot, row0)
         self._dirty.add(f"{unit}.{kind}")
-        self._writes.append(self._writer.submit(_pwrite, fd, arr, off, self.drop))
+        self._queue(fd, arr, off)
+
+    def _queue(self, fd: int, arr: np.ndarray, off: int) -> None:
+        self._slots.acquire()
+        fut = self._writer.submit(_pwrite, fd, arr, off, self.drop)
+        fut.add_done_callback(self._written)
         self.bytes_written += arr.nbytes
 
+    def _written(self, fut: Future) -> None:
+        if fut.exception() is not None:
+            self._error = fut.exception()
+        self._slots.release()
+
+    def after_writes(self, fn) -> Future:
+        """Run `fn` on the writer thread once every write queued so far is on disk (FIFO)."""
+        return self._writer.submit(fn)
+
     def flush_writes(self) -> None:
-        """Wait for every queued write (without syncing to disk)."""
-        while self._writes:
-            self._writes.popleft().result()
+        """Wait for every queued write (without syncing to disk); raise the first write error."""
+        self.after_writes(lambda: None).result()
+        if self._error is not None:
+            raise self._error
 
     def flush(self) -> None:
         """Wait for every queued write and make the written files durable."""
-        while self._writes:
-            self._writes.popleft().result()
+        self.flush_writes()
         for key in sorted(self._dirty):
             fd = self._fds[key]
             os.fdatasync(fd)

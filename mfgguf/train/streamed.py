@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -82,6 +83,12 @@ class StreamedTrunk:
         for p in [*self.block.parameters(), *self.norm.parameters()]:
             p.data = torch.empty(0, device=dev)  # the workspace owns no weights of its own
         self.set = "a"
+        # The update of step s runs on its own thread while step s+1's forward follows it unit by unit:
+        # `_ready[unit]` is set once that unit's new state is on disk (see `update`).
+        self._updater = ThreadPoolExecutor(1, thread_name_prefix="mfgguf-update")
+        self._pending: Future | None = None
+        self._ready: dict[str, threading.Event] = {}
+        self._todo: tuple | None = None
 
     # ---- helpers ----------------------------------------------------------------------------------
 
@@ -100,13 +107,24 @@ class StreamedTrunk:
     def _mbs(self, n: int):
         return [slice(i, min(n, i + self.micro)) for i in range(0, n, self.micro)]
 
+    def _wait(self, unit: str) -> None:
+        """Block until the pending update has written `unit`'s new state (no-op when none is pending)."""
+        ev, pending = self._ready.get(unit), self._pending
+        while ev is not None and not ev.wait(1.0):
+            if pending is not None and pending.done() and pending.exception() is not None:
+                raise pending.exception()  # an update that failed raises here instead of hanging the step
+
+    def _read_params(self, unit: str) -> Future:
+        """The unit's current parameters, read on the reader thread once the pending update wrote them."""
+        return self.store.submit(lambda: (self._wait(unit), self.store.read(unit, self.set, "P"))[1])
+
     def _blocks_forward(self, x: torch.Tensor, cos, sin, keep: list | None) -> torch.Tensor:
         """x: (B, T, C) -> the last block's output; `keep` collects each block's input."""
-        fut = self.store.prefetch(self.blocks[0].name, self.set, "P")
+        fut = self._read_params(self.blocks[0].name)
         for i, unit in enumerate(self.blocks):
             flat = fut.result()
             if i + 1 < len(self.blocks):
-                fut = self.store.prefetch(self.blocks[i + 1].name, self.set, "P")
+                fut = self._read_params(self.blocks[i + 1].name)
             self._point(unit, flat)
             if keep is not None:
                 keep.append(self._stash(i, x))
@@ -130,6 +148,7 @@ class StreamedTrunk:
 
     def _head_chunks(self):
         """(row0, rows, rows of output.weight in the compute dtype) over the vocabulary, read one chunk ahead."""
+        self._wait("head")
         w = self.store.units["head"].slot("output.weight")
         step = min(w.rows, HEAD_ROWS)
         starts = list(range(0, w.rows, step))
@@ -171,6 +190,7 @@ class StreamedTrunk:
         return m + torch.log(s), tgt
 
     def _norm_weight(self) -> torch.Tensor:
+        self._wait("head")
         head = self.store.units["head"]
         s = head.slot("output_norm.weight")
         return self._t(self.store.read("head", self.set, "P", s), s.shape)
@@ -192,6 +212,7 @@ class StreamedTrunk:
     def _embed(self, idx: torch.Tensor):
         """idx (B, T) -> ((B, T, C) rows of the embedding, unique ids, inverse index)."""
         ids, inv = torch.unique(idx, return_inverse=True)
+        self._wait("embd")
         slot = self.store.units["embd"].slot("tok_embd.weight")
         rows = torch.from_numpy(self.store.read_rows("embd", self.set, slot, ids.numpy())).to(self.dev)  # (U, C)
         return rows[inv.to(self.dev)], ids, inv
@@ -199,8 +220,8 @@ class StreamedTrunk:
     # ---- one training step ------------------------------------------------------------------------
 
     def step(self, idx: torch.Tensor, targets: torch.Tensor, step: int, lr: float, tc: TrainConfig) -> float:
-        """Forward, backward and AdamW update of one batch; returns its mean loss. Writes the
-        other state set; the caller commits it."""
+        """Forward and backward of one batch (gradients to the gradient files, norms kept); returns
+        its mean loss. `update()` then applies AdamW."""
         B, T = idx.shape
         N = B * T
         cos, sin = rope_tables(self.cfg.head_dim, T, self.cfg.rope_theta, self.dev)
@@ -257,7 +278,7 @@ class StreamedTrunk:
             flat = self._last if i == len(self.blocks) - 1 else fut.result()
             x = x_next.result().to(self.dev) if self.spill else x_next
             if i > 0:
-                fut = self.store.prefetch(self.blocks[i - 1].name, self.set, "P")
+                fut = self.store.prefetch(self.blocks[i - 1].name, self.set, "P")  # written: the forward waited for it
                 x_next = self._unstash(keep.pop())
             self._point(unit, flat)
             out = []
@@ -282,8 +303,35 @@ class StreamedTrunk:
         order = [s.name for u in self.units for s in u.slots]
         total = torch.linalg.vector_norm(torch.stack([sq[n].sqrt() for n in order]))
         coef = float(torch.clamp(tc.grad_clip / (total + 1e-6), max=1.0))
-        self._update(step, lr, tc, coef, ids.numpy(), ge.cpu())
+        self._todo = (step, lr, tc, coef, ids.numpy(), ge.cpu())
         return loss
+
+    def update(self, commit: dict | None = None, wait: bool = False) -> None:
+        """AdamW for the step just computed, on the update thread: reads set `cur`, writes the other,
+        then (with `commit`) makes that the checkpoint. The next step may start at once; it waits
+        unit by unit for what it reads. `wait` returns only once the update (and commit) is done."""
+        assert self._todo is not None, "update() follows step()"
+        self.join()
+        cur, nxt = self.set, "b" if self.set == "a" else "a"
+        self._ready = {u.name: threading.Event() for u in self.units}
+
+        def run():
+            self._update(cur, nxt, *self._todo)
+            if commit is not None:
+                self.store.commit({**commit, "set": nxt})
+
+        self._pending = self._updater.submit(run)
+        self.set = nxt
+        if wait:
+            self.join()
+
+    def join(self) -> None:
+        """Wait for the pending update (and its commit); raise its error if it failed."""
+        if self._pending is not None:
+            fut, self._pending = self._pending, None
+            fut.result()
+            self.store.flush_writes()  # the last unit's writes may still be queued
+        self._ready = {}
 
     def _write_grads(self, unit: Unit, params: dict, prefix: str, sq: dict) -> None:
         flat = np.empty(unit.numel, dtype=np.float32)
@@ -303,8 +351,8 @@ class StreamedTrunk:
                 for r0 in range(0, s.rows, step):
                     yield u, s, r0, min(step, s.rows - r0)
 
-    def _read_piece(self, u: Unit, s: Slot, r0: int, rows: int, ids: np.ndarray, ge: torch.Tensor):
-        p, m, v = (self.store.read(u.name, self.set, r, s, r0, rows) for r in ("P", "M", "V"))
+    def _read_piece(self, cur: str, u: Unit, s: Slot, r0: int, rows: int, ids: np.ndarray, ge: torch.Tensor):
+        p, m, v = (self.store.read(u.name, cur, r, s, r0, rows) for r in ("P", "M", "V"))
         if s.name == "tok_embd.weight":  # the embedding's gradient is sparse: built here, never written
             g = np.zeros((rows, s.row), dtype=np.float32)
             sel = (ids >= r0) & (ids < r0 + rows)
@@ -314,21 +362,23 @@ class StreamedTrunk:
             g = self.store.read(u.name, "grad", "P", s, r0, rows)
         return p, m, v, g
 
-    def _update(self, step: int, lr: float, tc: TrainConfig, coef: float, ids: np.ndarray, ge: torch.Tensor) -> None:
-        nxt = "b" if self.set == "a" else "a"
+    def _update(self, cur: str, nxt: str, step: int, lr: float, tc: TrainConfig, coef: float, ids: np.ndarray,
+                ge: torch.Tensor) -> None:
         pieces = list(self._pieces())
-        fut = self.store.submit(self._read_piece, *pieces[0], ids, ge)
-        for k, (u, s, r0, rows) in enumerate(pieces):
-            p, m, v, g = (torch.from_numpy(a) for a in fut.result())
-            if k + 1 < len(pieces):
-                fut = self.store.submit(self._read_piece, *pieces[k + 1], ids, ge)
-            g.mul_(coef)
-            wd = tc.weight_decay if len(s.shape) >= 2 else 0.0  # make_optimizer: matrices only
-            adamw([p], [g], [m], [v], [], [torch.tensor(float(step))], foreach=False, amsgrad=False,
-                  beta1=0.9, beta2=0.95, lr=lr, weight_decay=wd, eps=1e-8, maximize=False)
-            for region, a in (("P", p), ("M", m), ("V", v)):
-                self.store.write(u.name, nxt, region, a.numpy(), s, r0)
-        self.set = nxt
+        with ThreadPoolExecutor(1, thread_name_prefix="mfgguf-update-read") as reader:  # not the forward's reader
+            fut = reader.submit(self._read_piece, cur, *pieces[0], ids, ge)
+            for k, (u, s, r0, rows) in enumerate(pieces):
+                p, m, v, g = (torch.from_numpy(a) for a in fut.result())
+                if k + 1 < len(pieces):
+                    fut = reader.submit(self._read_piece, cur, *pieces[k + 1], ids, ge)
+                g.mul_(coef)
+                wd = tc.weight_decay if len(s.shape) >= 2 else 0.0  # make_optimizer: matrices only
+                adamw([p], [g], [m], [v], [], [torch.tensor(float(step))], foreach=False, amsgrad=False,
+                      beta1=0.9, beta2=0.95, lr=lr, weight_decay=wd, eps=1e-8, maximize=False)
+                for region, a in (("P", p), ("M", m), ("V", v)):
+                    self.store.write(u.name, nxt, region, a.numpy(), s, r0)
+                if k + 1 == len(pieces) or pieces[k + 1][0] is not u:  # the unit's last piece is queued
+                    self.store.after_writes(self._ready[u.name].set)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
@@ -385,13 +435,17 @@ def streamed_loop(trunk: StreamedTrunk, data: np.ndarray, tc: TrainConfig, *, st
             if not math.isfinite(lv):
                 raise MfggufError(f"training diverged at step {step} (loss {lv}); lower --lr and pass --restart")
             history.append([step + 1, (step + 1) * per_step, lv])
+            state = {**ckpt_meta, "step": step + 1, "history": list(history), "heldout_history": list(curve)}
             if heldout and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < steps:
+                trunk.update(wait=True)  # the curve point scores the updated weights, and is in the checkpoint
                 record(step + 1)
-            store.commit({**ckpt_meta, "step": step + 1, "set": trunk.set, "history": history,
-                          "heldout_history": curve})
+                store.commit({**state, "set": trunk.set, "heldout_history": list(curve)})
+            else:
+                trunk.update(commit=state)  # overlaps the next step's forward
             io.append([store.bytes_read - r0, store.bytes_written - w0])
             if bar:
                 bar.update((step + 1) * per_step, lv, time.perf_counter() - t0, (step + 1) * per_step - tok0)
+        trunk.join()
     finally:
         if bar:
             bar.close()

@@ -155,8 +155,11 @@ def test_spilled_activations_change_nothing(prepared_run, tmp_path):
         store = ParamStore(tmp_path / f"spill{spill}", trunk_units(cfg))
         store.create(init_from_seed(cfg, 0))
         trunk = StreamedTrunk(cfg, "anchor", store, resolve_device("cpu"), "fp32", micro=4, spill=spill)
-        losses.append([trunk.step(*get_batch(data, 0, 0, s, 8, cfg.ctx_len), s, 1e-3, p.trunk) for s in range(3)])
-        store.flush()
+        losses.append([])
+        for s in range(3):
+            losses[-1].append(trunk.step(*get_batch(data, 0, 0, s, 8, cfg.ctx_len), s, 1e-3, p.trunk))
+            trunk.update()  # overlaps the next step's forward
+        trunk.join()
         weights.append(store.read("blk.1", trunk.set, "P"))
         assert (tmp_path / f"spill{spill}" / "acts.tmp.bin").exists() == spill
         store.close()
