@@ -9,7 +9,8 @@ The model's state lives in a `ParamStore` (offload.py). A step streams:
      gradient file, their norms are kept;
   4. the update: with the global gradient norm now known (the same clipping as
      `clip_grad_norm_`), AdamW (torch's own functional `adamw`) runs piece by piece over every
-     tensor, reading the current set and writing the other.
+     tensor, reading the current set and writing the other -- on its own thread, while the next
+     step's forward follows it unit by unit (`update`, `_wait`).
 The step's batch is cut into micro-batches inside each block ("accumulation"): the block's weights
 are read once per step whatever the batch, so a larger batch amortises the I/O.
 
