@@ -65,10 +65,12 @@ def train(run: RunDir, out: Path, tag: str, steps: int, batch: int, ctx: int, pr
         from mfgguf.stages import mfgguf_argv
 
         argv = ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *map(str, mfgguf_argv(*args))]
-        r, _ = run_stage(tag, [sys.executable, "-c", "import os,sys; os.execvp(sys.argv[1], sys.argv[1:])", *argv])
-        cg_peak = int((group / "memory.max_usage_in_bytes").read_text())
-        failcnt = int((group / "memory.failcnt").read_text())
-        group.rmdir()
+        try:
+            r, _ = run_stage(tag, [sys.executable, "-c", "import os,sys; os.execvp(sys.argv[1], sys.argv[1:])", *argv])
+            cg_peak = int((group / "memory.max_usage_in_bytes").read_text())
+            failcnt = int((group / "memory.failcnt").read_text())
+        finally:
+            group.rmdir()  # also when the stage failed: no group left behind
     else:
         r, _ = run_stage(tag, args)
         cg_peak = failcnt = None

@@ -90,6 +90,7 @@ class StreamedTrunk:
         self._pending: Future | None = None
         self._ready: dict[str, threading.Event] = {}
         self._todo: tuple | None = None
+        self._last: np.ndarray | None = None  # the last block's weights after a forward: the backward starts with them
 
     # ---- helpers ----------------------------------------------------------------------------------
 

@@ -176,9 +176,7 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
     tc = replace(tc, batch_size=tc.batch_size * accum)
     units = trunk_units(cfg)
     micro, spill = plan_micro(cfg, units, tc.batch_size, budget)
-    micro = min(micro_of, micro)
-    while tc.batch_size % micro:
-        micro -= 1
+    micro = min(micro_of, micro)  # both divide the accumulated batch, so their minimum does too
     limit_heap_retention()  # freed activations and buffers leave RSS at once
     store = ParamStore(ckpt_dir / "stream", units)
     route = "single" if cfg.seed_expert else "anchor"
