@@ -130,6 +130,8 @@ def train_experts_cmd(
     shared_lr_scale: float = typer.Option(None, "--shared-lr-scale", help="As train-expert's."),
     rounds: int = typer.Option(None, "--rounds", help="Sync rounds R: every expert's round, then `sync`, R times"
                                " (default: what the run's experts were started with, else 1)."),
+    outer_lr: float = typer.Option(1.0, "--outer-lr", help="Every sync's outer step, as sync's."),
+    outer_momentum: float = typer.Option(0.0, "--outer-momentum", help="Every sync's outer momentum, as sync's."),
 ):
     from ..train.schedule import train_experts
 
@@ -137,7 +139,7 @@ def train_experts_cmd(
                       progress=progress, tokens=tokens, device=None if device == "cpu" else device,
                       precision=None if precision == "auto" else precision, lr=lr, batch_size=batch_size,
                       ckpt_every=ckpt_every, seed=seed, eval_tokens=eval_tokens, expert_init=init, shared=shared,
-                      shared_lr_scale=shared_lr_scale, rounds=rounds)
+                      shared_lr_scale=shared_lr_scale, rounds=rounds, outer_lr=outer_lr, outer_momentum=outer_momentum)
     n = len(s["jobs"])
     typer.echo(f"train-experts: {n} job(s) on {s['backend']}, {s['syncs']} sync(s), {s['wall_s']:.1f} s;"
                f" summary in {Path(run) / 'logs' / 'train-experts.json'}" if n or s["syncs"] else
@@ -152,11 +154,16 @@ def sync_cmd(
     merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density", help="ties: share of each delta row kept."),
     restat: bool = typer.Option(True, "--restat/--no-restat", help="After the last round, recompute every expert's"
                                 " router statistics here (--no-restat: run `mfgguf restat RUN --expert I` per expert)."),
+    outer_lr: float = typer.Option(1.0, "--outer-lr", help="Outer step toward the merge (DiLoCo: 0.7; 1 with"
+                                   " momentum 0 makes the merge the next trunk)."),
+    outer_momentum: float = typer.Option(0.0, "--outer-momentum", help="Outer Nesterov momentum across syncs"
+                                         " (DiLoCo: 0.9; kept in RUN/rounds/outer.safetensors)."),
     device: str = _DEVICE, progress: bool = _PROGRESS,
 ):
     from ..train.sync import sync
 
-    r = sync(run, merge=merge, density=merge_density, restat=restat, device=device, progress=progress)
+    r = sync(run, merge=merge, density=merge_density, restat=restat, device=device, progress=progress,
+             outer_lr=outer_lr, outer_momentum=outer_momentum)
     before, after = r["before_heldout_loss"], r["heldout_loss"]
     held = ", ".join(f"{d} {before[d]:.3f}->{after[d]:.3f}" for d in after if d in before)
     if not r["final"]:

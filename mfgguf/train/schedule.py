@@ -102,7 +102,7 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
 
 def train_experts(run: Path, *, experts: str | list[int] | None = None, workers: int | None = None,
                   ray: str | None = None, transfer: str = "auto", retries: int = 2, progress: bool = True,
-                  **train_options) -> dict:
+                  outer_lr: float = 1.0, outer_momentum: float = 0.0, **train_options) -> dict:
     """Train every selected expert not yet trained, many at once: local processes, or Ray tasks.
 
     `experts` selects (`1-40,45`; default all). Locally, `workers` jobs run at once (default: as
@@ -114,10 +114,14 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     options (tokens, shared, lr, ...) are those of `train-expert`, the same for every job. A job
     killed from outside is retried up to `retries` times (it resumes from its checkpoint); one that
     fails with an error is reported and the others go on. Exits 1 (MfggufError) if any job failed.
+    `outer_lr` / `outer_momentum` are every sync's (DiLoCo's outer step; see `mfgguf sync`).
 
     Example:
         mfgguf train-experts RUN --workers 2 --shared all --rounds 4
     """
+    from .outer import check_outer
+
+    check_outer(outer_lr, outer_momentum)
     rd = RunDir(run)
     info = rd.info()
     trunk = _trunk_meta(rd)
@@ -145,7 +149,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
             if rd.pending_sync() is not None:  # a sync that was killed: finish it first
                 from .sync import sync
 
-                sync(rd.root, progress=progress)
+                sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
             trunk = _trunk_meta(rd)
             if trunk.get("final"):
                 break
@@ -168,7 +172,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
             from .sync import sync
 
             _say(progress, f"sync {r}/{rounds}")
-            sync(rd.root, progress=progress)
+            sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
             syncs += 1
             if r >= rounds:
                 break

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
+from .outer import is_plain
 from ..errors import MfggufError
 from ..run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
                    read_module_meta, router_stats_current, update_manifest, write_json)
@@ -47,7 +48,7 @@ def round_end(steps: int, rounds: int, r: int) -> int:
 
 
 def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, restat: bool = True,
-         device: str = "cpu", progress: bool = True) -> dict:
+         device: str = "cpu", progress: bool = True, outer_lr: float = 1.0, outer_momentum: float = 0.0) -> dict:
     """Merge the experts' shared-tensor copies into the next trunk version (between sync rounds).
 
     Run it after every expert has trained its current round (`train-expert --shared ... --rounds R`).
@@ -56,8 +57,10 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     recomputed on merged trunk + that expert (forward only), so `mfgguf assemble` routes for the
     model it writes, and so are the router's pooled statistics (`mfgguf router-stats`); --no-restat
     leaves both to `mfgguf restat RUN --expert I`, one process per expert on any machine, then
-    `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density). A killed sync
-    finishes when re-run.
+    `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density).
+    --outer-lr / --outer-momentum: DiLoCo's outer Nesterov step on the pseudo-gradient trunk - merge
+    instead of taking the merge (1 and 0, the default, take it; DiLoCo uses 0.7 and 0.9). A killed
+    sync finishes when re-run.
 
     Example:
         >>> sync(Path("RUN"), merge="mean")["round"]
@@ -78,7 +81,7 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
                                   f" `mfgguf assemble {rd.root}`")
             plan_file = sorted(rd.rounds.glob("sync_*/sync.json"))[-1]
         else:
-            plan_file = _stage(rd, info, merge, density, device, progress)
+            plan_file = _stage(rd, info, merge, density, device, progress, outer_lr, outer_momentum)
     plan = read_json(plan_file, "the sync plan")
     _publish(rd, plan_file.parent, plan)
     plan["state"] = "published"
@@ -101,6 +104,7 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
             pool_router_stats(rd.root, device=device, progress=False)
     trunk = read_module_meta(rd, 0)
     return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
+            "outer_lr": plan.get("outer_lr", 1.0), "outer_momentum": plan.get("outer_momentum", 0.0),
             "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],
             "heldout_loss": trunk.get("heldout_loss", {}), "before_heldout_loss": plan["before_heldout_loss"],
             "experts": plan["experts"], "restated": restated, "wall_s": time.perf_counter() - t0,
@@ -110,10 +114,13 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
 # ---- staging: compute every new module under rounds/sync_<k>/after ------------------------------
 
 
-def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, progress: bool) -> Path:
+def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, progress: bool, outer_lr: float = 1.0,
+           outer_momentum: float = 0.0) -> Path:
     from ..converters.layout import load_module, trunk_shapes, model_config
     from .expert import load_trunk_meta
+    from .outer import check_outer, previous_momentum
 
+    check_outer(outer_lr, outer_momentum)
     n = info["n_experts"]
     trunk = load_trunk_meta(rd)
     k = int(trunk.get("round", 0))
@@ -136,6 +143,8 @@ def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, prog
         raise MfggufError("the experts share no trunk tensors, so there is nothing to sync; assemble the run directly,"
                           " or train the experts with --shared norms|attn|all")
     final = k + 1 == R
+    if outer_momentum and (f := previous_momentum(rd.rounds, trunk)) is not None:  # refuse a stale one up front
+        f.close()
 
     manifest = read_manifest(rd)
     tmod = load_module(rd, 0, manifest)
@@ -154,9 +163,12 @@ def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, prog
         for src in (rd.module_file(i), rd.module_meta(i)):
             link_or_copy(src, before / src.name)
 
-    _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({merge}) from {n} experts")
+    outer = {"lr": outer_lr, "momentum": outer_momentum, "from_trunk": trunk["sha256"], "round": k + 1,
+             "previous": trunk if outer_momentum else None, "rounds_dir": rd.rounds}
+    how = merge if is_plain(outer_lr, outer_momentum) else f"{merge}, outer lr {outer_lr:g} momentum {outer_momentum:g}"
+    _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({how}) from {n} experts")
     new_trunk = after / rd.module_file(0).name
-    _merged_trunk(tmod, mods, what, new_trunk, merge, density)
+    _merged_trunk(tmod, mods, what, new_trunk, merge, density, outer, {nm: shapes[nm] for nm in what})
     from .loop import mean
     from .restat import heldout_trunk
 
@@ -165,41 +177,78 @@ def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, prog
              "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
              "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
              "heldout_loss": held, "heldout_loss_mean": mean(held),
-             "sync": {"merge": merge, "density": density, "merged_tensors": list(what), "experts": n}}
+             "sync": {"merge": merge, "density": density, "merged_tensors": list(what), "experts": n,
+                      "outer_lr": outer_lr, "outer_momentum": outer_momentum}}
     tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
     metas_after = {"trunk": tfull}
     plan = {"format": SYNC_FORMAT, "state": "staged", "round": k + 1, "rounds": R, "final": final, "merge": merge,
-            "density": density, "merged_tensors": len(what), "experts": n,
+            "density": density, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
+            "merged_tensors": len(what), "experts": n,
             "before_heldout_loss": trunk.get("heldout_loss", {}), "modules": metas_after}
     write_json(d / "sync.json", plan)
     return d / "sync.json"
 
 
-def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge: str, density: float) -> None:
+def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge: str, density: float,
+                  outer: dict | None = None, shapes: dict | None = None) -> None:
     """The trunk file with every tensor in `what` replaced by its merge, written atomically at `out`.
 
     Same safetensors header and tensor offsets as the trunk (all f32, same shapes), so the copy is
-    patched in place one merged row chunk at a time: memory is one chunk, whatever N is.
+    patched in place one merged row chunk at a time: memory is one chunk, whatever N is. With a
+    non-plain `outer` (outer.py) the chunk written is the outer step toward the merge, and the new
+    momentum goes to `out`'s folder as outer.safetensors.
     """
     from ..converters.assemble import _pwrite_all
+    from ..converters.merge import open_checked
+    from ..converters.stream import _pread_into
+    from .outer import OUTER_FILE, MomentumFile, is_plain, outer_rows, previous_momentum
 
+    step = outer is not None and not is_plain(outer["lr"], outer["momentum"])
+    prev = new_v = tfd = None
     with atomic_path(out) as tmp:
         shutil.copyfile(tmod.path, tmp)
         fd = os.open(tmp, os.O_WRONLY)
         try:
+            if step:
+                tfd = open_checked(tmod)
+                if outer["previous"] is not None:
+                    prev = previous_momentum(outer["rounds_dir"], outer["previous"])
+            if step and outer["momentum"]:  # μ = 0 keeps no state
+                new_v = MomentumFile.create(out.parent / OUTER_FILE, shapes,
+                                            {"from_trunk": outer["from_trunk"], "round": outer["round"],
+                                             "lr": outer["lr"], "momentum": outer["momentum"]})
             for name, positions in what.items():
                 e = tmod.entries[name]
                 cols = e.shape[-1] if e.shape else 1
                 for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge, density=density):
+                    if step:
+                        t = np.empty(rows.shape, np.float32)  # (rows, cols): the trunk this round started from
+                        _pread_into(tfd, t, e.begin + r0 * cols * 4, tmod)
+                        v = prev.read(name, r0, rows.shape[0], cols) if prev is not None else None
+                        rows, v2 = outer_rows(t, rows, v, lr=outer["lr"], momentum=outer["momentum"])
+                        if new_v is not None:
+                            new_v.write(name, r0, v2)
                     _pwrite_all(fd, rows.astype(np.float32, copy=False), e.begin + r0 * cols * 4)
+            if new_v is not None:
+                new_v.close(sync=True)
+                new_v = None
         finally:
             os.close(fd)
+            for f in (prev, new_v):
+                if f is not None:
+                    f.close()
+            if tfd is not None:
+                os.close(tfd)
 
 
 # ---- publishing: idempotent steps, so a killed sync completes when re-run ------------------------
 
 
 def _publish(rd: RunDir, d: Path, plan: dict) -> None:
+    from .outer import OUTER_FILE
+
+    if (d / "after" / OUTER_FILE).is_file():  # before the trunk: the next sync checks it against the trunk
+        os.replace(d / "after" / OUTER_FILE, rd.rounds / OUTER_FILE)
     for meta in plan["modules"].values():
         index = int(meta["index"])
         staged = d / "after" / meta["file"]
