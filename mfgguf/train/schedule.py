@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import MfggufError
+from ..machine import mem_available
 from ..run import RunDir, finished_against, module_name, read_module_meta, router_stats_current, write_json
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
@@ -93,7 +94,8 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
     """(jobs at once, torch threads per job) for the local scheduler on this machine."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if workers is None:
-        fit = int(_available_mb() * MEMORY_HEADROOM // JOB_MB.get(preset, max(JOB_MB.values())))
+        avail_mb = mem_available(fallback=8 << 30) / (1 << 20)  # unknown: assume an 8 GB laptop
+        fit = int(avail_mb * MEMORY_HEADROOM // JOB_MB.get(preset, max(JOB_MB.values())))
         workers = max(1, min(cores // JOB_THREADS.get(preset, 2), fit))
     if workers < 1:
         raise MfggufError(f"--workers must be at least 1, got {workers}")
@@ -320,16 +322,6 @@ def _say(progress: bool, msg: str) -> None:
         from rich.console import Console
 
         Console(stderr=True).print(f"[bold cyan]train-experts[/] {msg}", highlight=False)
-
-
-def _available_mb() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 8192.0
 
 
 def last_error(log: Path) -> str:

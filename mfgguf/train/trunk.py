@@ -21,6 +21,7 @@ import torch
 
 from ..config import get_preset, with_overrides
 from ..flops import trunk_step_flops
+from ..machine import mem_available
 from ..errors import MfggufError
 from ..model import seed_name_map, trunk_model, trunk_name_map
 from ..plots import loss_curve
@@ -69,17 +70,6 @@ def parse_size(text: str) -> int:
     return int(n)
 
 
-def mem_available() -> int:
-    """MemAvailable of /proc/meminfo (bytes); a large number where it cannot be read."""
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 50
-
-
 def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, device: str = "cpu",
                 progress: bool = True, precision: str = "auto", restart: bool = False,
                 recompute: bool | None = None, memory_budget: str | None = None, stream: bool | None = None,
@@ -122,7 +112,7 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
     if accum is not None and accum < 1:
         raise MfggufError(f"--accum {accum} must be at least 1")
     budget = parse_size(memory_budget) if memory_budget is not None else None
-    limit = budget if budget is not None else mem_available()
+    limit = budget if budget is not None else mem_available(fallback=1 << 50)  # unknown: train in memory
     resumable = (ckpt_dir / "stream" / "state.json").is_file()
     streamed = resumable or in_memory_bytes(cfg, tc.batch_size * (accum or 1)) > limit if stream is None else stream
     if resumable and not streamed:
