@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .baselines import flops_section, plan_baselines, train_baseline
+from .flops import rounds_of
 from .errors import MfggufError
 from .flops import trunk_step_flops
 from .run import RunDir, link_or_copy, read_module_meta, router_stats_current, update_manifest, write_json, write_text
@@ -143,6 +144,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
                        "bytes": m["path"].stat().st_size} for k, m in models.items()},
         "results": results,
         "oracle": {"experts": best_expert, "mixed": oracle_mixed},
+        "recipe": recipe(metas),
         "best": best,
         "best_stats_router": best_stats,
         "quant": {q: r["overall"]["ppl"] for q, r in quant_rows.items()},
@@ -290,9 +292,23 @@ def _curves(trunk: dict, dense_metas: dict) -> dict:
     return out
 
 
+def recipe(metas: dict) -> dict:
+    """How the modules were trained, from their metadata: what a reader needs to reproduce the row."""
+    trunk, experts = metas[0], [m for i, m in metas.items() if i]
+    t = (experts[0].get("train") or {}) if experts else {}
+    sync = trunk.get("sync") or {}
+    return {"experts": len(experts), "seed_expert": bool((trunk.get("config") or {}).get("seed_expert")),
+            "shared": t.get("shared", "none"), "shared_lr_scale": t.get("shared_lr_scale", 1.0),
+            "rounds": rounds_of(metas), "expert_tokens": t.get("tokens"), "merge": sync.get("merge"),
+            "outer_lr": sync.get("outer_lr", 1.0) if sync else None,
+            "outer_momentum": sync.get("outer_momentum", 0.0) if sync else None}
+
+
 def report_markdown(r: dict) -> str:
     ds = r["domains"]
-    L = [f"# mfgguf evaluation: {r['run']}", "",
+    rc = r.get("recipe") or {}
+    how = ", ".join(f"{k} {v}" for k, v in rc.items() if v is not None)
+    L = [f"# mfgguf evaluation: {r['run']}", "", *([f"Recipe: {how}.", ""] if how else []),
          f"Held-out perplexity measured by llama.cpp ({r['config']['base_quant']} unless named; "
          f"up to {r['config']['max_tokens_per_domain']} tokens per domain). Lower is better.", "",
          "| model | " + " | ".join(ds) + " | mixed | prompt tok/s | decode tok/s | peak RSS (MB) |",

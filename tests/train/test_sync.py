@@ -261,6 +261,9 @@ def test_eval_of_a_synced_run_also_measures_the_trunk_as_trained(finished, tmp_p
     assert before["overall"]["ppl"] != after["overall"]["ppl"]  # the merged copies changed the trunk
     assert "moe_over_trained_trunk_worst_domain" in r["goals"]
     assert "before any sync" in (tmp_path / "eval" / "report.md").read_text()
+    rc = r["recipe"]  # how the run was made, in the report
+    assert (rc["experts"], rc["shared"], rc["rounds"], rc["merge"], rc["outer_momentum"]) == (TINY_EXPERTS, "attn", R, "mean", 0.0)
+    assert "Recipe: experts 3" in (tmp_path / "eval" / "report.md").read_text()
 
 
 # ---- DiLoCo's outer optimizer (outer.py): sync --outer-lr / --outer-momentum --------------------------
