@@ -23,4 +23,3 @@ row ffn  none 1.0 1 none             # FFN-only experts from the seed (a smaller
 row s01r4 all 0.1 4 flop,wallclock   # copies at 0.1x the LR (the trunk's final LR), 4 rounds
 row r8   all  1.0 8 flop,wallclock   # 8 sync rounds
 row r4n  all  1.0 4 flop,wallclock --outer-lr 0.7 --outer-momentum 0.9   # R=4, DiLoCo's outer Nesterov step at each sync
-row r8n  all  1.0 8 flop,wallclock --outer-lr 0.7 --outer-momentum 0.9   # R=8, the same
