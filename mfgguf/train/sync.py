@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from ..converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
-from .outer import is_plain
 from ..errors import MfggufError
 from ..run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
                    read_module_meta, router_stats_current, update_manifest, write_json)
+from .outer import is_plain
 
 SYNC_FORMAT = "mfgguf-sync"
 
