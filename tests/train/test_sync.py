@@ -47,6 +47,13 @@ def _cli(*args):
     return r.exit_code, r.output.strip()
 
 
+def _sync_inputs(run: Path) -> tuple[RunDir, dict, dict, list[int]]:
+    """What a sync of `run` reads: the run, its trunk's tensors, each expert's tensors, their tokens."""
+    rd = RunDir(run)
+    return (rd, load_file(rd.module_file(0)), {i: load_file(rd.module_file(i)) for i in EXPERTS},
+            [_meta(run, i)["tokens_seen"] for i in EXPERTS])
+
+
 def _copy_mid_run(src: Path, dst: Path) -> Path:
     """copy_run plus the experts' checkpoints: between rounds they are part of the run's state."""
     run = copy_run(src, dst)
@@ -90,10 +97,7 @@ def test_a_round_writes_ffn_and_copies_and_keeps_its_checkpoint(round1):
 
 def test_sync_writes_the_token_weighted_mean_and_experts_continue_from_it(round1, tmp_path):
     run = _copy_mid_run(round1, tmp_path / "run")
-    rd = RunDir(run)
-    old = load_file(rd.module_file(0))
-    copies = {i: load_file(rd.module_file(i)) for i in EXPERTS}
-    tokens = [_meta(run, i)["tokens_seen"] for i in EXPERTS]
+    rd, old, copies, tokens = _sync_inputs(run)
     old_sha = _meta(run, 0)["sha256"]
     code, out = _cli("sync", run, "--no-progress")
     assert code == 0, out
@@ -289,10 +293,7 @@ def test_sync_with_outer_momentum_steps_past_the_merge_and_carries_momentum(roun
     from mfgguf.train.outer import OUTER_FILE, outer_rows
 
     run = _copy_mid_run(round1, tmp_path / "run")
-    rd = RunDir(run)
-    old = load_file(rd.module_file(0))
-    copies = {i: load_file(rd.module_file(i)) for i in EXPERTS}
-    tokens = [_meta(run, i)["tokens_seen"] for i in EXPERTS]
+    rd, old, copies, tokens = _sync_inputs(run)
     code, out = _cli("sync", run, "--outer-lr", "0.7", "--outer-momentum", "0.9", "--no-progress")
     assert code == 0, out
     t1, m = load_file(rd.module_file(0)), _meta(run, 0)
@@ -308,8 +309,7 @@ def test_sync_with_outer_momentum_steps_past_the_merge_and_carries_momentum(roun
         assert not np.array_equal(t1[name], merged)
     # round 2, then the final sync: the momentum of sync 1 enters sync 2's step
     _round(run)
-    copies2 = {i: load_file(rd.module_file(i)) for i in EXPERTS}
-    tokens2 = [_meta(run, i)["tokens_seen"] for i in EXPERTS]
+    _, _, copies2, tokens2 = _sync_inputs(run)
     sync(run, progress=False, outer_lr=0.7, outer_momentum=0.9)
     t2 = load_file(rd.module_file(0))
     for name in m["sync"]["merged_tensors"]:
