@@ -13,13 +13,13 @@ install_trunk() {  # install_trunk RUN: the seeded trunk of $T into RUN (same da
   mkdir -p "$1/modules"; cp "$T/modules/trunk.safetensors" "$T/modules/trunk.json" "$1/modules/"
   $PY -c "import json,sys; from mfgguf.run import RunDir, update_manifest; rd=RunDir(sys.argv[1]); update_manifest(rd, 0, json.loads(rd.module_meta(0).read_text()))" "$1"
 }
-row() {  # row NAME N TOKENS_PER_EXPERT BASELINES   (ONLY="a b": run just those rows)
+row() {  # row NAME N TOKENS_PER_EXPERT BASELINES   (ONLY="a b": run just those rows; TOPK=1,2: the top-2 row)
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then return; fi
   local p="$OUT/prep$2" d="$OUT/$1"
   [ -d "$p" ] || { $M prepare builtin --out "$p" --experts "$2" --partition cluster --max-chars-per-domain 3000000 --no-progress; install_trunk "$p"; }
   rm -rf "$d"; cp -a "$p" "$d"
   $M train-experts "$d" --workers 1 --shared none --tokens "$3" --no-progress
-  $M eval "$d" --routers ridge,centroid --top-k 1 --baselines "$4" --quants q8_0
+  $M eval "$d" --routers ridge,centroid --top-k "${TOPK:-1}" --baselines "$4" --quants q8_0
 }
 row n6    6  200000 flop,wallclock   # 6 clusters, 200k tokens each: the 3 x 400k label row's total, half its critical path
 row n12  12  100000 wallclock        # 12 clusters, 100k tokens each: the same total again
