@@ -162,6 +162,7 @@ def main() -> None:
     ap.add_argument("--rounds-at", type=int, default=4)
     ap.add_argument("--shared", default="all")
     ap.add_argument("--shared-lr-scale", type=float, default=0.1)
+    ap.add_argument("--seed-expert", action="store_true", help="train the trunk with the seed FFN experts start from")
     ap.add_argument("--batch-size", type=int, default=None, help="sequences per step, trunk and experts (default: the preset's)")
     a = ap.parse_args()
     out = a.out.resolve()
@@ -183,7 +184,9 @@ def main() -> None:
                    "--vocab-size", a.vocab_size, "--seed", 0, "--no-progress", log=log)
     first = out / f"n{ns[0]}"
     if not (first / "modules" / "trunk.json").is_file():
-        mfgguf("train-trunk", first, "--preset", a.preset, "--tokens", a.trunk_tokens, *batch, "--no-progress", log=log)
+        seed = ["--seed-expert"] if a.seed_expert else []
+        mfgguf("train-trunk", first, "--preset", a.preset, "--tokens", a.trunk_tokens, *seed, *batch, "--no-progress",
+               log=log)
     trunk = json.loads((first / "modules" / "trunk.json").read_text())
     info = json.loads((first / "run.json").read_text())
     print(json.dumps({"trunk_tokens": trunk["tokens_seen"], "train_tokens": info.get("train_tokens"),
