@@ -27,9 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from .baselines import flops_section, plan_baselines, train_baseline
-from .flops import rounds_of
 from .errors import MfggufError
-from .flops import trunk_step_flops
+from .flops import rounds_of, trunk_step_flops
 from .run import RunDir, link_or_copy, read_module_meta, router_stats_current, update_manifest, write_json, write_text
 from .stages import run_stage
 

@@ -168,8 +168,12 @@ def merge_plan(mods: list, trunk_shapes: dict[str, tuple[int, ...]], method: str
 
 
 def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUNK_BYTES, *, method: str,
-                  density: float) -> Iterator[tuple[int, np.ndarray]]:
+                  density: float, then: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None
+                  ) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (first row, merged (rows, cols) f32) for trunk tensor `name`, reading row chunks with pread.
+
+    `then(first row, trunk rows, merged rows)`, when given, replaces the merged rows by what it returns
+    (sync's outer step needs the trunk rows this function has just read).
 
     `trunk` and `experts` are layout.Modules (experts: only those holding a copy). Each file is
     opened once per tensor and checked to be the file the plan read (size, mtime) before use.
@@ -197,7 +201,8 @@ def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUN
                     _pread_into(fd, x, m.entries[SHARED_PREFIX + name].begin + r0 * cols * 4, m)
                     yield x
 
-            yield r0, merge_rows(method, t, copies, tokens, density)
+            merged = merge_rows(method, t, copies, tokens, density)
+            yield r0, (merged if then is None else then(r0, t, merged))
     finally:
         for fd in fds:
             os.close(fd)

@@ -199,20 +199,16 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
     momentum goes to `out`'s folder as outer.safetensors.
     """
     from ..converters.assemble import _pwrite_all
-    from ..converters.merge import open_checked
-    from ..converters.stream import _pread_into
     from .outer import OUTER_FILE, MomentumFile, is_plain, outer_rows, previous_momentum
 
     step = outer is not None and not is_plain(outer["lr"], outer["momentum"])
-    prev = new_v = tfd = None
+    prev = new_v = None
     with atomic_path(out) as tmp:
         shutil.copyfile(tmod.path, tmp)
         fd = os.open(tmp, os.O_WRONLY)
         try:
-            if step:
-                tfd = open_checked(tmod)
-                if outer["previous"] is not None:
-                    prev = previous_momentum(outer["rounds_dir"], outer["previous"])
+            if step and outer["previous"] is not None:
+                prev = previous_momentum(outer["rounds_dir"], outer["previous"])
             if step and outer["momentum"]:  # μ = 0 keeps no state
                 new_v = MomentumFile.create(out.parent / OUTER_FILE, shapes,
                                             {"from_trunk": outer["from_trunk"], "round": outer["round"],
@@ -220,14 +216,17 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
             for name, positions in what.items():
                 e = tmod.entries[name]
                 cols = e.shape[-1] if e.shape else 1
-                for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge, density=density):
-                    if step:
-                        t = np.empty(rows.shape, np.float32)  # (rows, cols): the trunk this round started from
-                        _pread_into(tfd, t, e.begin + r0 * cols * 4, tmod)
-                        v = prev.read(name, r0, rows.shape[0], cols) if prev is not None else None
-                        rows, v2 = outer_rows(t, rows, v, lr=outer["lr"], momentum=outer["momentum"])
-                        if new_v is not None:
-                            new_v.write(name, r0, v2)
+
+                def outer_step(r0: int, t: np.ndarray, merged: np.ndarray) -> np.ndarray:
+                    """t: (rows, cols), the trunk this round started from -> the rows the outer step writes."""
+                    v = prev.read(name, r0, t.shape[0], cols) if prev is not None else None
+                    rows, v2 = outer_rows(t, merged, v, lr=outer["lr"], momentum=outer["momentum"])
+                    if new_v is not None:
+                        new_v.write(name, r0, v2)
+                    return rows
+
+                for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge, density=density,
+                                              then=outer_step if step else None):
                     _pwrite_all(fd, rows.astype(np.float32, copy=False), e.begin + r0 * cols * 4)
             if new_v is not None:
                 new_v.close(sync=True)
@@ -237,8 +236,6 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
             for f in (prev, new_v):
                 if f is not None:
                     f.close()
-            if tfd is not None:
-                os.close(tfd)
 
 
 # ---- publishing: idempotent steps, so a killed sync completes when re-run ------------------------
