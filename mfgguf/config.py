@@ -80,6 +80,8 @@ class TrainConfig:
     warmup_frac: float = 0.05  # share of steps with linear warm-up
     weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices (not norms)
     grad_clip: float = 1.0  # global gradient-norm clip
+    adam_eps: float = 1e-8  # AdamW epsilon: an element whose gradient is near this gets an update of any size
+    #                         between 0 and lr, so rounding differences there are amplified by up to lr / eps
     seed: int = 1234  # init and data-order seed
     ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
     eval_tokens: int = 65_536  # held-out tokens scored at the end of training

@@ -214,7 +214,7 @@ def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig,
         ps = [p for n, p in named_params.items() if scale.get(n, 1.0) == f]
         groups += [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": tc.weight_decay, "lr_scale": f},
                    {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0, "lr_scale": f}]
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95), eps=1e-8, foreach=dev.type == "cuda")
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95), eps=tc.adam_eps, foreach=dev.type == "cuda")
 
 
 @dataclass

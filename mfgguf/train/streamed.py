@@ -376,7 +376,7 @@ class StreamedTrunk:
                 g.mul_(coef)
                 wd = tc.weight_decay if len(s.shape) >= 2 else 0.0  # make_optimizer: matrices only
                 adamw([p], [g], [m], [v], [], [torch.tensor(float(step))], foreach=False, amsgrad=False,
-                      beta1=0.9, beta2=0.95, lr=lr, weight_decay=wd, eps=1e-8, maximize=False)
+                      beta1=0.9, beta2=0.95, lr=lr, weight_decay=wd, eps=tc.adam_eps, maximize=False)
                 for region, a in (("P", p), ("M", m), ("V", v)):
                     self.store.write(u.name, nxt, region, a.numpy(), s, r0)
                 if k + 1 == len(pieces) or pieces[k + 1][0] is not u:  # the unit's last piece is queued
