@@ -16,7 +16,8 @@ from mfgguf.flops import expert_step_flops, run_flops, tokens_for_flops, trunk_s
 from mfgguf.model import Transformer, trunk_name_map
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.expert import build_expert_model, expert_params
-from mfgguf.train.loop import forward_loss, get_batch, load_tokens, make_optimizer
+from mfgguf.train.driver import get_batch
+from mfgguf.train.loop import forward_loss, load_tokens, make_optimizer
 
 TINY = replace(get_preset("tiny").model, vocab_size=512)  # dim 64, 2 layers, 4 heads (hd 16), 2 kv heads, ff 128, T 64
 

@@ -1,4 +1,6 @@
-"""The training loop shared by the trunk and the experts: data windows, schedule, AdamW, checkpoints.
+"""In-memory training of the trunk and the experts: device and precision, the forward with its
+chunked loss, held-out evaluation, AdamW, and the in-memory step with its checkpoints (the driver
+around it, shared with layer-streamed training, is driver.py).
 
 Exact resume is a design property, not a feature bolted on: the batch at step s is drawn from a
 generator seeded by (seed, stream, s), so it does not depend on history; the only state is the
@@ -12,12 +14,11 @@ Memory: with `recompute=True` each block's activations are recomputed in the bac
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from ..config import ModelConfig, TrainConfig
 from ..errors import MfggufError
 from ..model import Transformer, rope_tables
 from . import checkpoint as ckpt_io
-from .status import StatusFile
+from .driver import LoopResult, schedule_steps, train_steps
 
 LOGITS_CHUNK = 1 << 22  # logits elements per chunk of the output head when recomputing (16 MB in f32)
 _BF16_CPU: bool | None = None  # probed once
@@ -108,32 +109,6 @@ def load_tokens(path: Path, what: str) -> np.ndarray:
     if a.ndim != 1 or a.dtype.kind not in "ui":
         raise MfggufError(f"{what} must be a 1-D integer array, got {a.dtype} {a.shape}: {path}")
     return a
-
-
-def get_batch(tokens: np.ndarray, seed: int, stream: int, step: int, batch_size: int, ctx_len: int):
-    """Random windows of ctx_len+1 tokens; a pure function of (seed, stream, step)."""
-    n = len(tokens)
-    if n < ctx_len + 2:
-        raise MfggufError(f"only {n} training tokens, fewer than one context of {ctx_len + 1}; add data")
-    rng = np.random.default_rng([seed, stream, step])
-    starts = rng.integers(0, n - ctx_len - 1, size=batch_size)
-    w = np.stack([np.asarray(tokens[s : s + ctx_len + 1], dtype=np.int64) for s in starts])  # (B, T+1)
-    w = torch.from_numpy(w)
-    return w[:, :-1], w[:, 1:]  # (B, T), (B, T)
-
-
-def schedule_steps(tc: TrainConfig, ctx_len: int) -> int:
-    """Optimizer steps of a whole run: its LR schedule's length (sync rounds cut it, never resize it)."""
-    return max(1, tc.tokens // (tc.batch_size * ctx_len))
-
-
-def lr_at(step: int, steps: int, tc: TrainConfig) -> float:
-    """Linear warm-up, then cosine from lr down to lr * min_lr_frac."""
-    warm = max(1, int(round(tc.warmup_frac * steps)))
-    if step < warm:
-        return tc.lr * (step + 1) / warm
-    t = (step - warm) / max(1, steps - warm)
-    return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
 # ---- forward with optional recompute and chunked loss ---------------------------------------------
@@ -217,18 +192,6 @@ def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig,
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95), eps=tc.adam_eps, foreach=dev.type == "cuda")
 
 
-@dataclass
-class LoopResult:
-    steps: int
-    tokens_seen: int
-    final_loss: float
-    history: list = field(default_factory=list)  # [[step, tokens, loss], ...]
-    heldout_history: list = field(default_factory=list)  # [[step, tokens, {domain: loss}], ...]
-    eval_s: float = 0.0  # seconds spent on the held-out curve this process (not in train_s)
-    train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load)
-    resumed_from: int = 0
-
-
 def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc: TrainConfig, info: dict, dev,
                 precision: str, recompute: bool, heldout: dict, t_start: float) -> dict:
     """The metadata every module records about its training (trunk and experts alike)."""
@@ -261,90 +224,57 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     `resume_from` is what that checkpoint must match instead of `ckpt_meta` (the previous round's).
     Returns the loss and held-out histories and token counts.
     """
-    cfg: ModelConfig = model.cfg
-    per_step = tc.batch_size * cfg.ctx_len
-    steps = schedule_steps(tc, cfg.ctx_len)
-    params = list(named_params.values())
-    opt = make_optimizer(named_params, tc, dev, lr_scale)
-    end = steps if until is None else min(steps, until)
-    state = ckpt_io.load(ckpt_dir, named_params, opt, resume_from or ckpt_meta, keep)
-    start, history = (state["step"], state["history"]) if state else (0, [])
-    curve = state.get("heldout_history", []) if state else []
-    eval_s = 0.0
-
-    def record(step: int) -> None:  # one held-out curve point after `step` steps
-        nonlocal eval_s
-        t = time.perf_counter()
-        curve.append([step, step * per_step, heldout()])
+    impl = InMemorySteps(model, named_params, tc, dev=dev, precision=precision, route=route, recompute=recompute,
+                         ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, lr_scale=lr_scale, keep=keep, resume_from=resume_from)
+    def curve() -> dict:
+        out = heldout()
         model.train()  # heldout() leaves the model in eval mode
-        eval_s += time.perf_counter() - t
+        return out
 
-    bar = _Progress(label, end * per_step, start * per_step) if progress else None
-    status = StatusFile.from_env()  # a scheduler's live view (train-experts), when it asked for one
     model.train()
-    t0, tok0 = time.perf_counter(), start * per_step
-    try:
-        for step in range(start, end):
-            x, y = get_batch(data, tc.seed, stream, step, tc.batch_size, cfg.ctx_len)
-            x, y = x.to(dev), y.to(dev)
-            lr = lr_at(step, steps, tc)
-            for g in opt.param_groups:
-                g["lr"] = lr * g["lr_scale"]
-            with autocast(precision, dev):
-                loss = forward_loss(model, x, y, route, recompute)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            lv = float(loss.detach())
-            if not math.isfinite(lv):
-                raise MfggufError(f"training diverged at step {step} (loss {lv}); lower --lr and pass --restart")
-            history.append([step + 1, (step + 1) * per_step, lv])
-            if bar:
-                bar.update((step + 1) * per_step, lv, time.perf_counter() - t0, (step + 1) * per_step - tok0)
-            if status:
-                status.update(label=label, step=step + 1, steps=end, tokens=(step + 1) * per_step, total=end * per_step,
-                              loss=round(lv, 4), tokens_per_s=((step + 1) * per_step - tok0) / max(time.perf_counter() - t0, 1e-9))
-            if heldout and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < end:
-                record(step + 1)  # before the checkpoint, so a resumed run has this point too
-            if (step + 1) % tc.ckpt_every == 0 and step + 1 < end:
-                ckpt_io.save(ckpt_dir, named_params, opt,
-                             {**ckpt_meta, "step": step + 1, "history": history, "heldout_history": curve})
-    finally:
-        if bar:
-            bar.close()
-    train_s = time.perf_counter() - t0 - eval_s
-    if heldout and (not curve or curve[-1][0] != end):
-        record(end)
-    if end < steps:  # the round's state: the next round resumes from it after `mfgguf sync`
-        ckpt_io.save(ckpt_dir, named_params, opt, {**ckpt_meta, "step": end, "history": history, "heldout_history": curve})
-    return LoopResult(steps=end, tokens_seen=end * per_step, final_loss=_smooth(history), history=history,
-                      heldout_history=curve, eval_s=eval_s, train_s=train_s, resumed_from=start)
+    return train_steps(impl, data, tc, ctx_len=model.cfg.ctx_len, stream=stream, label=label, progress=progress,
+                       heldout=curve if heldout else None, until=until)
 
 
-def _smooth(history: list, n: int = 10) -> float:
-    """Mean of the last n step losses: a less noisy final loss than the last step alone."""
-    tail = [h[2] for h in history[-n:]]
-    return float(sum(tail) / len(tail)) if tail else float("nan")
+class InMemorySteps:
+    """The in-memory step (autograd over the model, global-norm clip, AdamW) and its checkpoints:
+    every `ckpt_every` steps and at the end of a sync round (driver.Steps)."""
 
+    def __init__(self, model: Transformer, named_params: dict[str, torch.nn.Parameter], tc: TrainConfig, *, dev,
+                 precision: str, route: str, recompute: bool, ckpt_dir: Path, ckpt_meta: dict,
+                 lr_scale: dict[str, float] | None, keep: frozenset[str], resume_from: dict | None):
+        self.model, self.named, self.tc, self.dev, self.prec, self.route = model, named_params, tc, dev, precision, route
+        self.recompute, self.ckpt_dir, self.ckpt_meta = recompute, ckpt_dir, ckpt_meta
+        self.keep, self.expect = keep, resume_from or ckpt_meta
+        self.params = list(named_params.values())
+        self.opt = make_optimizer(named_params, tc, dev, lr_scale)
+        self.steps = schedule_steps(tc, model.cfg.ctx_len)
 
-class _Progress:
-    """A rich progress bar over tokens, with loss and tokens/s."""
+    def resume(self) -> dict | None:
+        return ckpt_io.load(self.ckpt_dir, self.named, self.opt, self.expect, self.keep)
 
-    def __init__(self, label: str, total: int, done: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    def step(self, step: int, x, y, lr: float) -> float:
+        x, y = x.to(self.dev), y.to(self.dev)
+        for g in self.opt.param_groups:
+            g["lr"] = lr * g["lr_scale"]
+        with autocast(self.prec, self.dev):
+            loss = forward_loss(self.model, x, y, self.route, self.recompute)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
 
-        self.p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-                          TimeRemainingColumn())
-        self.p.start()
-        self.task = self.p.add_task(label, total=total, completed=done, loss="-", tps="-")
+    def settle(self) -> None:
+        pass  # the optimizer step already ran
 
-    def update(self, done: int, loss: float, dt: float, tokens: int):
-        self.p.update(self.task, completed=done, loss=f"{loss:.3f}", tps=f"{tokens / max(dt, 1e-9):,.0f}")
+    def checkpoint(self, step: int, state: dict, last: bool) -> None:
+        # a round that ends before the schedule does keeps its state: the next round resumes from it after `sync`
+        if (last and step < self.steps) or (not last and step % self.tc.ckpt_every == 0):
+            ckpt_io.save(self.ckpt_dir, self.named, self.opt, {**self.ckpt_meta, **state})
 
-    def close(self):
-        self.p.stop()
+    def finish(self) -> None:
+        pass
 
 
 def split_overrides(overrides: dict) -> tuple[dict, dict]:

@@ -21,9 +21,8 @@ are the in-memory run's, so the two agree within float rounding (tests/train/tes
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -34,7 +33,8 @@ from torch.optim.adamw import adamw
 from ..config import ModelConfig, TrainConfig
 from ..errors import MfggufError
 from ..model import Block, RMSNorm, rope_tables
-from .loop import LOGITS_CHUNK, LoopResult, _Progress, _smooth, autocast, eval_windows, get_batch, lr_at, schedule_steps
+from .driver import LoopResult, train_steps
+from .loop import LOGITS_CHUNK, autocast, eval_windows
 from .offload import ParamStore, Slot, Unit, load_state
 
 PIECE = 1 << 22  # f32 elements per piece of the update pass (16 MB per array)
@@ -404,60 +404,57 @@ def init_from_seed(cfg: ModelConfig, seed: int) -> Callable[[Slot], torch.Tensor
 
 def streamed_loop(trunk: StreamedTrunk, data: np.ndarray, tc: TrainConfig, *, stream: int, ckpt_meta: dict,
                   progress: bool, label: str, heldout: Callable[[], dict] | None) -> LoopResult:
-    """`run_loop` for a StreamedTrunk: same batches, schedule and held-out curve; every step is a checkpoint."""
-    cfg, store = trunk.cfg, trunk.store
-    per_step = tc.batch_size * cfg.ctx_len
-    steps = schedule_steps(tc, cfg.ctx_len)
-    state = load_state(store.root)
-    if state is None:
-        store.create(init_from_seed(cfg, tc.seed))
-        state = {**ckpt_meta, "step": 0, "set": "a", "history": [], "heldout_history": []}
-        store.commit(state)
-    for k, v in ckpt_meta.items():
-        if state.get(k) != v:
-            raise MfggufError(f"streamed checkpoint {store.root} is from a different {k} than this training;"
-                              " pass --restart (restart=True) to delete it and start over")
-    start, history, curve = state["step"], state["history"], state["heldout_history"]
-    trunk.set = state["set"]
-    eval_s, io = 0.0, []
-
-    def record(step: int) -> None:
-        nonlocal eval_s
-        t = time.perf_counter()
-        curve.append([step, step * per_step, heldout()])
-        eval_s += time.perf_counter() - t
-
-    bar = _Progress(label, steps * per_step, start * per_step) if progress else None
-    t0, tok0 = time.perf_counter(), start * per_step
-    try:
-        for step in range(start, steps):
-            r0, w0 = store.bytes_read, store.bytes_written
-            x, y = get_batch(data, tc.seed, stream, step, tc.batch_size, cfg.ctx_len)
-            lv = trunk.step(x, y, step, lr_at(step, steps, tc), tc)
-            if not math.isfinite(lv):
-                raise MfggufError(f"training diverged at step {step} (loss {lv}); lower --lr and pass --restart")
-            history.append([step + 1, (step + 1) * per_step, lv])
-            state = {**ckpt_meta, "step": step + 1, "history": list(history), "heldout_history": list(curve)}
-            if heldout and tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < steps:
-                trunk.update(wait=True)  # the curve point scores the updated weights, and is in the checkpoint
-                record(step + 1)
-                store.commit({**state, "set": trunk.set, "heldout_history": list(curve)})
-            else:
-                trunk.update(commit=state)  # overlaps the next step's forward
-            io.append([store.bytes_read - r0, store.bytes_written - w0])
-            if bar:
-                bar.update((step + 1) * per_step, lv, time.perf_counter() - t0, (step + 1) * per_step - tok0)
-        trunk.join()
-    finally:
-        if bar:
-            bar.close()
-    train_s = time.perf_counter() - t0 - eval_s
-    if heldout and (not curve or curve[-1][0] != steps):
-        record(steps)
-    res = LoopResult(steps=steps, tokens_seen=steps * per_step, final_loss=_smooth(history), history=history,
-                     heldout_history=curve, eval_s=eval_s, train_s=train_s, resumed_from=start)
-    res.io_per_step = io[-1] if io else [0, 0]  # bytes read, written by the last step
+    """`run_loop` for a StreamedTrunk: the same driver, batches, schedule and held-out curve; every step
+    is a checkpoint."""
+    impl = StreamedSteps(trunk, tc, ckpt_meta)
+    res = train_steps(impl, data, tc, ctx_len=trunk.cfg.ctx_len, stream=stream, label=label, progress=progress,
+                      heldout=heldout)
+    res.io_per_step = impl.io or [0, 0]
     return res
+
+
+class StreamedSteps:
+    """A StreamedTrunk's step for the driver (driver.Steps): forward and backward, then the update on its
+    own thread, overlapped with the next step's forward, and committed as the checkpoint once written."""
+
+    def __init__(self, trunk: StreamedTrunk, tc: TrainConfig, ckpt_meta: dict):
+        self.trunk, self.store, self.tc, self.ckpt_meta = trunk, trunk.store, tc, ckpt_meta
+        self.io: list[int] | None = None  # [bytes read, bytes written] by the last step
+        self._issued = False  # this step's update was started by settle()
+        self._bytes = (0, 0)
+
+    def resume(self) -> dict | None:
+        store, cfg = self.store, self.trunk.cfg
+        state = load_state(store.root)
+        if state is None:
+            store.create(init_from_seed(cfg, self.tc.seed))
+            state = {**self.ckpt_meta, "step": 0, "set": "a", "history": [], "heldout_history": []}
+            store.commit(state)
+        for k, v in self.ckpt_meta.items():
+            if state.get(k) != v:
+                raise MfggufError(f"streamed checkpoint {store.root} is from a different {k} than this training;"
+                                  " pass --restart (restart=True) to delete it and start over")
+        self.trunk.set = state["set"]
+        return state
+
+    def step(self, step: int, x, y, lr: float) -> float:
+        self._bytes, self._issued = (self.store.bytes_read, self.store.bytes_written), False
+        return self.trunk.step(x, y, step, lr, self.tc)
+
+    def settle(self) -> None:
+        self.trunk.update(wait=True)  # the curve point scores the updated weights
+        self._issued = True
+
+    def checkpoint(self, step: int, state: dict, last: bool) -> None:
+        state = {**self.ckpt_meta, **state}
+        if self._issued:
+            self.store.commit({**state, "set": self.trunk.set})
+        else:
+            self.trunk.update(commit=state)  # overlaps the next step's forward
+        self.io = [self.store.bytes_read - self._bytes[0], self.store.bytes_written - self._bytes[1]]
+
+    def finish(self) -> None:
+        self.trunk.join()
 
 
 def streamed_heldout(trunk: StreamedTrunk, heldout_dir, max_tokens: int, budget_tokens: int) -> dict:

@@ -14,7 +14,8 @@ from mfgguf.errors import MfggufError
 from mfgguf.model import Transformer
 from mfgguf.run import STATS_PREFIX, RunDir
 from mfgguf.train.expert import build_expert_model, expert_params, train_expert
-from mfgguf.train.loop import forward_loss, get_batch, load_tokens, make_optimizer
+from mfgguf.train.driver import get_batch
+from mfgguf.train.loop import forward_loss, load_tokens, make_optimizer
 from tests.conftest import TINY_EXPERTS, copy_run
 
 

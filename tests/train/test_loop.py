@@ -9,7 +9,8 @@ import torch
 from mfgguf.config import TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.train import checkpoint as ckpt_io
-from mfgguf.train.loop import get_batch, lr_at, make_optimizer, split_overrides
+from mfgguf.train.driver import get_batch, lr_at
+from mfgguf.train.loop import make_optimizer, split_overrides
 from mfgguf.train.stats import RouterStats
 
 

@@ -152,7 +152,8 @@ def test_spilled_activations_change_nothing(prepared_run, tmp_path):
     from dataclasses import replace
 
     from mfgguf.config import get_preset
-    from mfgguf.train.loop import get_batch, load_tokens, resolve_device
+    from mfgguf.train.driver import get_batch
+    from mfgguf.train.loop import load_tokens, resolve_device
     from mfgguf.train.offload import ParamStore, trunk_units
     from mfgguf.train.streamed import StreamedTrunk, init_from_seed
 
