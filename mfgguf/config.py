@@ -92,6 +92,8 @@ class TrainConfig:
     curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
     shared: str = "none"  # experts: trunk tensors to also train as a private copy (SHARED_CHOICES); none = FFN only
     shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
+    compile: str = "auto"  # torch.compile the training step: on, off, or auto = on when this process runs at least
+    #                        COMPILE_MIN_STEPS in-memory steps without recompute (compiling costs ~10-60 s once)
     rounds: int = 1  # experts: sync rounds R; the schedule is cut into R equal parts, `mfgguf sync` between them.
     #                  1 = no communication between experts (the original contract)
 

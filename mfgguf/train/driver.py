@@ -93,6 +93,7 @@ class LoopResult:
     train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load)
     resumed_from: int = 0
     io_per_step: list | None = None  # streamed: [bytes read, bytes written] by the last step
+    compiled: bool = False  # the step ran through torch.compile
 
 
 def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int, stream: int, label: str,

@@ -375,7 +375,7 @@ class StreamedTrunk:
                     fut = reader.submit(self._read_piece, cur, *pieces[k + 1], ids, ge)
                 g.mul_(coef)
                 wd = tc.weight_decay if len(s.shape) >= 2 else 0.0  # make_optimizer: matrices only
-                adamw([p], [g], [m], [v], [], [torch.tensor(float(step))], foreach=False, amsgrad=False,
+                adamw([p], [g], [m], [v], [], [torch.tensor(float(step))], fused=True, amsgrad=False,
                       beta1=0.9, beta2=0.95, lr=lr, weight_decay=wd, eps=tc.adam_eps, maximize=False)
                 for region, a in (("P", p), ("M", m), ("V", v)):
                     self.store.write(u.name, nxt, region, a.numpy(), s, r0)
