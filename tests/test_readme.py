@@ -163,3 +163,14 @@ def test_layout_matches_the_tree():
     want = {p for p in pkg.iterdir() if (p.is_dir() and (p / "__init__.py").exists())
             or (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py"))}
     assert not want - listed, f"README's layout misses {sorted(p.name for p in want - listed)}"
+
+
+def test_relative_links_resolve():
+    """Every relative link and image in the README and docs names a file that exists."""
+    broken = []
+    for path in DOCS:
+        prose = FENCE.sub("", path.read_text())
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", prose):
+            if "://" not in target and not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not broken
