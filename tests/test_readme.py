@@ -67,7 +67,7 @@ def _command(tokens: list[str], verbs: set[str], bare: bool) -> tuple[str, list[
         depth += t.count("[") - t.count("]")
         t = t.strip("[]()")
         if OPTION.match(t):
-            opts += [o.split("=")[0] for o in t.split("/") if o]
+            opts += [o for o in t.split("=")[0].split("/") if OPTION.match(o)]  # --flag/--no-flag, --opt=x/y
     return verb, opts
 
 
