@@ -36,9 +36,9 @@ class DemoConfig:
     eval_tokens: int = 16_384  # at most this many held-out tokens per domain scored by training (and 4x that of the
     #                            shard for router statistics; small's default is 65,536); llama.cpp's perplexity is separate
     seed_expert: bool = True  # the trunk also trains the seed FFN every expert starts from (BTX upcycling);
-    #                           README: 70.4 vs 95.2 mixed held-out perplexity with the settings below
+    #                           docs/results/README.md: 70.4 vs 95.2 mixed held-out perplexity with the settings below
     shared: str = "all"  # trunk tensors each expert also trains a private copy of (merged by `sync`);
-    #                      all + 4 rounds measured best (README: 95.2 vs 109.0 at R=1); none = FFN only
+    #                      all + 4 rounds measured best (docs/results/README.md: 95.2 vs 109.0 at R=1); none = FFN only
     shared_lr_scale: float = 1.0  # peak LR of the shared copies = the expert LR x this (0.1 is best at R=1)
     rounds: int = 4  # sync rounds (R syncs, the last one final: router statistics on the merged trunk)
     quant: str = "q8_0"  # quantization of the assembled GGUF

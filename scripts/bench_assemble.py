@@ -128,7 +128,7 @@ def main() -> None:
                     " same files: convert_hf_to_gguf.py (q8_0; f16 + llama_model_quantize for q4_k)")
     ap.add_argument("--fast-quant", action="store_true", help="assemble --fast-quant (q8_0 with ggml's vectorised quantizer)")
     ap.add_argument("--format1", action="store_true", help="modules as module format 1 wrote them (a second moment"
-                    " per expert, sha256 only): the assembly before issue 10, for comparison")
+                    " per expert, sha256 only): the assembly before module format 2, for comparison")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mfgguf", help="where the converter is unpacked")
     a = ap.parse_args()
     ns = [int(x) for x in (a.experts or ("8,32" if a.quick else "8,32,100")).split(",")]

@@ -83,7 +83,7 @@ def main() -> None:
                                      "--max-chars-per-domain", a.chars_per_domain])
         emit(out, stage="prepare", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
     if not run.module_meta(0).is_file():
-        # layer-streamed within 1.5 GiB (issue 12; in memory it peaks at 5.7 GB): --accum 1 keeps one step of 8 x 512
+        # layer-streamed within 1.5 GiB (in memory it peaks at 5.7 GB): --accum 1 keeps one step of 8 x 512
         r, _ = run_stage("train-trunk", ["train-trunk", run.root, "--preset", "1b", "--tokens", a.trunk_tokens,
                                          "--eval-tokens", 1024, "--memory-budget", "1.5G", "--accum", 1])
         emit(out, stage="train-trunk", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb, tokens=a.trunk_tokens)

@@ -1,4 +1,4 @@
-"""Trunk training in bounded memory (issue 12), measured: in-memory vs layer-streamed, same run.
+"""Trunk training in bounded memory, measured: in-memory vs layer-streamed, same run.
 
 Each configuration trains the trunk for a few steps in its own process (`mfgguf train-trunk`) and
 prints one JSON line: peak RSS (the process's own, os.wait4), peak memory of its cgroup (RSS +

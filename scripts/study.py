@@ -1,4 +1,4 @@
-"""The study regime of issue 9: does the modular model beat dense, against N experts and R sync rounds?
+"""The study regime: does the modular model beat dense, against N experts and R sync rounds?
 
 On the `study` corpus (five real domains from the installed packages and the distribution,
 mfgguf/data/study.py), capped per domain:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The "number of experts" rows of README.md: FFN-only experts from the seed (R=1, no communication), the
+# The "number of experts" rows of docs/results/README.md: FFN-only experts from the seed (R=1, no communication), the
 # same seeded trunk for every N, the built-in corpus re-partitioned into N clusters.
 #   bash docs/results/experts-study.sh TRUNK_RUN OUT     (TRUNK_RUN: the seed study's trunk, see seed-study.sh)
 # `prepare` with another --experts writes the same tokenizer, training tokens and held-out split (the

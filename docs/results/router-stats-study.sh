@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 10: which pooled second moment routes best. For each RUN (experts trained, module format 1 = a second
+# Which pooled second moment routes best. For each RUN (experts trained, module format 1 = a second
 # moment per expert), evaluate the router from the experts' own moments, then from `mfgguf router-stats`
 # (trunk + each expert; a quarter of the tokens; the trunk alone).
 # usage: bash docs/results/router-stats-study.sh RUN OUT

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The "seed FFN" table of README.md: one trunk trained with --seed-expert, 3 experts per row, each row a copy.
+# The "seed FFN" table of docs/results/README.md: one trunk trained with --seed-expert, 3 experts per row, each row a copy.
 #   mfgguf prepare builtin --out RUN --experts 3 --max-chars-per-domain 3000000
 #   mfgguf train-trunk RUN --preset small --seed-expert
 #   bash docs/results/seed-study.sh RUN OUT

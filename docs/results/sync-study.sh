@@ -1,5 +1,5 @@
 #!/bin/bash
-# The issue-9 table of README.md: one trained trunk, 3 experts per row, each row a copy of RUN.
+# The shared-trunk table of docs/results/README.md: one trained trunk, 3 experts per row, each row a copy of RUN.
 #   mfgguf prepare builtin --out RUN --experts 3 --max-chars-per-domain 3000000
 #   mfgguf train-trunk RUN --preset small
 #   bash docs/results/sync-study.sh RUN OUT

@@ -3,7 +3,7 @@
 The pre-tokenizer is `ByteLevel(add_prefix_space=False)` (GPT-2 regex + byte mapping), the
 decoder `ByteLevel`, there is no normalizer, and the initial alphabet is all 256 byte symbols, so
 any byte string round-trips. llama.cpp, given `tokenizer.ggml.model = "gpt2"` and
-`tokenizer.ggml.pre = "gpt-2"`, tokenizes text identically (see DESIGN.md). The only special
+`tokenizer.ggml.pre = "gpt-2"`, tokenizes text identically (tests/converters/test_parity.py checks it). The only special
 token is `<|endoftext|>`, id 0: it ends every document and is the model's EOS.
 """
 

@@ -11,7 +11,7 @@ is the very G that format 1 pooled at assembly, so the router is unchanged.
 
 `--source trunk` measures G instead with the trunk alone over the mixed training data: no expert
 needed, but the deeper layers' FFN inputs then lack the experts' contribution; measured worse
-(README, issue 10), kept as an option.
+(docs/assembly.md), kept as an option.
 
 Output: modules/router_stats.safetensors (`router_stats.blk.{l}.second_moment`, f32) and its JSON,
 recorded in the manifest with their hashes; the JSON names the trunk and every expert (sha256) it

@@ -29,7 +29,7 @@ def tiny_gguf(trained_run, tmp_path_factory) -> Path:
 
 
 def _bpe(vocab_size: int = 512):
-    """A byte-level BPE trained on the standard library's bundled English docs (DESIGN.md's recipe)."""
+    """A byte-level BPE trained on the standard library's bundled English docs (the tokenizer module's recipe)."""
     import pydoc_data.topics
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
