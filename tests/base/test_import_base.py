@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
-from tests.converters import llama_logits, llama_tokenize, synthetic_run, text_sample
+from tests.converters import llama_logits, llama_tokenize, reference_logits, synthetic_run, text_sample
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path.home() / ".cache" / "mfgguf"  # where scripts/hf_reference.py unpacks llama.cpp's converter
@@ -142,14 +142,46 @@ def test_hf_import_computes_transformers_logits_in_llama_cpp(tmp_path, tokenizer
 
     assert llama_tokenize(g, text) == Tokenizer.from_file(str(run / "tokenizer.json")).encode(text).ids
     assert tokenizer_keys(g)["tokenizer.chat_template"] == CHAT
+    # mfgguf's own PyTorch model of the imported trunk computes the base too.
+    torch_logits, _ = reference_logits(run, g, ids)
+    assert max_rel(torch_logits, ref) < TOL, max_rel(torch_logits, ref)
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16"])
+@pytest.mark.parametrize("layout", ["granitemoe", "mixtral"])
+def test_moe_whose_experts_equal_the_seed_computes_the_base(tmp_path, tokenizer_json, layout):
+    """Experts initialised from the seed complement the anchor: before training, the MoE is the base."""
+    from safetensors.numpy import load_file
+
+    from mfgguf.run import RunDir, write_module
+
+    hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=False, seed=2)
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "64")
+    rd = RunDir(run)
+    trunk = json.loads(rd.module_meta(0).read_text())
+    t = load_file(str(rd.module_file(0)))
+    seed = {f"blk.{l}.ffn_{f}.weight": t[f"blk.{l}.ffn_{f}_seed.weight"] for l in range(2) for f in ("gate", "up", "down")}
+    for i in (1, 2):
+        write_module(rd, i, seed, {"kind": "expert", "config": trunk["config"], "trunk_sha256": trunk["sha256"]})
+    r = cli("assemble", run, "-o", tmp_path / "moe.gguf", "--quant", "f32", "--router", "uniform", "--layout", layout, "-q")
+    assert r.exit_code == 0, r.output
+    ids = ids_of(tokenizer_json)
+    got, ref = llama_logits(tmp_path / "moe.gguf", ids, 128), hf_logits(hf, ids)
+    assert max_rel(got, ref) < TOL, max_rel(got, ref)
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
 def test_converter_gguf_import_matches_the_base_file_in_llama_cpp(tmp_path, tokenizer_json, outtype):
+    import gguf
+
     hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=False, seed=1)
     base = converted(hf, tmp_path / f"base-{outtype}.gguf", outtype)
     run = prepared(base, tmp_path / "run")
     g = trunk_gguf(run, tmp_path / "trunk.gguf", outtype)
+    # Dequantized on import, written back in the base's type: every tensor is the base's, bit for bit.
+    mine, theirs = {t.name: t for t in gguf.GGUFReader(g).tensors}, {t.name: t for t in gguf.GGUFReader(base).tensors}
+    assert sorted(mine) == sorted(theirs)
+    for name, t in mine.items():
+        assert t.tensor_type == theirs[name].tensor_type and np.array_equal(t.data, theirs[name].data), name
     ids = ids_of(tokenizer_json)
     ref = llama_logits(base, ids, 128)
     got = llama_logits(g, ids, 128)
