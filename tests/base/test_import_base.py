@@ -169,16 +169,20 @@ def test_moe_whose_experts_equal_the_seed_computes_the_base(tmp_path, tokenizer_
     assert max_rel(got, ref) < TOL, max_rel(got, ref)
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
-def test_converter_gguf_import_matches_the_base_file_in_llama_cpp(tmp_path, tokenizer_json, outtype):
+@pytest.mark.parametrize("outtype,tied", [("f32", False), ("f32", True), ("f16", False), ("bf16", False), ("q8_0", False)])
+def test_converter_gguf_import_matches_the_base_file_in_llama_cpp(tmp_path, tokenizer_json, outtype, tied):
     import gguf
 
-    hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=False, seed=1)
+    hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=tied, seed=1)
     base = converted(hf, tmp_path / f"base-{outtype}.gguf", outtype)
     run = prepared(base, tmp_path / "run")
     g = trunk_gguf(run, tmp_path / "trunk.gguf", outtype)
-    # Dequantized on import, written back in the base's type: every tensor is the base's, bit for bit.
+    # Dequantized on import, written back in the base's type: every tensor is the base's, bit for bit
+    # (a tied base has no output.weight: the trunk's is token_embd's copy).
     mine, theirs = {t.name: t for t in gguf.GGUFReader(g).tensors}, {t.name: t for t in gguf.GGUFReader(base).tensors}
+    assert ("output.weight" in theirs) != tied
+    if tied:
+        theirs["output.weight"] = theirs["token_embd.weight"]
     assert sorted(mine) == sorted(theirs)
     for name, t in mine.items():
         assert t.tensor_type == theirs[name].tensor_type and np.array_equal(t.data, theirs[name].data), name
@@ -226,10 +230,30 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     assert r.exit_code == 0, r.output
     hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=True)
     (hf / "tokenizer.json").unlink()
-    for args, what in [((moe,), "architecture 'granitemoe'"), ((hf,), "no tokenizer.json")]:
-        r = cli("import-base", *args, "--out", tmp_path / "out")
-        assert r.exit_code == 1 and what in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    q4 = tmp_path / "q4.gguf"
+    r = cli("assemble", src, "-o", q4, "--experts", "none", "--quant", "q4_0", "-q")
+    assert r.exit_code == 0, r.output
+
+    def variant(name: str, **config) -> Path:
+        d = save_hf_llama(tmp_path / name, tokenizer_json, tied=True)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **config}))
+        return d
+
+    scaled = variant("scaled", rope_scaling={"rope_type": "llama3", "factor": 8.0}, rope_parameters=None)
+    biased = variant("biased", attention_bias=True)
+    wide = variant("wide", head_dim=32)
+    spm = variant("spm")
+    tj = json.loads((spm / "tokenizer.json").read_text())
+    (spm / "tokenizer.json").write_text(json.dumps({**tj, "decoder": {"type": "ByteFallback"}}))
+    cases = [(moe, "architecture 'granitemoe'"), (q4, "is Q4_0"), (hf, "no tokenizer.json"),
+             (scaled, "rope scaling 'llama3'"), (biased, "attention_bias"), (wide, "head_dim 32"),
+             (spm, "not byte-level BPE"), (tmp_path / "nothing", "does not exist")]
+    for src_, what in cases:
+        r = cli("import-base", src_, "--out", tmp_path / "out")
+        assert r.exit_code == 1 and what in r.output and len(r.output.strip().splitlines()) == 1, (what, r.output)
         assert not (tmp_path / "out").exists()
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no temporary left behind
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "mine.txt").write_text("user work")
