@@ -261,3 +261,29 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     r = cli("import-base", base, "--out", taken)
     assert r.exit_code == 1 and "--force" in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert [p.name for p in taken.iterdir()] == ["mine.txt"]
+
+
+def test_llama3_style_tokenizer_tokenizes_the_same_in_llama_cpp(tmp_path):
+    """A Llama-3-style pre-tokenizer (Split regex + ByteLevel) maps to llama.cpp's `llama-bpe`: same ids both ways."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from mfgguf.base.hf_vocab import LLAMA3_REGEX
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([text_sample(60_000)] * 2, trainers.BpeTrainer(
+        vocab_size=500, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tj = tmp_path / "tokenizer.json"
+    tok.save(str(tj))
+    hf = save_hf_llama(tmp_path / "hf", tj, tied=True)
+    (hf / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end_of_text|>", "bos_token": "<|begin_of_text|>"}))
+    run = prepared(hf, tmp_path / "run")
+    g = trunk_gguf(run, tmp_path / "trunk.gguf")
+    keys = tokenizer_keys(g)
+    assert keys["tokenizer.ggml.pre"] == "llama-bpe" and keys["tokenizer.ggml.eos_token_id"] == 1
+    assert json.loads((run / "run.json").read_text())["eos_id"] == 1
+    text = "Don'T stop: 1234567 dogs' TOYS\r\n\n\t  x=1+2;  ünïcödé 日本語 -- " + text_sample(2000)
+    assert llama_tokenize(g, text) == tok.encode(text).ids
