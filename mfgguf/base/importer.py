@@ -30,7 +30,6 @@ import numpy as np
 
 from ..config import ModelConfig, get_preset
 from ..errors import MfggufError
-from ..model import trunk_shapes
 from ..run import RunDir, write_json, write_module_streamed
 from .gguf_source import GGUFBase
 from .hf_source import HFBase
@@ -71,6 +70,8 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
     Example:
         >>> import_base(Path("model.gguf"), Path("RUN"))["config"]["anchor_ff"]
     """
+    from ..model import trunk_shapes  # torch: imported here so that the CLI starts without it
+
     t0 = time.perf_counter()
     out = Path(out)
     base = open_base(src)
