@@ -46,8 +46,8 @@ def tokenizer_json(tmp_path_factory) -> Path:
     return p
 
 
-def save_hf_llama(out: Path, tokenizer_json: Path, *, tied: bool, seed: int = 0) -> Path:
-    """A random LlamaForCausalLM (GQA 4/2 heads) saved by transformers, with a tokenizer and chat template."""
+def save_hf_llama(out: Path, tokenizer_json: Path, *, tied: bool, seed: int = 0, dtype: str = "float32") -> Path:
+    """A random LlamaForCausalLM (GQA 4/2 heads) saved by transformers in `dtype`, with a tokenizer and chat template."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -62,7 +62,7 @@ def save_hf_llama(out: Path, tokenizer_json: Path, *, tied: bool, seed: int = 0)
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)  # norms away from 1, so a misplaced norm shows
-    model.save_pretrained(out)
+    model.to(getattr(torch, dtype)).save_pretrained(out)
     (out / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>",
@@ -122,9 +122,9 @@ def ids_of(tokenizer_json: Path) -> list[int]:
     return Tokenizer.from_file(str(tokenizer_json)).encode(text_sample(600)).ids[:96]
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_hf_import_computes_transformers_logits_in_llama_cpp(tmp_path, tokenizer_json, tied):
-    hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=tied)
+@pytest.mark.parametrize("tied,dtype", [(True, "float32"), (False, "float32"), (False, "bfloat16"), (False, "float16")])
+def test_hf_import_computes_transformers_logits_in_llama_cpp(tmp_path, tokenizer_json, tied, dtype):
+    hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=tied, dtype=dtype)  # transformers reads it back as f32
     run = prepared(hf, tmp_path / "run", "--expert-ff", "32")
     g = trunk_gguf(run, tmp_path / "trunk.gguf")
     ids = ids_of(tokenizer_json)
@@ -221,6 +221,12 @@ def test_own_trunk_gguf_round_trips(tmp_path):
 
     ids = Tokenizer.from_file(str(src / "tokenizer.json")).encode(text_sample(600)).ids[:96]
     assert max_rel(llama_logits(g, ids, 128), llama_logits(base, ids, 128)) < TOL
+    # prepare --force again (other experts): the base and its trunk stay, the file is the same
+    r = cli("prepare", "builtin", "--out", run, "--experts", "3", "--max-chars-per-domain", "20000", "--no-progress", "--force")
+    assert r.exit_code == 0, r.output
+    again = trunk_gguf(run, tmp_path / "again.gguf")
+    assert all(np.array_equal(x.data, y.data) for x, y in zip(gguf.GGUFReader(again).tensors, a))
+    assert json.loads((run / "run.json").read_text())["n_experts"] == 3
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
