@@ -82,7 +82,11 @@ def write_vocab_gguf(base, path: Path) -> None:
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
-    gguf.SpecialVocab(base.path, load_merges=True, n_vocab=n).add_to_gguf(w, quiet=True)
+    special = gguf.SpecialVocab(base.path, load_merges=True, n_vocab=n)
+    if (tj.get("post_processor") or {}).get("type") == "ByteLevel":  # as the converter's own (newer) gguf-py reads it
+        special.add_special_token.setdefault("bos", False)
+        special.add_special_token.setdefault("eos", False)
+    special.add_to_gguf(w, quiet=True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

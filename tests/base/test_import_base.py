@@ -199,8 +199,13 @@ def test_converter_gguf_import_matches_the_base_file_in_llama_cpp(tmp_path, toke
     assert len(want) > 10 and held[: len(want)].tolist() == want
 
 
-def test_hf_import_writes_the_converters_tokenizer_keys(tmp_path, tokenizer_json):
+@pytest.mark.parametrize("post", [None, "ByteLevel"])
+def test_hf_import_writes_the_converters_tokenizer_keys(tmp_path, tokenizer_json, post):
     hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=True)
+    if post:  # GPT-2-style tokenizer.json: the converter then writes add_bos/add_eos false
+        tj = json.loads((hf / "tokenizer.json").read_text())
+        (hf / "tokenizer.json").write_text(json.dumps({**tj, "post_processor": {
+            "type": post, "add_prefix_space": False, "trim_offsets": True, "use_regex": True}}))
     base = converted(hf, tmp_path / "base.gguf", "f32")
     run = prepared(hf, tmp_path / "run")
     assert tokenizer_keys(trunk_gguf(run, tmp_path / "trunk.gguf")) == tokenizer_keys(base)
