@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .converters.layout import model_config, tokenizer_kv
+from .converters.layout import model_config, run_tokenizer_kv
 from .converters.merge import DEFAULT_DENSITY, merge_arrays
 from .errors import MfggufError
 from .model import Transformer, trunk_model
@@ -98,7 +98,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
         experts, top_k, router_rows = prov["experts"], prov["top_k"], prov["router_rows"]
         merge, merge_density = prov["merge"], prov["merge_density"]
     experts = list(experts or [])
-    _, vocab = tokenizer_kv(rd.tokenizer)
+    _, vocab = run_tokenizer_kv(rd)
     trunk_meta = read_module_meta(rd, 0)
 
     class _M:  # the minimal shape model_config reads

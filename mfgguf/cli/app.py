@@ -1,6 +1,6 @@
 """The typer app. Thin: each verb calls one typed library function whose docstring is its help.
 
-Verbs live beside this file, one area each (data.py, train.py, convert.py, runtime.py,
+Verbs live beside this file, one area each (data.py, base.py, train.py, convert.py, runtime.py,
 evaluate.py); they register themselves with `command`. Only here is MfggufError caught: it is
 printed as one line on stderr and the process exits 1, without a traceback.
 """
@@ -56,7 +56,7 @@ def command(name: str, library_fn=None, **kw):
 def _register() -> None:
     import importlib
 
-    for area in ("data", "train", "convert", "runtime", "evaluate"):
+    for area in ("data", "base", "train", "convert", "runtime", "evaluate"):
         try:
             importlib.import_module(f"{__package__}.{area}")
         except ModuleNotFoundError as e:  # an area not written yet must not break the others

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import __version__
 from ..config import ModelConfig, get_preset
+from ..base.runbase import imported
 from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta, router_stats_stale
 from . import schema
@@ -252,7 +253,7 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
     info = run.info()
     run.check_no_pending_sync()
     manifest = read_manifest(run)
-    tok_kv, vocab = tokenizer_kv(run.tokenizer)
+    tok_kv, vocab = run_tokenizer_kv(run)
     trunk = load_module(run, 0, manifest)
     cfg = model_config(trunk, vocab)
     cfg.validate()
@@ -297,6 +298,9 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
     kv = [("general.architecture", "STRING", arch), ("general.name", "STRING", f"mfgguf {info.get('partition', '')} {N}x".strip()),
           ("general.file_type", "UINT32", schema.FILE_TYPE[quant]), ("general.quantization_version", "UINT32", 2)]
     kv += schema.model_kv(arch, cfg, n_experts=N, top_k=top_k, ff=ff, shexp_ff=cfg.anchor_ff)
+    if (base := imported(run.root)) is not None:  # the base's own context length, not the training context
+        ctx = base.gguf_kv()[2]
+        kv = [(k, t, ctx if k == f"{arch}.context_length" else v) for k, t, v in kv]
     kv += tok_kv
     kv += [
         ("mfgguf.version", "STRING", __version__),
@@ -412,6 +416,16 @@ def header_bytes(kv: list[tuple[str, str, object]], slots: list[Slot]) -> bytes:
 
 
 # ---- tokenizer -----------------------------------------------------------------------------------
+
+
+def run_tokenizer_kv(run: RunDir) -> tuple[list[tuple[str, str, object]], int]:
+    """The tokenizer keys a RUN's GGUF carries and its vocabulary size: an imported base's own, copied
+    unchanged (base/runbase.py), else those of the RUN's byte-level BPE."""
+    base = imported(run.root)
+    if base is not None:
+        kv, vocab, _ = base.gguf_kv()
+        return kv, vocab
+    return tokenizer_kv(run.tokenizer)
 
 
 def tokenizer_kv(path: Path) -> tuple[list[tuple[str, str, object]], int]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..base.runbase import base_info, base_only, base_tokenizer, carry_into, imported
 from ..errors import MfggufError
 from ..run import RUN_FORMAT, RUN_VERSION, RunDir, write_json
 from .partition import PARTITIONS, partition as _partition_docs, split_heldout
@@ -35,7 +36,9 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     `hf:json:FILES`, `builtin` (Python's own code, English docs and C headers) or `study` (the larger
     experiment corpus: installed packages' code and docstrings, C and C++ headers, man pages); `LABEL=SOURCE`
     names the domain. Partitions: `label` (by domain), `random` (with OVERLAP, a document may join
-    a second expert), `cluster` (balanced k-means over tf-idf, c-BTM style). Returns run.json.
+    a second expert), `cluster` (balanced k-means over tf-idf, c-BTM style). Into a RUN written by
+    `mfgguf import-base`, no BPE is trained: the corpus is tokenized with the base's own tokenizer
+    (vocab_size is ignored) and the imported trunk is kept. Returns run.json.
 
     Example:
         >>> prepare(["builtin"], Path("RUN"), n_experts=3, vocab_size=4096, max_chars_per_domain=2_000_000)
@@ -50,9 +53,14 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     if len(train_idx) == 0:
         raise MfggufError("no training documents left after the held-out split; add data or lower --heldout-frac")
 
-    with _status(progress, f"training a {vocab_size}-token BPE on {len(train_idx)} documents"):
-        tok = train_tokenizer((docs[i].text for i in train_idx), vocab_size)
-    vocab = tok.get_vocab_size()
+    base = imported(out)  # `mfgguf import-base` wrote RUN: the base's own tokenizer, EOS and vocabulary
+    if base is not None:
+        binfo = base_info(base)
+        tok, vocab, eos, eos_token = base_tokenizer(base), int(binfo["shape"]["vocab_size"]), int(binfo["eos_id"]), binfo["eos_token"]
+    else:
+        with _status(progress, f"training a {vocab_size}-token BPE on {len(train_idx)} documents"):
+            tok = train_tokenizer((docs[i].text for i in train_idx), vocab_size)
+        vocab, eos, eos_token = tok.get_vocab_size(), EOS_ID, EOS_TOKEN
     dtype = token_dtype(vocab)
     tokens = _tokenize(tok, [d.text for d in docs], dtype, progress)
 
@@ -69,13 +77,18 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     try:
         run = RunDir(tmp)
         run.heldout_dir.mkdir(parents=True)
-        tok.save(str(run.tokenizer))
+        if base is not None:
+            carry_into(base, tmp)
+            if base.tokenizer_json.is_file():
+                shutil.copyfile(base.tokenizer_json, run.tokenizer)
+        else:
+            tok.save(str(run.tokenizer))
         rng = np.random.default_rng([seed, 5])
         # training order is shuffled once, so a reader that streams the file sees mixed domains
-        train_tokens = _write_tokens(run.train_tokens, tokens, rng.permutation(train_idx), dtype)
+        train_tokens = _write_tokens(run.train_tokens, tokens, rng.permutation(train_idx), dtype, eos)
         shards = []
         for i, idx in enumerate(shard_docs, 1):
-            n = _write_tokens(run.shard(i), tokens, rng.permutation(idx), dtype)
+            n = _write_tokens(run.shard(i), tokens, rng.permutation(idx), dtype, eos)
             comp = {}
             for j in idx:
                 comp[domains[j]] = comp.get(domains[j], 0) + len(tokens[j]) + 1
@@ -83,7 +96,7 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
         heldout = {}
         for d in sorted(set(domains[i] for i in held_idx)):
             idx = [i for i in held_idx if domains[i] == d]
-            n = _write_tokens(run.heldout(d), tokens, idx, dtype)
+            n = _write_tokens(run.heldout(d), tokens, idx, dtype, eos)
             run.heldout_text(d).write_text("\n\n".join(docs[i].text for i in idx), encoding="utf-8")
             heldout[d] = {"docs": len(idx), "tokens": n}
         if partition == "cluster":
@@ -95,8 +108,8 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
             "partition": partition,
             "overlap": overlap,
             "vocab_size": vocab,
-            "eos_id": EOS_ID,
-            "eos_token": EOS_TOKEN,
+            "eos_id": eos,
+            "eos_token": eos_token,
             "token_dtype": dtype.name,
             "domains": sorted(set(domains)),
             "shards": shards,
@@ -140,7 +153,7 @@ def _validate(sources, out: Path, n_experts, partition, vocab_size, heldout_frac
         raise MfggufError(f"max chars per domain must be positive, got {max_chars}")
     if out.exists() and not out.is_dir():
         raise MfggufError(f"{out} exists and is not a directory; choose another --out")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if out.is_dir() and any(out.iterdir()) and not force and not base_only(out):  # import-base's RUN: fill it
         raise MfggufError(f"{out} already exists and is not empty; choose another --out or pass --force to replace it")
 
 
@@ -183,7 +196,7 @@ def _tokenize(tok, texts: list[str], dtype, progress: bool) -> list[np.ndarray]:
         return list(encode_documents(tok, texts, dtype=dtype, on_batch=on_batch))
 
 
-def _write_tokens(path: Path, tokens: list[np.ndarray], order, dtype) -> int:
+def _write_tokens(path: Path, tokens: list[np.ndarray], order, dtype, eos: int = EOS_ID) -> int:
     """Docs in `order`, each followed by EOS, into one .npy (written in place via a memmap)."""
     order = list(order)
     total = sum(len(tokens[i]) + 1 for i in order)
@@ -192,7 +205,7 @@ def _write_tokens(path: Path, tokens: list[np.ndarray], order, dtype) -> int:
     for i in order:
         t = tokens[i]
         arr[pos: pos + len(t)] = t
-        arr[pos + len(t)] = EOS_ID
+        arr[pos + len(t)] = eos
         pos += len(t) + 1
     arr.flush()
     del arr

@@ -207,7 +207,8 @@ class _Board:
 
 def _common_paths(rd: RunDir) -> list[Path]:
     """What every job needs besides its shard: run files, tokenizer, trunk, held-out split."""
-    return [rd.run_json, rd.tokenizer, rd.module_file(0), rd.module_meta(0), *_tree(rd.heldout_dir)]
+    tok = [rd.tokenizer] if rd.tokenizer.is_file() else []  # a GGUF-only imported base has none (RUN/base/ holds its vocab)
+    return [rd.run_json, *tok, rd.module_file(0), rd.module_meta(0), *_tree(rd.heldout_dir)]
 
 
 def _tree(d: Path) -> list[Path]:

@@ -1,0 +1,127 @@
+"""A llama-architecture GGUF as a base model: its shape from the key-values, its tensors read one by one.
+
+Weights may be f32, f16, bf16 or q8_0 (dequantized tensor by tensor with gguf-py); attn_q and
+attn_k are already in llama.cpp's RoPE row order. What mfgguf's model cannot compute exactly is
+refused with one line naming it: another architecture, rope scaling (or a `rope_freqs` tensor),
+biases or any other extra tensor, a mixture of experts, a head_dim other than dim / n_heads.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MfggufError
+from .source import BaseShape, bf16_to_f32, pread_exact
+
+WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")  # gguf.GGMLQuantizationType names this importer reads
+
+
+class GGUFBase:
+    """A base model in one GGUF file (`llama` architecture)."""
+
+    kind = "gguf"
+
+    def __init__(self, path: Path):
+        import gguf
+
+        self.path = Path(path)
+        what = f"base {self.path.name}"
+        try:
+            self.reader = gguf.GGUFReader(self.path)
+        except Exception as e:  # gguf-py raises ValueError/struct errors on a damaged or foreign file
+            raise MfggufError(f"{self.path} is not a readable GGUF file ({e})") from None
+        arch = self._kv("general.architecture", what)
+        if arch != "llama":
+            raise MfggufError(f"{what} has architecture {arch!r}; import-base reads dense `llama` GGUFs only")
+        a = "llama"
+        if int(self._kv(f"{a}.expert_count", what, 0) or 0):
+            raise MfggufError(f"{what} is a mixture of experts; import-base reads dense models only")
+        scaling = self._kv(f"{a}.rope.scaling.type", what, "none")
+        if scaling not in ("none", None):
+            raise MfggufError(f"{what} uses rope scaling {scaling!r}, which mfgguf's model does not compute")
+        n_heads = int(self._kv(f"{a}.attention.head_count", what))
+        dim = int(self._kv(f"{a}.embedding_length", what))
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        tied = "output.weight" not in self.tensors
+        emb = self.tensors.get("token_embd.weight")
+        if emb is None:
+            raise MfggufError(f"{what} has no token_embd.weight tensor")
+        self.shape = BaseShape(
+            dim=dim, n_layers=int(self._kv(f"{a}.block_count", what)), n_heads=n_heads,
+            n_kv_heads=int(self._kv(f"{a}.attention.head_count_kv", what, n_heads)),
+            ff=int(self._kv(f"{a}.feed_forward_length", what)), vocab_size=int(emb.shape[1]),
+            rope_theta=float(self._kv(f"{a}.rope.freq_base", what, 10000.0)),
+            norm_eps=float(self._kv(f"{a}.attention.layer_norm_rms_epsilon", what)),
+            ctx_len=int(self._kv(f"{a}.context_length", what)), tied=tied)
+        self.shape.check(what)
+        hd = dim // n_heads
+        for key in (f"{a}.rope.dimension_count", f"{a}.attention.key_length", f"{a}.attention.value_length"):
+            v = self._kv(key, what, hd)
+            if int(v) != hd:
+                raise MfggufError(f"{what}: {key} is {v}, not dim / n_heads = {hd}; mfgguf's model cannot compute it")
+        want = self.shape.expected_shapes()
+        for name, t in self.tensors.items():
+            if name not in want:
+                raise MfggufError(f"{what} has tensor {name}, which mfgguf's model has no place for")
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # ggml dims are fastest first
+            if shape != want[name]:
+                raise MfggufError(f"{what}: tensor {name} has shape {list(shape)}, expected {list(want[name])}")
+            if t.tensor_type.name not in WEIGHT_TYPES:
+                raise MfggufError(f"{what}: tensor {name} is {t.tensor_type.name}; import-base reads"
+                                  f" {', '.join(w.lower() for w in WEIGHT_TYPES)} weights")
+        missing = [n for n in want if n not in self.tensors and not (n == "output.weight" and tied)]
+        if missing:
+            raise MfggufError(f"{what} has no tensor {missing[0]}")
+
+    def _kv(self, key: str, what: str, default=MfggufError):
+        f = self.reader.get_field(key)
+        if f is None:
+            if default is MfggufError:
+                raise MfggufError(f"{what} has no {key} key; is it a complete llama GGUF?")
+            return default
+        return f.contents()
+
+    @property
+    def tokenizer_json(self) -> Path | None:
+        return None  # a GGUF-only base tokenizes through llama.cpp (base/tokens.py)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """One f32 tensor (numpy shape, llama.cpp row order), read from the file now."""
+        import gguf
+
+        if name == "output.weight" and self.shape.tied:
+            name = "token_embd.weight"
+        t = self.tensors[name]
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            raw = np.frombuffer(pread_exact(fd, int(t.n_bytes), int(t.data_offset), f"base {self.path.name}"), np.uint8)
+        finally:
+            os.close(fd)
+        kind = t.tensor_type.name
+        if kind == "F32":
+            return raw.view(np.float32).reshape(shape)
+        if kind == "F16":
+            return raw.view(np.float16).astype(np.float32).reshape(shape)
+        if kind == "BF16":
+            return bf16_to_f32(raw.view(np.uint16)).reshape(shape)
+        rows = raw.reshape(int(np.prod(shape[:-1])), -1)  # (rows, bytes per row)
+        return gguf.quants.dequantize(rows, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+
+    def write_vocab(self, path: Path) -> None:
+        """A vocab-only GGUF (every key-value of the base, no tensors): llama.cpp loads it with vocab_only."""
+        import gguf
+
+        w = gguf.GGUFWriter(str(path), "llama")
+        for name, f in self.reader.fields.items():
+            if name.startswith("GGUF.") or name == "general.architecture":
+                continue
+            vt = f.types[0]
+            w.add_key_value(name, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        w.close()

@@ -1,0 +1,127 @@
+"""An imported base as the rest of the pipeline sees it: RUN/base/ (see importer.py).
+
+  - `prepare` into a RUN that holds one tokenizes with the base's tokenizer (tokenizer.json with
+    `tokenizers`, or llama.cpp's own tokenizer on vocab.gguf for a GGUF-only base), ends documents
+    with the base's EOS, and keeps the imported trunk;
+  - the assembler writes the base's tokenizer keys (tokens, merges, types, special tokens, chat
+    template: every `tokenizer.*` key) and context length, copied from vocab.gguf unchanged.
+
+Torch-free: the assembler imports it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..errors import MfggufError
+
+BASE_FORMAT = "mfgguf-base"
+
+
+@dataclass(frozen=True)
+class BaseFiles:
+    """Paths of RUN/base/ for a RUN root."""
+
+    run: Path
+
+    @property
+    def root(self) -> Path: return Path(self.run) / "base"
+    @property
+    def info(self) -> Path: return self.root / "base.json"
+    @property
+    def vocab(self) -> Path: return self.root / "vocab.gguf"
+    @property
+    def tokenizer_json(self) -> Path: return self.root / "tokenizer.json"
+
+    def _reader(self):
+        import gguf
+
+        return gguf.GGUFReader(self.vocab)
+
+    def special_id(self, kind: str) -> int | None:
+        f = self._reader().get_field(f"tokenizer.ggml.{kind}_token_id")
+        return None if f is None else int(f.contents())
+
+    def token(self, i: int) -> str:
+        return self._reader().get_field("tokenizer.ggml.tokens").contents(i)
+
+    def gguf_kv(self) -> tuple[list[tuple[str, str, object]], int, int]:
+        """(every tokenizer.* key-value of the base, as layout.header_bytes takes them; its vocabulary size;
+        the base's context length)."""
+        r = self._reader()
+        kv = []
+        for name, f in r.fields.items():
+            if not name.startswith("tokenizer."):
+                continue
+            vt = f.types[0].name
+            kv.append((name, vt, (f.types[-1].name, list(f.contents())) if vt == "ARRAY" else f.contents()))
+        ctx = r.get_field("llama.context_length")
+        return kv, len(r.get_field("tokenizer.ggml.tokens").data), int(ctx.contents())
+
+
+def imported(run: Path) -> BaseFiles | None:
+    """RUN/base/ when `mfgguf import-base` wrote RUN, else None."""
+    files = BaseFiles(Path(run))
+    return files if files.info.is_file() else None
+
+
+def base_only(run: Path) -> bool:
+    """RUN holds an imported base and nothing prepared yet: `prepare` may fill it without --force."""
+    return imported(run) is not None and not (Path(run) / "run.json").exists()
+
+
+def base_info(files: BaseFiles) -> dict:
+    from ..run import read_json
+
+    return read_json(files.info, "the imported base's description")
+
+
+def base_tokenizer(files: BaseFiles):
+    """The base's tokenizer, with the interface data/tokenizer.encode_documents uses."""
+    if files.tokenizer_json.is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(files.tokenizer_json))
+    return LlamaCppTokenizer(files.vocab)
+
+
+class LlamaCppTokenizer:
+    """llama.cpp's tokenizer of a vocab-only GGUF, shaped like a `tokenizers.Tokenizer` for encode_documents.
+
+    Text that spells a special token is tokenized as plain text (special=False), as prepare does
+    with `tokenizers` (encode_special_tokens=True), and no BOS is added: prepare adds the EOS.
+    """
+
+    def __init__(self, vocab: Path):
+        import llama_cpp
+
+        try:
+            self.llm = llama_cpp.Llama(model_path=str(vocab), vocab_only=True, verbose=False)
+        except Exception as e:  # llama-cpp-python raises ValueError on a file it cannot load
+            raise MfggufError(f"llama.cpp cannot load the base's vocabulary {vocab} ({e})") from None
+        self.encode_special_tokens = True
+
+    def get_vocab_size(self) -> int:
+        return self.llm.n_vocab()
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False):
+        return [SimpleNamespace(ids=self.llm.tokenize(t.encode("utf-8"), add_bos=False, special=False)) for t in texts]
+
+
+def carry_into(files: BaseFiles, tmp_run: Path) -> None:
+    """Copy the base (RUN/base/) and its trunk module (+ manifest entry) into a RUN being prepared at `tmp_run`."""
+    from ..run import RunDir, read_module_meta, update_manifest
+
+    src, dst = RunDir(files.run), RunDir(tmp_run)
+    shutil.copytree(files.root, BaseFiles(tmp_run).root)
+    if src.module_file(0).is_file():
+        meta = read_module_meta(src, 0)
+        if meta.get("source") != "base":
+            return  # a trunk trained since: it belongs to the old data, not to the base
+        dst.modules.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src.module_file(0), dst.module_file(0))
+        shutil.copy2(src.module_meta(0), dst.module_meta(0))
+        update_manifest(dst, 0, meta)

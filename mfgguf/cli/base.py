@@ -1,0 +1,30 @@
+"""CLI verb `import-base`: a pretrained llama-family model (GGUF or Hugging Face directory) -> a RUN's trunk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..base.importer import import_base
+from .app import command
+
+
+@command("import-base", import_base)
+def import_base_cmd(
+    src: Path = typer.Argument(..., help="A llama GGUF file, or a Hugging Face LlamaForCausalLM directory."),
+    out: Path = typer.Option(..., "--out", help="The RUN directory to create."),
+    expert_ff: int = typer.Option(None, "--expert-ff", help="Width of the seed FFN (and of every expert), in hidden"
+                                  " units taken from the base's FFN (default: an eighth of it)."),
+    seed: bool = typer.Option(True, "--seed/--no-seed", help="Split the base's FFN into anchor + seed (experts start"
+                              " from the seed); --no-seed keeps the whole FFN as the anchor."),
+    preset: str = typer.Option("small", "--preset", help="Training preset the experts use (tokens, batch, lr)."),
+    ctx_len: int = typer.Option(None, "--ctx-len", help="Training context (default: the preset's, at most the base's)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing RUN directory (only once the new one is complete)."),
+):
+    meta = import_base(src, out, expert_ff=expert_ff, seed=seed, preset=preset, ctx_len=ctx_len, force=force)
+    c = meta["config"]
+    seed_txt = f" + seed {c['expert_ff']}" if c["seed_expert"] else ""
+    typer.echo(f"imported {src} into {out}: {c['n_layers']} layers x {c['dim']}, heads {c['n_heads']}/{c['n_kv_heads']},"
+               f" vocab {c['vocab_size']}, FFN anchor {c['anchor_ff']}{seed_txt}, {meta['bytes'] / 1e6:.1f} MB in"
+               f" {meta['import_seconds']:.1f} s; next: mfgguf prepare CORPUS --out {out} --experts N")
