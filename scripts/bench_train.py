@@ -1,21 +1,28 @@
-"""Benchmark training: throughput against this CPU's measured bf16 peak, expert memory on `1b`, expert gain.
+"""Benchmark training: step throughput against this CPU's measured matmul peak, expert memory on `1b`, expert gain.
 
 Prints JSON lines:
-  {"bench": "peak", "bf16_gflops": ..., "fp32_gflops": ...}          2048x2048 matmuls, this run
-  {"bench": "throughput", "module": "trunk"|"expert", "tokens_per_s": ..., "gflops": ..., "frac_of_peak": ...,
-   "flops_per_token": ..., "formula": "..."}                           `small` preset, real text
+  {"bench": "cpu", "model": ..., "avx512": ..., "bf16_native": ..., "amx": ..., "precision": ...}
+  {"bench": "peak", "bf16_gflops": ..., "fp32_gflops": ..., "peak_gflops": ...}   2048x2048 matmuls, this run;
+      peak_gflops is the precision training uses here (bf16 where the CPU has it natively, else fp32)
+  {"bench": "step", "preset": ..., "module": "trunk"|"expert", "mode": "before"|"eager"|"compiled",
+   "tokens_per_s": ..., "gflops": ..., "frac_of_peak": ..., "speedup_vs_before": ..., ...}
+      the in-memory training step itself (train/loop.py's InMemorySteps) on random tokens, after
+      warm-up steps (compilation included in warm-up, reported as warmup_s). FLOPs per token follow
+      mfgguf/flops.py (matmuls only, causal attention). "before" is the step as it was before fused
+      AdamW and torch.compile (eager, one AdamW kernel per operation): the reference for speed-ups
+  {"bench": "throughput", ...}   a real `small` trunk and expert training run (--real-small)
   {"bench": "gain", "domain": ..., "trunk_heldout": ..., "expert_heldout": ..., "lower": true}
   {"bench": "rss_1b", "peak_rss_mb": ..., "vmhwm_mb": ..., "goal_mb": 1536, ...}  train-expert in a subprocess
   (with --shared-1b attn: the same expert also training its private copy of the trunk's norms and
   attention, `train-expert --shared attn`; goal 2048 MB)
 
-The `1b` RUN is built by hand: a trunk of random weights (std 0.02, written by run.write_module)
-and uniformly random token ids below 32768 (no tokenizer is needed to train). The `small` RUN
-comes from `prepare` on the built-in corpus (label partition, vocab 4096).
+The step RUNs are built by hand: a trunk of random weights (std 0.02, written by run.write_module)
+and uniformly random token ids (no tokenizer is needed to train). `tiny` runs at the study's batch
+(64 sequences).
 
-    python scripts/bench_train.py --quick            # short small runs, then the 1b RSS check
-    python scripts/bench_train.py --skip-1b          # full small runs only
-    python scripts/bench_train.py --skip-small --shared-1b attn   # 1b memory of an expert with --shared attn
+    python scripts/bench_train.py                    # steps of tiny, small (and 1b: --presets tiny,small,1b)
+    python scripts/bench_train.py --real-small       # also a real small trunk + expert training run
+    python scripts/bench_train.py --rss-1b --shared-1b attn   # 1b memory of an expert with --shared attn
 """
 
 from __future__ import annotations
@@ -108,7 +115,7 @@ def bench_small(work: Path, quick: bool, peak: float) -> None:
         gf = fpt * m["tokens_per_s"] / 1e9
         emit(bench="throughput", module=m["name"], preset="small", precision=m["precision"], tokens=m["tokens_seen"],
              tokens_per_s=round(m["tokens_per_s"], 1), flops_per_token=fpt, gflops=round(gf, 1),
-             peak_bf16_gflops=round(peak, 1), frac_of_peak=round(gf / peak, 3), goal_frac=0.30, formula=formula)
+             peak_gflops=round(peak, 1), frac_of_peak=round(gf / peak, 3), goal_frac=0.50, formula=formula)
     own = list(expert["shard_domains"])
     for d in own:
         emit(bench="gain", preset="small", partition=info["partition"], expert=1, domain=d,
@@ -195,11 +202,125 @@ def bench_1b(work: Path, steps: int, peak: float, shared: str = "none") -> None:
          cli=out.strip())
 
 
+# ---- (e) training steps of every preset ----------------------------------------------------------------
+
+
+def cpu_info() -> dict:
+    """The CPU's model name and the instruction sets training speed depends on (from /proc/cpuinfo)."""
+    import torch
+
+    model, flags = "unknown", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return {"model": model, "avx2": "avx2" in flags, "avx512": "avx512f" in flags, "bf16_native": "avx512_bf16" in flags
+            or "amx_bf16" in flags, "amx": "amx_tile" in flags, "torch_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _random_run(root: Path, preset: str, vocab: int, trunk: bool) -> "object":
+    """A RUN with uniformly random tokens and (for expert steps) a trunk module of random weights."""
+    import numpy as np
+
+    from mfgguf.config import get_preset
+    from mfgguf.model import trunk_shapes
+    from mfgguf.run import RUN_FORMAT, RUN_VERSION, RunDir, write_json, write_module
+    from dataclasses import replace
+
+    rd = RunDir(root)
+    rd.heldout_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    np.save(rd.train_tokens, rng.integers(0, vocab, 1 << 18, dtype=np.uint16))
+    write_json(rd.run_json, {"format": RUN_FORMAT, "version": RUN_VERSION, "n_experts": 1, "vocab_size": vocab,
+                             "eos_id": 0, "token_dtype": "uint16", "domains": ["d1"], "partition": "random-tokens",
+                             "shards": [{"id": 1, "domains": {"d1": 1 << 18}}]})
+    cfg = replace(get_preset(preset).model, vocab_size=vocab, n_experts=1)
+    if trunk:
+        t = {k: (np.ones(sh, np.float32) if len(sh) == 1 else rng.standard_normal(sh, dtype=np.float32) * 0.02)
+             for k, sh in trunk_shapes(cfg).items()}
+        write_module(rd, 0, t, {"kind": "trunk", "preset": preset, "config": cfg.to_dict(), "heldout_loss": {}})
+    return rd, cfg
+
+
+def bench_step(work: Path, preset: str, module: str, mode: str, batch: int | None, n: int, peak: float,
+               before_tps: float | None) -> float:
+    """Time `n` in-memory training steps of `preset`'s trunk or expert after warm-up; emit one line."""
+    import numpy as np
+    import torch
+    from dataclasses import replace
+
+    from mfgguf.config import get_preset
+    from mfgguf.flops import expert_step_flops, trunk_step_flops
+    from mfgguf.model import trunk_model
+    from mfgguf.train.driver import get_batch
+    from mfgguf.train.expert import build_expert_model, expert_params
+    from mfgguf.train.loop import InMemorySteps, resolve_device, resolve_precision
+    from mfgguf.train.trunk import wants_recompute
+
+    p = get_preset(preset)
+    vocab = p.model.vocab_size if preset == "1b" else 4096
+    rd, cfg = _random_run(work / f"{preset}-{module}", preset, vocab, trunk=module == "expert")
+    tc = p.trunk if module == "trunk" else p.expert
+    tc = replace(tc, batch_size=batch or tc.batch_size, compile="on" if mode == "compiled" else "off")
+    dev = resolve_device("cpu")
+    prec = resolve_precision("auto", dev)
+    rec = wants_recompute(cfg, tc.batch_size)
+    if module == "trunk":
+        model, route = trunk_model(cfg)
+        named = {k: v for k, v in model.named_parameters() if v.requires_grad}
+        fpt = trunk_step_flops(cfg).total
+    else:
+        model, route = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="random"), "single"
+        named = expert_params(model)
+        fpt = expert_step_flops(cfg).total
+    impl = InMemorySteps(model, named, tc, dev=dev, precision=prec, route=route, recompute=rec,
+                         ckpt_dir=work / "ckpt", ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None)
+    impl.resume()
+    if mode == "before":  # one AdamW kernel per arithmetic operation, as before fused AdamW
+        impl.opt = torch.optim.AdamW(impl.opt.param_groups, lr=tc.lr, betas=(0.9, 0.95), eps=tc.adam_eps, foreach=False)
+    data = np.load(rd.train_tokens, mmap_mode="r")
+    model.train()
+    warm = 2 if mode == "compiled" else 1
+    t0 = time.perf_counter()
+    for s in range(warm):
+        impl.step(s, *get_batch(data, 0, 0, s, tc.batch_size, cfg.ctx_len), lr=tc.lr)
+    warm_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for s in range(warm, warm + n):
+        impl.step(s, *get_batch(data, 0, 0, s, tc.batch_size, cfg.ctx_len), lr=tc.lr)
+    dt = (time.perf_counter() - t0) / n
+    tps = tc.batch_size * cfg.ctx_len / dt
+    gf = fpt * tps / 1e9
+    emit(bench="step", preset=preset, module=module, mode=mode, precision=prec, compiled=impl.compiled, recompute=rec,
+         batch=tc.batch_size, ctx=cfg.ctx_len, steps=n, s_per_step=round(dt, 4), tokens_per_s=round(tps, 1),
+         flops_per_token=fpt, gflops=round(gf, 1), peak_gflops=round(peak, 1), frac_of_peak=round(gf / peak, 3),
+         warmup_s=round(warm_s, 1), speedup_vs_before=round(tps / before_tps, 2) if before_tps else None)
+    return tps
+
+
+def bench_steps(work: Path, presets: list[str], peak: float) -> None:
+    """Every preset's trunk and expert step: before, eager and compiled (1b: before and eager only)."""
+    steps = {"tiny": 20, "small": 8, "1b": 2}
+    for preset in presets:
+        for module in ("trunk", "expert"):
+            modes = ["before", "eager"] + ([] if preset == "1b" else ["compiled"])
+            before = None
+            for mode in modes:
+                tps = bench_step(work, preset, module, mode, 64 if preset == "tiny" else None, steps[preset], peak, before)
+                before = before or tps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="short small runs (200k trunk / 100k expert tokens)")
-    ap.add_argument("--skip-1b", action="store_true", help="skip the 1b expert memory check")
-    ap.add_argument("--skip-small", action="store_true", help="skip the small throughput and gain runs")
+    ap.add_argument("--presets", default="tiny,small", help="presets whose steps to time (tiny, small, 1b)")
+    ap.add_argument("--real-small", action="store_true", help="also a real small trunk + expert training run")
+    ap.add_argument("--quick", action="store_true", help="the real small run short (200k trunk / 100k expert tokens)")
+    ap.add_argument("--rss-1b", action="store_true", help="the 1b expert memory check (a train-expert process)")
     ap.add_argument("--steps-1b", type=int, default=2, help="training steps in the 1b memory check")
     ap.add_argument("--shared-1b", default="none", help="train-expert --shared in the 1b memory check (none, norms, attn, all)")
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
@@ -207,12 +328,22 @@ def main() -> None:
     work = a.dir or Path(tempfile.mkdtemp(prefix="mfgguf-bench-train-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        from mfgguf.train.loop import resolve_precision
+
+        import torch
+
+        info = cpu_info()
+        prec = resolve_precision("auto", torch.device("cpu"))
+        emit(bench="cpu", precision=prec, threads=os.cpu_count(), **info)
         peak = matmul_peak()
-        emit(bench="peak", n=2048, threads=os.cpu_count(), **{k: round(v, 1) for k, v in peak.items()})
-        if not a.skip_1b:
-            bench_1b(work, a.steps_1b, peak["bf16_gflops"], a.shared_1b)
-        if not a.skip_small:
-            bench_small(work, a.quick, peak["bf16_gflops"])
+        peak["peak_gflops"] = peak[f"{prec}_gflops"]
+        emit(bench="peak", n=2048, threads=os.cpu_count(), precision=prec, **{k: round(v, 1) for k, v in peak.items()})
+        if a.presets:
+            bench_steps(work, [x for x in a.presets.split(",") if x], peak["peak_gflops"])
+        if a.rss_1b:
+            bench_1b(work, a.steps_1b, peak["peak_gflops"], a.shared_1b)
+        if a.real_small:
+            bench_small(work, a.quick, peak["peak_gflops"])
     finally:
         if a.dir is None:
             shutil.rmtree(work, ignore_errors=True)
