@@ -65,6 +65,7 @@ import numpy as np
 from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, atomic_path
 from . import quant as Q
+from .fileio import SYNC_FILE_RANGE_WRITE, pread_into, pwrite_all, sync_range
 from .layout import Plan, plan
 from .merge import DEFAULT_DENSITY, merged_chunks, open_checked
 from .router import RouterBuilder, needs_stats
@@ -174,7 +175,7 @@ class _Writer:
     def header(self) -> None:
         self._enter("header", "open")
         pad = self.p.data_offset - len(self.p.header)
-        self._pwrite(self.p.header + b"\0" * pad, 0)
+        pwrite_all(self.fd, np.frombuffer(self.p.header + b"\0" * pad, np.uint8), 0)
 
     def preallocate(self) -> None:
         self._enter("preallocate", "header")
@@ -228,7 +229,7 @@ class _Writer:
             for r0, x in merged_chunks(name, p.trunk, [p.expert_modules[i] for i in positions],
                                        method=p.merge, density=p.density):
                 if to_scratch:
-                    _pwrite_all(self.scratch.fileno(), x, base + r0 * x.shape[1] * 4)
+                    pwrite_all(self.scratch.fileno(), x, base + r0 * x.shape[1] * 4)
                 else:
                     self._put(s, s.offset + r0 * s.row_bytes, x)
 
@@ -319,12 +320,6 @@ class _Writer:
 
     # ---- helpers -------------------------------------------------------------------------------
 
-    def _pwrite(self, data, offset: int) -> None:
-        mv = memoryview(data).cast("B")
-        while len(mv):
-            n = os.pwrite(self.fd, mv, offset)
-            mv, offset = mv[n:], offset + n
-
     def _put(self, s, offset: int, x: np.ndarray, owned: bool = False) -> None:
         """Quantize rows `x` of slot `s` and write them at `offset`: on the chunk pool when `x` is the
         streamed chunk (released once written) or an array nobody reuses (`owned`), else here."""
@@ -338,11 +333,11 @@ class _Writer:
         else:
             q = Q.quantize(x, s.qtype, threads=self.threads, fast=self.fast)
             assert q.nbytes == nbytes, (q.nbytes, nbytes)
-            self._pwrite(q, self.p.data_offset + offset)
+            pwrite_all(self.fd, q, self.p.data_offset + offset)
         s.written += nbytes
         self.unflushed += nbytes
         if self.unflushed >= WRITEBACK_BYTES:  # the disk writes while we compute; the final fsync waits less
-            _start_writeback(self.fd)
+            sync_range(self.fd, 0, 0, SYNC_FILE_RANGE_WRITE)
             self.unflushed = 0
 
     def _fold_anchor_rows(self, slot_i: int) -> None:
@@ -369,7 +364,7 @@ class _Writer:
                     for r0 in range(0, cfg.dim, step):
                         r1 = min(cfg.dim, r0 + step)
                         x = np.empty((r1 - r0, cfg.expert_ff), np.float32)  # (rows, expert_ff)
-                        _pread_into(fd, x, e.begin + r0 * cfg.expert_ff * 4, what=f"module {mod.name}")
+                        pread_into(fd, x, e.begin + r0 * cfg.expert_ff * 4, f"module {mod.name} ended early; retrain it")
                         a = self._anchor_rows(blk(l, "ffn_down_shexp"), r0, r1)  # (rows, anchor_ff)
                         self._put(s, base + r0 * s.row_bytes, np.concatenate([a, x], axis=1), owned=True)
                 finally:
@@ -381,9 +376,10 @@ class _Writer:
         cols = e.shape[-1]
         buf = np.empty((r1 - r0, cols), np.float32)
         if name in self.scratch_at:
-            _pread_into(self.scratch.fileno(), buf, self.scratch_at[name] + r0 * cols * 4, what="the merge scratch file")
+            pread_into(self.scratch.fileno(), buf, self.scratch_at[name] + r0 * cols * 4,
+                       "the merge scratch file ended early; retrain it")
         else:
-            _pread_into(self.anchor_fd, buf, e.begin + r0 * cols * 4)
+            pread_into(self.anchor_fd, buf, e.begin + r0 * cols * 4, "the trunk module ended early; retrain it")
         return buf
 
 
@@ -425,7 +421,7 @@ class _QuantPool:
         try:
             q = Q.quantize(x, qtype, threads=1, fast=self.fast)
             assert q.nbytes == nbytes, (q.nbytes, nbytes)
-            _pwrite_all(self.fd, q, offset)
+            pwrite_all(self.fd, q, offset)
         finally:
             if release is not None:
                 release()
@@ -437,41 +433,6 @@ class _QuantPool:
     def close(self) -> None:
         """Let every queued chunk finish (each releases its stream buffer), whatever happened."""
         self.ex.shutdown(wait=True)
-
-
-_LIBC: list = []
-
-
-def _start_writeback(fd: int) -> None:
-    """Ask the kernel to start writing the file's dirty pages now, without waiting (Linux
-    sync_file_range(SYNC_FILE_RANGE_WRITE)); a no-op elsewhere. Durability still comes from fsync."""
-    if not _LIBC:
-        import ctypes
-
-        try:
-            f = ctypes.CDLL(None, use_errno=True).sync_file_range
-            f.argtypes, f.restype = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint], ctypes.c_int
-            _LIBC.append(f)
-        except (OSError, AttributeError):
-            _LIBC.append(None)
-    if _LIBC[0] is not None:
-        _LIBC[0](fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; on failure fsync still does all the work
-
-
-def _pread_into(fd: int, x: np.ndarray, offset: int, what: str = "the trunk module") -> None:
-    mv = memoryview(x).cast("B")
-    while len(mv):
-        n = os.preadv(fd, [mv], offset)
-        if not n:
-            raise MfggufError(f"{what} ended early; retrain it")
-        mv, offset = mv[n:], offset + n
-
-
-def _pwrite_all(fd: int, x: np.ndarray, offset: int) -> None:
-    mv = memoryview(np.ascontiguousarray(x)).cast("B")
-    while len(mv):
-        n = os.pwrite(fd, mv, offset)
-        mv, offset = mv[n:], offset + n
 
 
 def verify(p: Plan, path: Path) -> None:
