@@ -32,10 +32,11 @@ import torch
 from ..config import ModelConfig
 from ..errors import MfggufError
 from ..run import RunDir, finished_against, module_name, read_module_meta, write_router_stats
-from .expert import _read_safetensors, build_expert_model, load_trunk_meta
+from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, load_tokens, resolve_device
 from .restat import precision_of, trunk_alone
 from .stats import RouterStats
+from .weights import read_safetensors
 
 SOURCES = ("experts", "trunk")
 
@@ -74,7 +75,7 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
         for i in metas:
             if progress:
                 print(f"router statistics: {module_name(i)} ({i}/{len(metas)})", flush=True)
-            model.load_expert({k: t for k, t in _read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
+            model.load_expert({k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
             evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), per, "single", dev, prec, hook=stats.hook)
         return _write(rd, stats, trunk, "experts", {module_name(i): m["sha256"] for i, m in metas.items()}, per,
                       "trunk + each expert over its shard", t0)

@@ -43,11 +43,6 @@ from .outer import is_plain
 SYNC_FORMAT = "mfgguf-sync"
 
 
-def round_end(steps: int, rounds: int, r: int) -> int:
-    """The schedule step at which round r (1..rounds) of a `steps`-step run ends."""
-    return steps * r // rounds
-
-
 def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, restat: bool = True,
          device: str = "cpu", progress: bool = True, outer_lr: float = 1.0, outer_momentum: float = 0.0) -> dict:
     """Merge the experts' shared-tensor copies into the next trunk version (between sync rounds).

@@ -13,7 +13,8 @@ from mfgguf.cli.app import app
 from mfgguf.config import ModelConfig
 from mfgguf.converters.assemble import assemble
 from mfgguf.run import STATS_PREFIX, RunDir, read_module_meta, router_stats_current
-from mfgguf.train.expert import _read_safetensors, build_expert_model
+from mfgguf.train.expert import build_expert_model
+from mfgguf.train.weights import read_safetensors
 from mfgguf.train.loop import evaluate, load_tokens
 from mfgguf.train.stats import RouterStats
 
@@ -36,7 +37,7 @@ def test_pooled_equals_the_experts_own_second_moments_pooled_by_count(trained_ru
     n = 0
     for i in range(1, TINY_EXPERTS + 1):
         meta = read_module_meta(rd, i)
-        model.load_expert({k: t for k, t in _read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
+        model.load_expert({k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
         st = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
         evaluate(model, load_tokens(rd.shard(i), "shard"), pooled["tokens_per_source"], "single", torch.device("cpu"),
                  meta["precision"], hook=st.hook)
