@@ -1,7 +1,8 @@
 """Stream the trunk and N experts into one preallocated Mixture-of-Experts GGUF, quantizing on the fly.
 
 Phases, each checking its own state before the next runs:
-  1. validate + layout  (layout.plan: metadata and headers only, nothing written yet)
+  1. validate + layout  (layout.plan: metadata and headers only, nothing written yet); pooled router
+                        statistics that are missing or stale are computed first (ensure_stats.py)
   2. header             key-values, tokenizer, provenance and tensor infos, at offset 0
   3. preallocate        the whole file (posix_fallocate): a full disk fails now, not in an hour
   4+5. stream          trunk and experts, tensor by tensor in row chunks of at most CHUNK_BYTES,
@@ -61,6 +62,7 @@ from pathlib import Path
 from ..errors import MfggufError
 from ..run import RunDir, atomic_path
 from . import quant as Q
+from .ensure_stats import plan_with_stats
 from .layout import plan
 from .merge import DEFAULT_DENSITY
 from .readback import verify
@@ -86,7 +88,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
     of each row) or `none` (the trunk as trained). The output appears only when complete and
     verified; an existing file is replaced only with force=True. `fast_quant` quantizes q8_0 with
     ggml's vectorised quantizer (fastquant.py: ~8x faster, a few bytes per million differ from
-    llama.cpp's reference quantizer, which the default matches byte for byte).
+    llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
+    pooled statistics, where missing or stale, are computed first (`mfgguf router-stats`'s pass).
 
     Example:
         mfgguf assemble RUN -o model.gguf --quant q8_0 --top-k 1 --router ridge --merge mean
@@ -97,8 +100,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
         raise MfggufError(f"{out} is a directory; give a file name such as {out / 'model.gguf'}")
     if out.exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to overwrite it")
-    p = plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts, merge=merge,
-             density=merge_density)
+    p = plan_with_stats(lambda: plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts,
+                                     merge=merge, density=merge_density), rd, progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
     threads = threads or Q.default_threads()
