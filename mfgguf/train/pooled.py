@@ -48,7 +48,8 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
     """Compute the router's pooled statistics of RUN (modules/router_stats.safetensors), which assembly
     needs for the ridge router: the second moment of the FFN inputs over every expert's shard, from
     trunk + that expert (forward only, one expert in memory at a time). Run it after the experts are
-    trained (`train-experts` and the final `sync` do it for you); rerun it after retraining one.
+    trained, and again after retraining one (`train-experts`, the final `sync` and `assemble`, where
+    they are missing or stale, do it for you).
     --source trunk uses the trunk alone over the mixed data (no experts needed; a worse router).
 
     Example:
