@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from .ggmllib import base_path
+
 GGML_TYPE_Q8_0 = 8
 _FN: list = []
 
@@ -34,9 +36,7 @@ def _from_float():
     """ggml-cpu's from_float for q8_0 as a ctypes function (it drops the GIL), or None."""
     if not _FN:
         _FN.append(None)
-        from .quant import _lib_path
-
-        base = _lib_path()
+        base = base_path()
         if base is not None and os.environ.get("MFGGUF_NO_GGML") != "1":
             for name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll"):
                 if not (base.parent / name).exists():

@@ -124,17 +124,26 @@ def pooled_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {f"{STATS_PREFIX}blk.{l}.second_moment": (cfg.dim, cfg.dim) for l in range(cfg.n_layers)}
 
 
+class PooledStatsNeeded(MfggufError):
+    """The pooled router statistics are missing or stale: the router-stats pass would fix it (ensure_stats.py)."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why  # "are missing", or router_stats_stale's reason
+
+
 def load_pooled_stats(run: RunDir, manifest: dict, trunk: Module, experts: list[Module]) -> Module:
     """The pooled router statistics (train/pooled.py) of this trunk and these experts, checked against the manifest."""
     redo = f"compute them with `mfgguf router-stats {run.root}`"
     if not run.router_stats_meta.is_file() or not run.router_stats.is_file():
-        raise MfggufError(f"{run.root} has no pooled router statistics (modules/{run.router_stats.name}); {redo}")
+        raise PooledStatsNeeded(f"{run.root} has no pooled router statistics (modules/{run.router_stats.name}); {redo}",
+                                "are missing")
     meta = json.loads(run.router_stats_meta.read_text())
     rec = manifest.get("router_stats") or {}
     if rec.get("blake3") != meta.get("blake3") or not meta.get("blake3"):
         raise MfggufError(f"the pooled router statistics' metadata differs from the manifest's; {redo}")
     if why := router_stats_stale(meta, trunk.meta["sha256"], {m.name: m.meta["sha256"] for m in experts}):
-        raise MfggufError(f"the pooled router statistics {why}; {redo}")
+        raise PooledStatsNeeded(f"the pooled router statistics {why}; {redo}", why)
     st = run.router_stats.stat()
     if st.st_size != meta.get("bytes"):
         raise MfggufError(f"{run.router_stats.name} is {st.st_size} bytes, {meta.get('bytes')} were recorded: modified"

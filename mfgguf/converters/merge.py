@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import MfggufError
 from ..run import SHARED_PREFIX
+from .fileio import pread_into, truncated
 
 MERGES = ("none", "mean", "ties")
 DEFAULT_DENSITY = 0.2  # ties: share of each delta row kept (the paper's k = 20%)
@@ -178,8 +179,6 @@ def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUN
     `trunk` and `experts` are layout.Modules (experts: only those holding a copy). Each file is
     opened once per tensor and checked to be the file the plan read (size, mtime) before use.
     """
-    from .stream import _pread_into  # stream imports layout, which imports this module
-
     te = trunk.entries[name]
     cols = te.shape[-1] if te.shape else 1
     rows = (te.end - te.begin) // 4 // cols
@@ -193,12 +192,12 @@ def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUN
         for r0 in range(0, rows, step):
             n = min(step, rows - r0)
             t = np.empty((n, cols), np.float32)
-            _pread_into(fds[0], t, te.begin + r0 * cols * 4, trunk)
+            pread_into(fds[0], t, te.begin + r0 * cols * 4, truncated(trunk))
 
             def copies() -> Iterator[np.ndarray]:
                 for fd, m in zip(fds[1:], experts):
                     x = buf[: n * cols].reshape(n, cols)
-                    _pread_into(fd, x, m.entries[SHARED_PREFIX + name].begin + r0 * cols * 4, m)
+                    pread_into(fd, x, m.entries[SHARED_PREFIX + name].begin + r0 * cols * 4, truncated(m))
                     yield x
 
             merged = merge_rows(method, t, copies, tokens, density)
@@ -217,5 +216,3 @@ def open_checked(mod) -> int:
         os.close(fd)
         raise MfggufError(f"module {mod.name} ({mod.path.name}) changed during assembly; assemble again")
     return fd
-
-

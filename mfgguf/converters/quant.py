@@ -1,7 +1,7 @@
 """Quantize f32 rows to GGUF bytes with ggml's own quantizer, so the bytes are llama.cpp's.
 
 `ggml_quantize_chunk` is exported by the `libggml-base` that llama-cpp-python installs next to
-its package (`llama_cpp/lib/`). We load it with ctypes (found via importlib, without importing
+its package (`llama_cpp/lib/`, ggmllib.py). We load it with ctypes (found via importlib, without importing
 llama_cpp itself) and split the rows over threads: ctypes drops the GIL during the call, so the
 threads really run in parallel. Where the library cannot be loaded, gguf-py's numpy quantizers
 are the fallback (they write the same bytes for q8_0/q4_0/q5_0/q5_1/bf16/f16; they cannot
@@ -17,14 +17,13 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import MfggufError
+from .ggmllib import base_path
 from .schema import QTYPES
 
 _LIB: ctypes.CDLL | None | bool = None  # None: not tried yet; False: unavailable
@@ -32,23 +31,12 @@ _POOLS: dict[int, ThreadPoolExecutor] = {}
 MIN_ROWS_PER_THREAD = 16
 
 
-def _lib_path() -> Path | None:
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
-        return None
-    lib = Path(spec.origin).parent / "lib"
-    for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
-        if (lib / name).exists():
-            return lib / name
-    return None
-
-
 def ggml_lib():
     """The loaded libggml-base (ctypes), or None when it is not installed or MFGGUF_NO_GGML=1."""
     global _LIB
     if _LIB is None:
         _LIB = False
-        path = None if os.environ.get("MFGGUF_NO_GGML") == "1" else _lib_path()
+        path = None if os.environ.get("MFGGUF_NO_GGML") == "1" else base_path()
         if path is not None:
             try:
                 lib = ctypes.CDLL(str(path))

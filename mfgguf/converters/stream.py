@@ -39,6 +39,7 @@ import numpy as np
 from blake3 import blake3
 
 from ..errors import MfggufError
+from .fileio import pread_into, truncated
 from .layout import Module
 
 CHUNK_BYTES = 4 << 20  # f32 bytes per chunk: read, hashed, quantized and written per step
@@ -205,7 +206,7 @@ def _read_file(job: _Job) -> None:
                     return
                 n = min(max(1, len(buf) // cols), rows - r0)
                 x = buf[: n * cols]
-                _pread_into(fd, x, e.begin + r0 * cols * 4, mod)
+                pread_into(fd, x, e.begin + r0 * cols * 4, truncated(mod))
                 h.update(x.view(np.uint8))
                 job.out.put((e.name, r0, x.reshape(n, cols), buf, _finite(x)))
                 r0 += n
@@ -223,15 +224,6 @@ def _pread(fd: int, n: int, offset: int, mod: Module) -> bytes:
     while len(b) < n:
         more = os.pread(fd, n - len(b), offset + len(b))
         if not more:
-            raise MfggufError(f"module {mod.name} ({mod.path.name}) is truncated; retrain it")
+            raise MfggufError(truncated(mod))
         b += more
     return b
-
-
-def _pread_into(fd: int, x: np.ndarray, offset: int, mod: Module) -> None:
-    mv = memoryview(x).cast("B")
-    while len(mv):
-        n = os.preadv(fd, [mv], offset)
-        if not n:
-            raise MfggufError(f"module {mod.name} ({mod.path.name}) is truncated; retrain it")
-        mv, offset = mv[n:], offset + n

@@ -6,34 +6,29 @@ Every document keeps a domain label (the file stem, directory name, dataset name
 per domain. Long texts are cut at line boundaries into documents of at most `MAX_DOC_CHARS`, so
 splits work on many small units rather than on a handful of big files.
 
-The built-in corpus needs nothing but Python itself: the standard library's source code
-(`python`), its English documentation and docstrings (`english`) and CPython's C headers (`c`).
+The built-in corpus (builtin.py) needs nothing but Python itself; the study corpus is study.py.
 """
 
 from __future__ import annotations
 
-import ast
 import glob
-import hashlib
 import json
 import os
 import re
-import sysconfig
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..errors import MfggufError
+from .builtin import BUILTIN, builtin_texts
+from .texts import SKIP_DIRS, read_text
 
 MAX_DOC_CHARS = 8192
-BUILTIN = "builtin"
-BUILTIN_DOMAINS = ("python", "english", "c")
 STUDY = "study"  # the larger experiment corpus: study.py
 _GLOB_CHARS = set("*?[")
 _LABEL_RE = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 _HF_FILE_BUILDERS = ("json", "csv", "text", "parquet")
-_SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".venv", "node_modules"}
 
 
 @dataclass(frozen=True)
@@ -130,7 +125,7 @@ def _read_source(source: str, text_field: str, st: dict, cap: "_Cap") -> Iterato
             if path.suffix == ".jsonl":
                 yield from emit(_jsonl_texts(path, text_field, label or default or path.stem))
                 continue
-            text = _read_text(path)
+            text = read_text(path)
             if text is None:
                 st["skipped"] += 1
                 continue
@@ -151,7 +146,7 @@ def _expand_path(spec: str) -> tuple[list[Path], str | None]:
     if p.is_dir():
         files = []
         for root, dirs, names in os.walk(p):
-            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
             files += [Path(root) / n for n in sorted(names) if not n.startswith(".")]
         return files, p.resolve().name or "root"
     if p.is_file():
@@ -159,20 +154,6 @@ def _expand_path(spec: str) -> tuple[list[Path], str | None]:
     if p.exists():
         raise MfggufError(f"source {spec!r} is not a regular file or directory")
     raise MfggufError(f"source {spec!r} does not exist; pass a file, directory, glob, JSONL, hf:NAME or `builtin`")
-
-
-def _read_text(path: Path) -> str | None:
-    """The file as UTF-8 text, or None for binary / undecodable / unreadable files."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    if b"\0" in data[:8192]:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
 
 
 def _jsonl_texts(path: Path, text_field: str, default: str) -> Iterator[tuple[str, str]]:
@@ -313,90 +294,3 @@ def _progress(enabled: bool):
             TransferSpeedColumn(), TimeElapsedColumn())
     with Progress(*cols, console=Console(stderr=True)) as bar:
         yield bar
-
-
-# ---- the built-in corpus ----------------------------------------------------------------------------
-
-
-def builtin_texts(full=lambda domain: False, label: str | None = None) -> Iterator[tuple[str, str]]:
-    """(domain, text) pairs of the built-in corpus, in a fixed order, domain by domain.
-
-    `full(domain)` lets the caller stop reading a domain early once its budget is spent.
-    """
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    py_files = _stdlib_py_files(stdlib)
-    streams = {
-        "python": (("python", t) for t in _file_texts(py_files)),
-        "english": _english_texts(py_files),
-        "c": (("c", t) for t in _file_texts(_header_files())),
-    }
-    for domain in BUILTIN_DOMAINS:
-        for item in streams[domain]:
-            if full(label or domain):
-                break
-            yield item
-
-
-def _spread(paths: list[Path], root: Path, salt: str) -> list[Path]:
-    """A fixed pseudo-random order, so that a capped domain samples the whole tree, not just 'a*'."""
-    key = lambda p: hashlib.sha1((salt + p.relative_to(root).as_posix()).encode()).hexdigest()
-    return sorted(paths, key=key)
-
-
-def _stdlib_py_files(stdlib: Path) -> list[Path]:
-    skip = _SKIP_DIRS | {"test", "tests", "idle_test", "site-packages", "dist-packages", "pydoc_data", "encodings"}
-    files = []
-    for root, dirs, names in os.walk(stdlib):
-        dirs[:] = sorted(d for d in dirs if d not in skip and not d.startswith("."))
-        files += [Path(root) / n for n in sorted(names) if n.endswith(".py")]
-    return _spread(files, stdlib, "python")
-
-
-def _header_files() -> list[Path]:
-    inc = sysconfig.get_paths().get("include")
-    if not inc or not os.path.isdir(inc):
-        return []  # no CPython headers on this machine: the `c` domain is simply absent
-    return sorted(Path(inc).rglob("*.h"))
-
-
-def _file_texts(paths: Iterable[Path]) -> Iterator[str]:
-    for p in paths:
-        text = _read_text(p)
-        if text and text.strip():
-            yield text
-
-
-def _english_texts(py_files: list[Path]) -> Iterator[tuple[str, str]]:
-    """pydoc topics interleaved with module docstrings, so a capped domain gets some of each."""
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:
-        topics = {}
-    streams = [(topics[k] for k in sorted(topics)), _docstrings(py_files[::-1])]  # reversed: other files than `python`
-    while streams:
-        for it in list(streams):
-            item = next(it, None)
-            if item is None:
-                streams.remove(it)
-            else:
-                yield "english", item
-
-
-def _docstrings(py_files: Iterable[Path]) -> Iterator[str]:
-    """Module, class and function docstrings of each file, joined with blank lines."""
-    for p in py_files:
-        text = _read_text(p)
-        if not text:
-            continue
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError):
-            continue
-        docs = []
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                d = ast.get_docstring(node)
-                if d and len(d) >= 40:
-                    docs.append(d)
-        if docs:
-            yield "\n\n".join(docs) + "\n"

@@ -29,6 +29,8 @@ import sysconfig
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .texts import docstrings, file_texts
+
 STUDY = "study"
 STUDY_DOMAINS = ("python", "english", "c", "cpp", "man")
 _SKIP = {"__pycache__", ".git", "node_modules", "test", "tests", "testing"}
@@ -41,14 +43,12 @@ def study_texts(full=lambda domain: False, label: str | None = None) -> Iterator
 
     `full(domain)` stops a domain once its budget is spent (prepare's per-domain cap).
     """
-    from .sources import _docstrings, _file_texts
-
     code, prose = _python_halves()
     streams = {
-        "python": lambda: (("python", t) for t in _file_texts(code)),
-        "english": lambda: (("english", t) for t in _english(prose, _docstrings)),
-        "c": lambda: (("c", t) for t in _file_texts(_c_headers())),
-        "cpp": lambda: (("cpp", t) for t in _file_texts(_cpp_headers())),
+        "python": lambda: (("python", t) for t in file_texts(code)),
+        "english": lambda: (("english", t) for t in _english(prose, docstrings)),
+        "c": lambda: (("c", t) for t in file_texts(_c_headers())),
+        "cpp": lambda: (("cpp", t) for t in file_texts(_cpp_headers())),
         "man": lambda: (("man", t) for t in _man_texts()),
     }
     for domain in STUDY_DOMAINS:

@@ -18,7 +18,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
-from .generate import _check_sampling
+from .generate import check_sampling
 from .llm import loaded
 
 PROMPT = ">>> "
@@ -81,7 +81,7 @@ def chat(
     Example:
         >>> chat("model.gguf", temperature=0.7, seed=1)
     """
-    _check_sampling(max_tokens, temperature, top_p, top_k)
+    check_sampling(max_tokens, temperature, top_p, top_k)
     if sys.stdin.isatty() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         # started in the background of a script (`cmd &` ignores SIGINT): Ctrl-C is still how a reply stops here
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -14,7 +14,7 @@ from ..errors import MfggufError
 from .llm import loaded
 
 
-def _check_sampling(max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
+def check_sampling(max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:
     if max_tokens < 1:
         raise MfggufError(f"--max-tokens {max_tokens} must be at least 1")
     if temperature < 0:
@@ -58,7 +58,7 @@ def generate(
     Example:
         >>> generate("model.gguf", "def main(", max_tokens=64, temperature=0.7, seed=42)
     """
-    _check_sampling(max_tokens, temperature, top_p, top_k)
+    check_sampling(max_tokens, temperature, top_p, top_k)
     if isinstance(model, (str, Path)):
         if stream:
             return _stream_from_path(Path(model), prompt, max_tokens, temperature, top_p, top_k, seed, n_ctx)

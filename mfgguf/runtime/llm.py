@@ -90,7 +90,7 @@ def check_ctx(header: dict, n_ctx: int | None) -> int:
 _log_cb = None  # keep the ctypes callback alive for as long as the library may call it
 
 
-def _quiet_llama_logs(verbose: bool) -> None:
+def quiet_llama_logs(verbose: bool) -> None:
     """Route llama.cpp's log to stderr only for errors (or everything when verbose).
 
     llama-cpp-python maps ggml's log levels with an old table, so with verbose=False it still
@@ -134,7 +134,7 @@ def open_model(
 
     from . import repack
 
-    _quiet_llama_logs(verbose)
+    quiet_llama_logs(verbose)
     decision = repack.apply()  # no weight repacking on AMX CPUs: llama.cpp's AMX matmul crashes
     if verbose:
         print(f"mfgguf: {decision.reason}", file=sys.stderr)

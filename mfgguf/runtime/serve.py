@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import MfggufError
 from . import repack
-from .llm import _quiet_llama_logs, check_ctx, read_header
+from .llm import quiet_llama_logs, check_ctx, read_header
 
 
 def _check_listen(host: str, port: int) -> None:
@@ -55,7 +55,7 @@ def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, n_ctx: int 
         raise MfggufError(f"the server needs llama-cpp-python's server extra ({e.name} is missing);"
                           " pip install 'llama-cpp-python[server]==0.3.36'") from None
 
-    _quiet_llama_logs(False)
+    quiet_llama_logs(False)
     repack.apply()  # the server's own Llama(...) gets the same AMX protection as every other verb
     threads = threads or os.cpu_count()
     model_settings = ModelSettings(

@@ -13,7 +13,6 @@ the same); the trunk file is read one tensor at a time without a memory map.
 from __future__ import annotations
 
 import json
-import struct
 import time
 from collections.abc import Collection
 from dataclasses import asdict
@@ -31,32 +30,12 @@ from . import checkpoint as ckpt_io
 from . import shared as sh
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
                    resolve_device, resolve_precision, result_meta, run_loop, schedule_steps, split_overrides)
+from .rounds import round_end
 from .stats import RouterStats
-from .sync import round_end
 from .trunk import wants_recompute
+from .weights import read_safetensors
 
 EXPERT_INITS = ("auto", "seed", "random", "anchor")  # TrainConfig.expert_init
-_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-
-
-def _read_safetensors(path: Path):
-    """Yield (name, tensor) one at a time with plain reads: no memory map, so RSS holds one tensor."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        base = 8 + n
-        for name, h in header.items():
-            if name == "__metadata__":
-                continue
-            b, e = h["data_offsets"]
-            dtype = _ST_DTYPES[h["dtype"]]
-            if e == b:
-                yield name, torch.empty(h["shape"], dtype=dtype)
-                continue
-            f.seek(base + b)
-            buf = bytearray(e - b)
-            f.readinto(buf)
-            yield name, torch.frombuffer(buf, dtype=dtype).reshape(h["shape"])
 
 
 def _set_param(model: nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
@@ -103,7 +82,7 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
         model = Transformer(cfg, n_experts=1)
     linear = {n + ".weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers).items()}
-    for gname, t in _read_safetensors(trunk_path or rd.module_file(0)):
+    for gname, t in read_safetensors(trunk_path or rd.module_file(0)):
         name = by_gguf.get(gname)
         if name is None:
             if init == "seed" and gname.endswith("_seed.weight"):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..run import RunDir, module_name
-from .schedule import Job, job_argv, last_error
+from .jobs import Job, job_argv, last_error
 from .status import ENV as STATUS_ENV
 from .status import read_status
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import MfggufError
 from ..run import RunDir, atomic_path, module_name, read_manifest, sha256_file, update_manifest, write_json
-from .schedule import Job
+from .jobs import Job
 from .status import ENV as STATUS_ENV
 from .status import read_status
 

@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import threading
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig
+from ..converters.fileio import SYNC_FILE_RANGE_ALL, pread_into, pwrite_all, sync_range
 from ..errors import MfggufError
 from ..run import atomic_path
 
@@ -42,13 +42,6 @@ STATE_VERSION = 1
 REGIONS = ("P", "M", "V")  # parameters, exp_avg, exp_avg_sq
 _F32 = 4
 _MAX_WRITES = 3  # writes in flight before the producer waits: bounds the memory they hold
-
-try:
-    _libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    _sync_range = _libc.sync_file_range
-    _sync_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-except (OSError, AttributeError):  # not glibc/Linux: fdatasync at commit does the flushing
-    _sync_range = None
 
 
 @dataclass(frozen=True)
@@ -108,22 +101,14 @@ def trunk_units(cfg: ModelConfig) -> list[Unit]:
 
 
 def _pread(fd: int, out: np.ndarray, offset: int) -> np.ndarray:
-    view, done = memoryview(out).cast("B"), 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise MfggufError(f"streamed state file ended early (fd {fd}, offset {offset + done}); pass --restart")
-        done += n
-    return out
+    return pread_into(fd, out, offset, lambda at: f"streamed state file ended early (fd {fd}, offset {at}); pass --restart")
 
 
 def _pwrite(fd: int, arr: np.ndarray, offset: int, drop: bool) -> None:
-    view, done = memoryview(np.ascontiguousarray(arr)).cast("B"), 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
-    if drop and _sync_range is not None:  # WAIT_BEFORE | WRITE | WAIT_AFTER: the pages are clean after it
-        _sync_range(fd, offset, len(view), 7)
-        os.posix_fadvise(fd, offset, len(view), os.POSIX_FADV_DONTNEED)
+    n = pwrite_all(fd, arr, offset)
+    # not glibc/Linux: no sync_file_range, fdatasync at commit does the flushing
+    if drop and sync_range(fd, offset, n, SYNC_FILE_RANGE_ALL):  # the pages are clean after it
+        os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
 
 
 class ParamStore:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..converters.fileio import pread_into, pwrite_all
 from ..errors import MfggufError
 
 OUTER_FORMAT = "mfgguf-outer-momentum"
@@ -102,18 +103,11 @@ class MomentumFile:
         if name not in self.offsets:
             return None
         x = np.empty((rows, cols), np.float32)
-        mv, off = memoryview(x).cast("B"), self.offsets[name] + r0 * cols * 4
-        while len(mv):
-            k = os.preadv(self.fd, [mv], off)
-            if not k:
-                raise MfggufError(f"the outer momentum {self.path} is truncated; rerun the round")
-            mv, off = mv[k:], off + k
-        return x
+        return pread_into(self.fd, x, self.offsets[name] + r0 * cols * 4,
+                          f"the outer momentum {self.path} is truncated; rerun the round")
 
     def write(self, name: str, r0: int, rows: np.ndarray) -> None:
-        from ..converters.assemble import _pwrite_all
-
-        _pwrite_all(self.fd, np.ascontiguousarray(rows, np.float32), self.offsets[name] + r0 * rows.shape[-1] * 4)
+        pwrite_all(self.fd, np.ascontiguousarray(rows, np.float32), self.offsets[name] + r0 * rows.shape[-1] * 4)
 
     def close(self, sync: bool = False) -> None:
         if sync:

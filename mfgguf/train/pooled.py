@@ -15,7 +15,8 @@ needed, but the deeper layers' FFN inputs then lack the experts' contribution; m
 
 Output: modules/router_stats.safetensors (`router_stats.blk.{l}.second_moment`, f32) and its JSON,
 recorded in the manifest with their hashes; the JSON names the trunk and every expert (sha256) it
-was computed with, so assembly refuses statistics that predate a retrained module.
+was computed with, so assembly never uses statistics that predate a retrained module: it runs this
+pass again first (converters/ensure_stats.py).
 
 Example:
     >>> pool_router_stats(Path("RUN"))["router_stats_count"]
@@ -32,10 +33,11 @@ import torch
 from ..config import ModelConfig
 from ..errors import MfggufError
 from ..run import RunDir, finished_against, module_name, read_module_meta, write_router_stats
-from .expert import _read_safetensors, build_expert_model, load_trunk_meta
+from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, load_tokens, resolve_device
 from .restat import precision_of, trunk_alone
 from .stats import RouterStats
+from .weights import read_safetensors
 
 SOURCES = ("experts", "trunk")
 
@@ -46,7 +48,8 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
     """Compute the router's pooled statistics of RUN (modules/router_stats.safetensors), which assembly
     needs for the ridge router: the second moment of the FFN inputs over every expert's shard, from
     trunk + that expert (forward only, one expert in memory at a time). Run it after the experts are
-    trained (`train-experts` and the final `sync` do it for you); rerun it after retraining one.
+    trained, and again after retraining one (`train-experts`, the final `sync` and `assemble`, where
+    they are missing or stale, do it for you).
     --source trunk uses the trunk alone over the mixed data (no experts needed; a worse router).
 
     Example:
@@ -71,11 +74,12 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
         metas = {i: _expert_meta(rd, trunk, i) for i in range(1, info["n_experts"] + 1)}
         prec = precision_of(metas[1])
         model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=rd.module_file(0))
-        for i in metas:
-            if progress:
-                print(f"router statistics: {module_name(i)} ({i}/{len(metas)})", flush=True)
-            model.load_expert({k: t for k, t in _read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
-            evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), per, "single", dev, prec, hook=stats.hook)
+        with _Bar(len(metas), progress) as bar:
+            for i in metas:
+                bar.update(module_name(i))
+                model.load_expert({k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
+                evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), per, "single", dev, prec, hook=stats.hook)
+                bar.advance()
         return _write(rd, stats, trunk, "experts", {module_name(i): m["sha256"] for i, m in metas.items()}, per,
                       "trunk + each expert over its shard", t0)
     return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
@@ -109,3 +113,33 @@ def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
                           f" (`mfgguf train-expert {rd.root} --expert {i}`, `mfgguf sync {rd.root}`) first")
     return m
 
+
+class _Bar:
+    """A rich progress bar over the experts on stderr (elapsed, ETA), or nothing."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.p = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.p = Progress(TextColumn("router statistics {task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+            self.task = self.p.add_task("", total=total)
+
+    def __enter__(self) -> "_Bar":
+        if self.p is not None:
+            self.p.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.p is not None:
+            self.p.stop()
+
+    def update(self, what: str) -> None:
+        if self.p is not None:
+            self.p.update(self.task, description=what)
+
+    def advance(self) -> None:
+        if self.p is not None:
+            self.p.advance(self.task)

@@ -23,9 +23,10 @@ from ..config import ModelConfig
 from ..errors import MfggufError
 from ..model import Transformer, seed_name_map, trunk_model, trunk_name_map
 from ..run import RunDir, module_name, read_module_meta, write_module
-from .expert import _read_safetensors, build_expert_model, load_trunk_meta
+from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, heldout_losses, load_tokens, mean, resolve_device
 from .stats import RouterStats
+from .weights import read_safetensors
 
 
 def needs_restat(rd: RunDir, trunk: dict, i: int) -> bool:
@@ -81,7 +82,7 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
     dev = resolve_device(device)
     prec = precision_of(meta)
     model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=trunk_path)
-    ffn = {k: t for k, t in _read_safetensors(rd.module_file(i)) if k.startswith("blk.")}
+    ffn = {k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")}
     model.load_expert(ffn)
     tc = meta.get("train", {})
     eval_tokens = int(tc.get("eval_tokens", 65_536))
@@ -104,7 +105,7 @@ def trunk_alone(trunk_path: Path, cfg: ModelConfig, dev) -> tuple[Transformer, s
     """(the trunk as it runs alone: anchor, + its seed FFN if it has one, read from `trunk_path`, its route)."""
     model, route = trunk_model(cfg)
     by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
-    model.load_state_dict({by_gguf[g]: t for g, t in _read_safetensors(trunk_path) if g in by_gguf}, strict=False)
+    model.load_state_dict({by_gguf[g]: t for g, t in read_safetensors(trunk_path) if g in by_gguf}, strict=False)
     return model.to(dev), route
 
 

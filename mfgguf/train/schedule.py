@@ -27,12 +27,12 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import MfggufError
 from ..machine import mem_available
 from ..run import RunDir, finished_against, module_name, read_module_meta, router_stats_current, write_json
+from .jobs import Job
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
 # rounded up: tiny 501-543 (tests/train/test_schedule.py's summaries), small 1,314 with --shared all
@@ -46,25 +46,6 @@ JOB_THREADS = {"tiny": 1, "small": 2, "1b": 2}
 MEMORY_HEADROOM = 0.85  # share of available memory the local scheduler may fill with jobs
 TRAIN_OPTIONS = ("tokens", "lr", "batch_size", "ckpt_every", "seed", "eval_tokens", "expert_init", "shared",
                  "shared_lr_scale", "rounds", "precision", "device")  # passed through to every job
-
-
-@dataclass
-class Job:
-    expert: int
-    round: int
-    state: str = "pending"  # pending | running | done | failed
-    where: str = ""  # host (and pid, locally)
-    wall_s: float = 0.0
-    peak_rss_mb: float = 0.0
-    retries: int = 0
-    error: str = ""
-    log: str = ""
-    status: dict = field(default_factory=dict)  # the job's last status file (tokens/s, ETA)
-
-    def row(self) -> dict:
-        d = asdict(self)
-        d.pop("status")
-        return d
 
 
 def parse_experts(spec: str | None, n: int) -> list[int]:
@@ -242,16 +223,6 @@ def _needs_sync(rd: RunDir, ids: list[int]) -> bool:
     return any(m.get("shared_tensors") for m in metas) and not any(m.get("shared_merged") for m in metas)
 
 
-def job_argv(rd: RunDir, i: int, opts: dict) -> list[str]:
-    """The `mfgguf train-expert` command line of one job (the local backend's child process)."""
-    from ..stages import mfgguf_argv
-
-    flags = []
-    for k, v in opts.items():
-        flags += [f"--{k.replace('_', '-')}" if k != "expert_init" else "--init", str(v)]
-    return mfgguf_argv("train-expert", rd.root, "--expert", i, *flags, "--no-progress")
-
-
 # ---- the live view and the summary -------------------------------------------------------------
 
 
@@ -324,13 +295,4 @@ def _say(progress: bool, msg: str) -> None:
         Console(stderr=True).print(f"[bold cyan]train-experts[/] {msg}", highlight=False)
 
 
-def last_error(log: Path) -> str:
-    """The one-line error a failed job printed last (its log's last non-empty line)."""
-    try:
-        lines = [l.strip() for l in Path(log).read_text(errors="replace").splitlines() if l.strip()]
-    except OSError:
-        return "no log"
-    return lines[-1].removeprefix("Error: ") if lines else "no output"
-
-
-__all__ = ["Job", "JOB_MB", "parse_experts", "plan_workers", "train_experts", "job_argv", "last_error"]
+__all__ = ["JOB_MB", "parse_experts", "plan_workers", "train_experts"]

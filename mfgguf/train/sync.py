@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..converters.fileio import pwrite_all
 from ..converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
 from ..errors import MfggufError
 from ..run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
@@ -40,11 +41,6 @@ from ..run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_na
 from .outer import is_plain
 
 SYNC_FORMAT = "mfgguf-sync"
-
-
-def round_end(steps: int, rounds: int, r: int) -> int:
-    """The schedule step at which round r (1..rounds) of a `steps`-step run ends."""
-    return steps * r // rounds
 
 
 def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, restat: bool = True,
@@ -198,7 +194,6 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
     non-plain `outer` (outer.py) the chunk written is the outer step toward the merge, and the new
     momentum goes to `out`'s folder as outer.safetensors.
     """
-    from ..converters.assemble import _pwrite_all
     from .outer import OUTER_FILE, MomentumFile, is_plain, outer_rows, previous_momentum
 
     step = outer is not None and not is_plain(outer["lr"], outer["momentum"])
@@ -227,7 +222,7 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
 
                 for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge, density=density,
                                               then=outer_step if step else None):
-                    _pwrite_all(fd, rows.astype(np.float32, copy=False), e.begin + r0 * cols * 4)
+                    pwrite_all(fd, rows.astype(np.float32, copy=False), e.begin + r0 * cols * 4)
             if new_v is not None:
                 new_v.close(sync=True)
                 new_v = None

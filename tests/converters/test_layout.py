@@ -100,15 +100,15 @@ def test_kq_fallback_recorded_for_tiny_rows(run):
 
 
 def test_verify_reads_back_with_both_parsers_and_catches_a_mismatch(run, tmp_path, monkeypatch):
-    from mfgguf.converters.assemble import _read_back, verify
+    from mfgguf.converters.readback import read_back, verify
 
     out = tmp_path / "m.gguf"
     assemble(run, out, quant="q4_k", progress=False)
     p = LY.plan(RunDir(run), quant="q4_k", top_k=1, router="ridge", layout="granitemoe", experts=None)
     verify(p, out)
-    a = _read_back(out)
+    a = read_back(out)
     monkeypatch.setenv("MFGGUF_VERIFY", "gguf-py")
-    assert _read_back(out) == a
+    assert read_back(out) == a
     p.slots[3].qtype = "q8_0"  # a layout the file does not have
     with pytest.raises(AssertionError, match=p.slots[3].name):
         verify(p, out)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mfgguf.data.sources import MAX_DOC_CHARS, _stdlib_py_files, load_corpus, load_documents, split_text
+from mfgguf.data.builtin import _stdlib_py_files
+from mfgguf.data.sources import MAX_DOC_CHARS, load_corpus, load_documents, split_text
 from mfgguf.errors import MfggufError
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -26,7 +26,8 @@ from mfgguf.errors import MfggufError
 from mfgguf.run import SHARED_PREFIX, STATS_PREFIX, RunDir, router_stats_current, sha256_file, update_manifest
 from mfgguf.train.expert import train_expert
 from mfgguf.train.pooled import pool_router_stats
-from mfgguf.train.sync import round_end, sync
+from mfgguf.train.rounds import round_end
+from mfgguf.train.sync import sync
 from tests.conftest import TINY_EXPERTS, copy_run
 from tests.converters import llama_logits, reference_logits, rel_diff, text_sample
 

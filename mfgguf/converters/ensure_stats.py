@@ -1,0 +1,64 @@
+"""Assembly runs the router-stats pass itself when the pooled router statistics are missing or stale.
+
+The ridge router needs the second moment of the FFN inputs pooled over every expert's shard
+(train/pooled.py). `train-experts` and `sync` write it, but a run whose experts were trained one
+by one with `train-expert` has none, and retraining one expert makes it stale. Then `assemble`
+computes it first (one line on stderr says so; the pass shows its progress bar when progress is
+on), as `mfgguf router-stats RUN` would, with the source the old statistics were computed from.
+The pass needs torch, imported only then. Where the pass cannot run on this machine (an expert
+not trained here, or a shard absent), the planner's error stands, with the reason appended.
+
+Example:
+    >>> p = plan_with_stats(lambda: plan(rd, ...), rd, progress=True)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Callable, TypeVar
+
+from ..errors import MfggufError
+from ..run import RunDir, finished_against, module_name, read_module_meta
+from .layout import PooledStatsNeeded
+
+T = TypeVar("T")
+
+
+def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool) -> T:
+    """`make_plan()`; where it stops for missing or stale pooled statistics, run the pass and plan again."""
+    try:
+        return make_plan()
+    except PooledStatsNeeded as e:
+        source = _recorded_source(rd)
+        if (blocked := cannot_pool(rd, source)) is not None:
+            raise MfggufError(f"{e} (assemble cannot compute them here: {blocked})") from None
+        print(f"assemble: the pooled router statistics {e.why}; computing them first (`mfgguf router-stats"
+              f" {rd.root}`{' --source trunk' if source == 'trunk' else ''})", file=sys.stderr, flush=True)
+        from ..train.pooled import pool_router_stats  # torch: only when the pass runs
+
+        pool_router_stats(rd.root, source=source, progress=progress)
+    return make_plan()
+
+
+def cannot_pool(rd: RunDir, source: str = "experts") -> str | None:
+    """Why the router-stats pass cannot run on this machine (modules or shards absent), or None."""
+    if source == "trunk":
+        return None if rd.train_tokens.is_file() else f"the training tokens data/{rd.train_tokens.name} are absent"
+    trunk_sha = read_module_meta(rd, 0).get("sha256")
+    for i in range(1, int(rd.info()["n_experts"]) + 1):
+        if not rd.module_file(i).is_file() or not rd.module_meta(i).is_file():
+            return f"{module_name(i)} is not trained on this machine"
+        if not finished_against(read_module_meta(rd, i), trunk_sha):
+            return f"{module_name(i)} has not finished training against the current trunk"
+        if not rd.shard(i).is_file():
+            return f"shard {i} (data/{rd.shard(i).name}) is absent"
+    return None
+
+
+def _recorded_source(rd: RunDir) -> str:
+    """The source the existing statistics were computed from (`experts` where there are none)."""
+    try:
+        return json.loads(rd.router_stats_meta.read_text()).get("source") or "experts"
+    except (OSError, ValueError):
+        return "experts"

@@ -1,0 +1,237 @@
+"""What every output layout's writer shares: the phases, the streamed chunks' dispatch, quantize-and-write.
+
+A writer fills the slots of a `layout.Plan` in a preallocated file, phase by phase (assemble.py
+calls them in order; each checks it follows the one before): header, preallocate, stream (trunk,
+pooled statistics and experts in one pass), merge (trunk tensors merged from the experts' copies),
+fold, router, finish. A layout's class (granitemoe.py, mixtral.py, dense.py) decides only where
+the trunk's anchor and seed FFNs and the experts' FFN rows go:
+
+  `_anchor_name(l, f)`     the slot an anchor tensor's rows are written to as they stream, or None
+  `_seed_chunk(...)`       what a seed FFN chunk of the trunk becomes (nothing, unless dense)
+  `_expert_rows(...)`      an expert FFN chunk's first row and rows in its slot, or None
+  `_merged_writer(name)`   where a merged trunk tensor's rows go (the slot, unless mixtral's scratch)
+  `_fold()`                the fold phase (mixtral: the anchor into every expert slot)
+
+Example:
+    >>> w = GraniteMoeWriter(p, tmp, threads=2, progress=False)
+    >>> w.header(); w.preallocate(); w.stream(); w.merge(); w.fold(); w.router(); w.finish(); w.close()
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ...errors import MfggufError
+from ...run import STATS_PREFIX
+from .. import quant as Q
+from ..fileio import SYNC_FILE_RANGE_WRITE, pwrite_all, sync_range
+from ..layout import Plan
+from ..merge import merged_chunks
+from ..router import RouterBuilder, needs_stats
+from ..schema import blk
+from ..stream import stream_modules
+from .pool import Bar, QuantPool
+
+WRITEBACK_BYTES = 64 << 20
+FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)(_shexp)?\.weight")  # group 3: the anchor's
+SEED_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_seed\.weight")
+STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.(mean|second_moment)")
+
+
+class Writer:
+    """Fills one planned GGUF file; a subclass per output layout (see the module's docstring)."""
+
+    def __init__(self, p: Plan, path: Path, threads: int, progress: bool, fast: bool = False):
+        self.p, self.threads, self.fast = p, threads, fast
+        self.lanes = max(2, threads)  # files read + hashed at once
+        self.fd = os.open(path, os.O_RDWR)
+        self.phase = "open"
+        self.rb = RouterBuilder(p.router, n_layers=p.cfg.n_layers, dim=p.cfg.dim, n_experts=len(p.experts)) if p.experts else None
+        self.bar = Bar(p.input_bytes, progress)
+        self.unflushed = 0  # bytes written since writeback was last started
+        self.pool = QuantPool(self.fd, threads, fast) if os.environ.get("MFGGUF_CHUNK_THREADS", "1") != "0" else None
+        self._chunk, self._release = None, None  # the streamed chunk being handled, and how to give it back
+
+    def _enter(self, phase: str, after: str) -> None:
+        assert self.phase == after, f"phase {phase} after {self.phase}, expected after {after}"
+        self.phase = phase
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        self.bar.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # ---- phases --------------------------------------------------------------------------------
+
+    def header(self) -> None:
+        self._enter("header", "open")
+        pad = self.p.data_offset - len(self.p.header)
+        pwrite_all(self.fd, np.frombuffer(self.p.header + b"\0" * pad, np.uint8), 0)
+
+    def preallocate(self) -> None:
+        self._enter("preallocate", "header")
+        try:
+            os.posix_fallocate(self.fd, 0, self.p.total_size)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise MfggufError(
+                    f"not enough disk space for the output: it needs {self.p.total_size / 1e9:.2f} GB;"
+                    " free some space or write it elsewhere with -o"
+                ) from None
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate: just grow
+                raise
+            os.ftruncate(self.fd, self.p.total_size)
+        assert os.fstat(self.fd).st_size == self.p.total_size
+
+    def stream(self) -> None:
+        """Trunk and experts in one pass: the trunk's hashing overlaps the experts' work."""
+        self._enter("stream", "preallocate")
+        self._open_inputs()
+        p = self.p
+        first = 2 if p.pooled else 1  # stream position of expert slot 0
+        counts = [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
+        # chunks of one tensor region come in module order, so the router's pooled sums are added
+        # in the same order as with one file at a time
+        for pos, name, r0, x, release in stream_modules(p.modules, lanes=self.lanes, on_bytes=self.bar.advance):
+            self._chunk, self._release = x, release
+            try:
+                if pos == 0:
+                    self._trunk_chunk(name, r0, x)
+                elif pos < first:
+                    self._pooled_chunk(name, r0, x)
+                else:
+                    self._expert_chunk(pos - first, counts[pos - first], name, r0, x)
+            finally:  # not handed to the chunk pool: give the buffer back now
+                if self._release is not None:
+                    self._release()
+                self._chunk, self._release = None, None
+
+    def merge(self) -> None:
+        """Merged trunk tensors, after every module's digest has been checked (merge.py)."""
+        self._enter("merge", "stream")
+        p = self.p
+        for name, positions in p.merged.items():
+            write = self._merged_writer(name)
+            for r0, x in merged_chunks(name, p.trunk, [p.expert_modules[i] for i in positions],
+                                       method=p.merge, density=p.density):
+                write(r0, x)
+
+    def fold(self) -> None:
+        self._enter("fold", "merge")
+        self._fold()
+
+    def router(self) -> None:
+        self._enter("router", "fold")
+        if not self.p.experts:
+            return
+        for l, w in enumerate(self.rb.finish()):  # w: (n_experts, dim)
+            s = self.p.slot(blk(l, "ffn_gate_inp"))
+            self._put(s, s.offset, w)
+        self.rb = None
+
+    def finish(self) -> None:
+        self._enter("fsync", "router")
+        if self.pool is not None:  # every queued chunk written (raises what a worker raised)
+            self.pool.drain()
+        missing = [s.name for s in self.p.slots if s.written != s.nbytes]
+        if missing:
+            s = self.p.slot(missing[0])
+            raise AssertionError(f"{len(missing)} tensors incompletely written, e.g. {s.name}: {s.written}/{s.nbytes}")
+        os.fsync(self.fd)
+
+    # ---- the streamed chunks -------------------------------------------------------------------
+
+    def _trunk_chunk(self, name: str, r0: int, x: np.ndarray) -> None:
+        p = self.p
+        if name in p.merged:
+            return  # written by the merge phase
+        if (sm := SEED_RE.fullmatch(name)) is not None:
+            self._seed_chunk(int(sm.group(1)), sm.group(2), r0, x)
+            return
+        m = FFN_RE.fullmatch(name)
+        if m and m.group(3):  # anchor
+            name = self._anchor_name(int(m.group(1)), m.group(2))
+            if name is None:
+                return
+        s = p.slot(name)
+        self._put(s, s.offset + r0 * s.row_bytes, x)
+
+    def _pooled_chunk(self, name: str, r0: int, x: np.ndarray) -> None:
+        if (st := STATS_RE.fullmatch(name)) is not None and st.group(2) == "second_moment":
+            self.rb.add_pooled(int(st.group(1)), r0, x)
+
+    def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:
+        p = self.p
+        if (st := STATS_RE.fullmatch(name)) is not None:
+            if needs_stats(p.router):
+                l = int(st.group(1))
+                if st.group(2) == "mean":
+                    self.rb.add_mean(slot_i, l, x.reshape(-1), count)
+                elif p.pooled is None:  # module format 1: every expert holds its own second moment
+                    self.rb.add_second_moment(slot_i, l, r0, x, count)
+            return
+        m = FFN_RE.fullmatch(name)
+        if m is None:
+            return  # an extra tensor: hashed, not part of the model
+        l, f = int(m.group(1)), m.group(2)
+        s = p.slot(blk(l, f"ffn_{f}_exps"))
+        placed = self._expert_rows(l, f, r0, x)
+        if placed is not None:
+            r0, x = placed
+            self._put(s, s.offset + slot_i * s.expert_bytes + r0 * s.row_bytes, x, owned=x is not self._chunk)
+
+    # ---- what a layout decides -----------------------------------------------------------------
+
+    def _open_inputs(self) -> None:
+        """Files the layout reads beside the stream, opened when the stream phase starts."""
+
+    def _anchor_name(self, l: int, f: str) -> str | None:
+        """The slot of anchor tensor ffn_{f}_shexp of layer l as it streams; None: not written now."""
+        return blk(l, f"ffn_{f}_shexp")
+
+    def _seed_chunk(self, l: int, f: str, r0: int, x: np.ndarray) -> None:
+        """In an MoE the seed is where the experts started, not a tensor of the model."""
+
+    def _expert_rows(self, l: int, f: str, r0: int, x: np.ndarray) -> tuple[int, np.ndarray] | None:
+        """(first row, rows) of an expert's FFN chunk in its slot; None: written later."""
+        return r0, x
+
+    def _merged_writer(self, name: str) -> Callable[[int, np.ndarray], None]:
+        """Where the rows of merged trunk tensor `name` go: its slot."""
+        s = self.p.slot(name)
+        return lambda r0, x: self._put(s, s.offset + r0 * s.row_bytes, x)
+
+    def _fold(self) -> None:
+        """Nothing to fold."""
+
+    # ---- writing -------------------------------------------------------------------------------
+
+    def _put(self, s, offset: int, x: np.ndarray, owned: bool = False) -> None:
+        """Quantize rows `x` of slot `s` and write them at `offset`: on the chunk pool when `x` is the
+        streamed chunk (released once written) or an array nobody reuses (`owned`), else here."""
+        nbytes = x.size // x.shape[-1] * s.row_bytes
+        assert s.offset <= offset and offset + nbytes <= s.offset + s.nbytes, (s.name, offset)
+        if self.pool is not None and (owned or x is self._chunk):
+            release = None
+            if x is self._chunk:
+                release, self._release = self._release, None
+            self.pool.submit(x, s.qtype, self.p.data_offset + offset, nbytes, release)
+        else:
+            q = Q.quantize(x, s.qtype, threads=self.threads, fast=self.fast)
+            assert q.nbytes == nbytes, (q.nbytes, nbytes)
+            pwrite_all(self.fd, q, self.p.data_offset + offset)
+        s.written += nbytes
+        self.unflushed += nbytes
+        if self.unflushed >= WRITEBACK_BYTES:  # the disk writes while we compute; the final fsync waits less
+            sync_range(self.fd, 0, 0, SYNC_FILE_RANGE_WRITE)
+            self.unflushed = 0

@@ -1,0 +1,39 @@
+"""A module file's tensors as torch tensors, one at a time, with plain reads.
+
+Trainers load the trunk and experts with this rather than safetensors' loader: no memory map, so
+the process's RSS holds one tensor beyond what the model keeps.
+
+Example:
+    >>> ffn = {k: t for k, t in read_safetensors(rd.module_file(1)) if k.startswith("blk.")}
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}  # safetensors dtype -> torch
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) one at a time with plain reads: no memory map, so RSS holds one tensor."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        base = 8 + n
+        for name, h in header.items():
+            if name == "__metadata__":
+                continue
+            b, e = h["data_offsets"]
+            dtype = ST_DTYPES[h["dtype"]]
+            if e == b:
+                yield name, torch.empty(h["shape"], dtype=dtype)
+                continue
+            f.seek(base + b)
+            buf = bytearray(e - b)
+            f.readinto(buf)
+            yield name, torch.frombuffer(buf, dtype=dtype).reshape(h["shape"])
