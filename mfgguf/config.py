@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from .errors import MfggufError
 
@@ -84,18 +84,19 @@ class TrainConfig:
     #                         between 0 and lr, so rounding differences there are amplified by up to lr / eps
     seed: int = 1234  # init and data-order seed
     ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
-    eval_tokens: int = 65_536  # held-out tokens scored at the end of training
-    expert_init: str = "auto"  # experts: "seed" = start from the trunk's seed FFN (all of it, down included),
-    #                            "random", "anchor" = the anchor's gate/up rows; auto = seed if the trunk has one
-    eval_every: int = 50  # steps between held-out evaluations during training (the curve); 0 = only at the end.
-    #                       `small`: about 2% of training time (4.5% measured at 25 steps)
+    eval_tokens: int = 65_536  # held-out tokens scored per domain at the end of training
+    expert_init: str = "auto"  # experts: how an expert starts: seed (the trunk's seed FFN, all of it), random, or
+    #                            anchor (the anchor's gate/up rows, zero down-projection); auto = seed if the trunk has one
+    eval_every: int = 50  # steps between held-out evaluations during training (the curve); 0 = only at the end
+    #                       (`small`: about 2% of training time, 4.5% measured at 25 steps)
     curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
-    shared: str = "none"  # experts: trunk tensors to also train as a private copy (SHARED_CHOICES); none = FFN only
+    shared: str = "none"  # experts: trunk tensors to also train a private copy of (SHARED_CHOICES): none (the FFN
+    #                       only), norms, attn (norms + attention) or all
     shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
     compile: str = "auto"  # torch.compile the training step: on, off, or auto = on when this process runs at least
     #                        COMPILE_MIN_STEPS in-memory steps without recompute (compiling costs ~10-60 s once)
-    rounds: int = 1  # experts: sync rounds R; the schedule is cut into R equal parts, `mfgguf sync` between them.
-    #                  1 = no communication between experts (the original contract)
+    rounds: int = 1  # experts: sync rounds R (with shared); the schedule is cut into R equal parts, `mfgguf sync`
+    #                  between them; 1 = no communication between experts (the original contract)
 
 
 @dataclass(frozen=True)
@@ -175,10 +176,4 @@ def get_preset(name: str) -> Preset:
         raise MfggufError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
-def with_overrides(cfg, **kw):
-    """`dataclasses.replace` that ignores None values (unset CLI options)."""
-    return replace(cfg, **{k: v for k, v in kw.items() if v is not None})
-
-
-__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "SHARED_CHOICES", "get_preset", "shared_tensor_names",
-           "with_overrides"]
+__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "SHARED_CHOICES", "get_preset", "shared_tensor_names"]

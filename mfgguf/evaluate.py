@@ -13,24 +13,23 @@ Plus per-layer routing accuracy (from the PyTorch reference with the same router
 llama.cpp prompt/decode tokens/s and peak RSS per model (each model in its own process), and the
 held-out loss curves of the trunk and every baseline against tokens and training FLOPs.
 Writes report.md, report.json and PNG plots into RUN/eval/ (or `out`).
+
+This file builds the models and runs the comparison; measure.py measures one model (and the
+routing), report.py writes the report against its goals (`Goals`), plots.py draws its figures.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 from .baselines import flops_section, plan_baselines, train_baseline
 from .errors import MfggufError
-from .flops import rounds_of, trunk_step_flops
+from .measure import measure, mixed, routing_accuracy
+from .plots import eval_plots
+from .report import Goals, curves, goals, recipe, report_markdown
 from .run import RunDir, link_or_copy, read_module_meta, router_stats_current, update_manifest, write_json, write_text
-from .stages import run_stage
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
 
@@ -49,12 +48,14 @@ class EvalConfig:
     decode_tokens: int = 64  # tokens generated to measure decode speed
 
 
-def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *, force: bool = False) -> dict:
+def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *, force: bool = False,
+             target: Goals = Goals()) -> dict:
     """Compare the assembled MoE against the trunk alone, oracle routing and FLOP- and wall-clock-matched dense models.
 
     Perplexity per domain and on the mixed held-out set, measured by llama.cpp on GGUFs written
     by `mfgguf assemble`; routing accuracy per layer; q8_0/q4_k against f16; tokens/s and peak
-    RSS per model. Writes report.md (tables), report.json (raw figures) and PNG plots.
+    RSS per model. Writes report.md (tables, each goal checked against `target`), report.json (raw
+    figures) and PNG plots.
     """
     from .converters.assemble import assemble
 
@@ -128,11 +129,11 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         results[f"{best} {q}"] = quant_rows[q]
 
     _say("routing accuracy")
-    routing = {r: _routing_accuracy(rd, domains, heldout, build(f"moe-{r}-top1-{cfg.base_quant}", quant=cfg.base_quant,
+    routing = {r: routing_accuracy(rd, domains, heldout, build(f"moe-{r}-top1-{cfg.base_quant}", quant=cfg.base_quant,
                                                                  router=r, top_k=1))
                for r in cfg.routers}
 
-    oracle_mixed = _mixed({d: results[f"oracle {d}"]["domains"][d] for d in domains})
+    oracle_mixed = mixed({d: results[f"oracle {d}"]["domains"][d] for d in domains})
     stats_moe = [k for k in moe_names if models[k]["router"] in STATS_ROUTERS]
     best_stats = min(stats_moe, key=lambda k: results[k]["overall"]["ppl"]) if stats_moe else None
     report = {
@@ -148,14 +149,14 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         "best_stats_router": best_stats,
         "quant": {q: r["overall"]["ppl"] for q, r in quant_rows.items()},
         "routing": routing,
-        "goals": _goals(results, best, best_stats, oracle_mixed, quant_rows, cfg, domains, plans),
+        "goals": goals(results, best, best_stats, oracle_mixed, quant_rows, cfg.base_quant, cfg.quants, domains, plans),
         "flops": flops_section(metas, dense_metas, plans),
-        "curves": _curves(metas[0], dense_metas),
+        "curves": curves(metas[0], dense_metas),
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
     write_json(out / "report.json", report)
-    _plots(report, out)
-    write_text(out / "report.md", report_markdown(report))
+    eval_plots(report, out)
+    write_text(out / "report.md", report_markdown(report, target))
     return report
 
 
@@ -171,80 +172,6 @@ def _best_expert_per_domain(metas: dict, domains: list[str]) -> dict[str, int]:
             raise MfggufError(f"no expert recorded a held-out loss on domain {d!r}; retrain the experts with this mfgguf")
         best[d] = min(losses, key=losses.get)
     return best
-
-
-def _measure(path: Path, rd: RunDir, domains: list[str], cfg: EvalConfig) -> dict:
-    """Perplexity per domain, tokens/s and peak RSS of one GGUF, in a process of its own."""
-    args = [sys.executable, "-m", "mfgguf.evaluate", str(path), str(rd.root), ",".join(domains),
-            str(cfg.max_tokens_per_domain), str(cfg.ctx or 0), str(cfg.decode_tokens)]
-    res, text = run_stage(f"measure {path.name}", args, capture=True)
-    m = json.loads(text.strip().splitlines()[-1])
-    m["peak_rss_mb"] = res.peak_rss_mb
-    return m
-
-
-def _measure_main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str) -> None:
-    from .runtime.perplexity import perplexity_by_domain
-
-    rd = RunDir(Path(run))
-    held = rd.heldout_tokens(int(cap))
-    toks = {d: np.asarray(held[d]) for d in domains.split(",")}
-    r = perplexity_by_domain(Path(path), toks, ctx=int(ctx) or None)
-    per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens")} for d, v in r["domains"].items()}
-    from .runtime.llm import loaded
-
-    with loaded(Path(path)) as llm:
-        t0 = time.perf_counter()
-        c = llm.create_completion("def ", max_tokens=int(decode), temperature=0.0, seed=0)
-        n_dec, t_dec = c["usage"]["completion_tokens"], time.perf_counter() - t0
-    overall = {k: r["overall"][k] for k in ("ppl", "nll", "n_tokens")}  # token-weighted: the mixed set
-    print(json.dumps({"domains": per, "overall": overall, "prompt_tps": r["overall"]["tokens_per_s"],
-                      "decode_tps": n_dec / t_dec if n_dec else float("nan")}))
-
-
-def _mixed(per: dict) -> dict:
-    """Token-weighted perplexity over domains measured by different models (the oracle's mixed set)."""
-    n = sum(v["n_tokens"] for v in per.values())
-    nll = sum(v["nll"] * v["n_tokens"] for v in per.values()) / n
-    return {"ppl": math.exp(nll), "nll": nll, "n_tokens": n}
-
-
-# ---- routing -------------------------------------------------------------------------------------
-
-
-def _routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) -> dict:
-    """Per layer, the share of each domain's tokens whose top-1 expert was trained mostly on that domain.
-
-    Uses the PyTorch reference with the router rows read back from the top-1 GGUF, i.e. exactly
-    the routing llama.cpp performs (parity tests hold the two forwards together).
-    """
-    import torch
-
-    from .reference import reference_model
-
-    model, _ = reference_model(rd.root, gguf)
-    info = rd.info()
-    home = {s["id"]: max(s["domains"], key=s["domains"].get) for s in info["shards"]}  # expert -> its main domain
-    n_layers, n_exp = model.cfg.n_layers, len(home)
-    counts = np.zeros((len(domains), n_layers, n_exp))  # domain x layer x expert
-    ctx = model.cfg.ctx_len
-    for di, d in enumerate(domains):
-        toks = torch.as_tensor(np.asarray(heldout[d][: (len(heldout[d]) // ctx) * ctx], dtype=np.int64)).view(-1, ctx)
-
-        def hook(layer, x, di=di):
-            choice = (x.float() @ model.layers[layer].router.float().T).argmax(-1)  # (B, T)
-            counts[di, layer] += np.bincount(choice.flatten().numpy(), minlength=n_exp)
-
-        with torch.no_grad():
-            for b in range(0, len(toks), 8):
-                model(toks[b: b + 8], route="router", hook=hook)
-    share = counts / counts.sum(-1, keepdims=True).clip(min=1)  # domain x layer x expert
-    acc = {d: [float(sum(share[di, l, e - 1] for e in home if home[e] == d)) for l in range(n_layers)]
-           for di, d in enumerate(domains)}
-    return {"accuracy": acc, "confusion": share.mean(1).tolist(), "expert_domain": home}
-
-
-# ---- report --------------------------------------------------------------------------------------
 
 
 def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
@@ -264,189 +191,8 @@ def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
     return view
 
 
-def _goals(results, best, best_stats, oracle_mixed, quant_rows, cfg, domains, plans) -> dict:
-    """Ratios of mixed held-out perplexity (lower is better for the MoE); thresholds live in report_markdown."""
-    trunk, moe = results["trunk alone"], results[best]
-    worst = max(moe["domains"][d]["ppl"] / trunk["domains"][d]["ppl"] for d in domains)
-    g = {"moe_beats_trunk_every_domain": worst < 1, "moe_over_trunk_worst_domain": worst}
-    if "trunk as trained (before sync)" in results:
-        tt = results["trunk as trained (before sync)"]
-        g["moe_over_trained_trunk_worst_domain"] = max(moe["domains"][d]["ppl"] / tt["domains"][d]["ppl"] for d in domains)
-    if best_stats:
-        g["best_router_vs_oracle"] = results[best_stats]["overall"]["ppl"] / oracle_mixed["ppl"]
-    for p in plans:
-        g[f"moe_over_{p.key}_dense_mixed"] = moe["overall"]["ppl"] / results[p.label]["overall"]["ppl"]
-    base = quant_rows[cfg.base_quant]["overall"]["ppl"]
-    for q in cfg.quants:
-        g[f"{q}_over_{cfg.base_quant}"] = quant_rows[q]["overall"]["ppl"] / base
-    return g
-
-
-def _curves(trunk: dict, dense_metas: dict) -> dict:
-    """Held-out mean-loss curves: {model: [[tokens, training FLOPs, mean loss over domains], ...]}."""
-    out = {}
-    for name, m in {"trunk alone": trunk, **dense_metas}.items():
-        per_tok = trunk_step_flops(m["config"]).total
-        out[name] = [[t, t * per_tok, sum(h.values()) / len(h)] for _, t, h in m.get("heldout_history") or [] if h]
-    return out
-
-
-def recipe(metas: dict) -> dict:
-    """How the modules were trained, from their metadata: what a reader needs to reproduce the row."""
-    trunk, experts = metas[0], [m for i, m in metas.items() if i]
-    t = (experts[0].get("train") or {}) if experts else {}
-    sync = trunk.get("sync") or {}
-    return {"experts": len(experts), "seed_expert": bool((trunk.get("config") or {}).get("seed_expert")),
-            "shared": t.get("shared", "none"), "shared_lr_scale": t.get("shared_lr_scale", 1.0),
-            "rounds": rounds_of(metas), "expert_tokens": t.get("tokens"), "merge": sync.get("merge"),
-            "outer_lr": sync.get("outer_lr", 1.0) if sync else None,
-            "outer_momentum": sync.get("outer_momentum", 0.0) if sync else None}
-
-
-def report_markdown(r: dict) -> str:
-    ds = r["domains"]
-    rc = r.get("recipe") or {}
-    how = ", ".join(f"{k} {v}" for k, v in rc.items() if v is not None)
-    L = [f"# mfgguf evaluation: {r['run']}", "", *([f"Recipe: {how}.", ""] if how else []),
-         f"Held-out perplexity measured by llama.cpp ({r['config']['base_quant']} unless named; "
-         f"up to {r['config']['max_tokens_per_domain']} tokens per domain). Lower is better.", "",
-         "| model | " + " | ".join(ds) + " | mixed | prompt tok/s | decode tok/s | peak RSS (MB) |",
-         "|---|" + "---:|" * (len(ds) + 4)]
-    for name, m in r["results"].items():
-        if name.startswith("oracle"):
-            continue
-        cells = [f"{m['domains'][d]['ppl']:.3f}" if d in m["domains"] else "" for d in ds]
-        L.append(f"| {name} | " + " | ".join(cells) + f" | {m['overall']['ppl']:.3f} | {m['prompt_tps']:.0f} |"
-                 f" {m['decode_tps']:.0f} | {m['peak_rss_mb']:.0f} |")
-    orc = [f"{r['results'][f'oracle {d}']['domains'][d]['ppl']:.3f} (expert {r['oracle']['experts'][d]})" for d in ds]
-    L.append("| oracle routing | " + " | ".join(orc) + f" | {r['oracle']['mixed']['ppl']:.3f} | | | |")
-    g = r["goals"]
-    R = r["flops"]["rounds"]
-    L += ["", "## Goals", "", f"Best MoE: {r['best']}. Ratios of mixed held-out perplexity (lower favours the MoE).", "",
-          "| goal | measured | met |", "|---|---:|:-:|"]
-
-    def row(text: str, key: str, limit: float, *, strict: bool = False) -> None:
-        if key not in g:
-            L.append(f"| {text} | not measured | n/a |")
-        else:
-            L.append(f"| {text} | {g[key]:.4f} | {_yes(g[key] < limit if strict else g[key] <= limit)} |")
-
-    row(f"R={R}: MoE at most 0.9x the wall-clock-matched dense model", "moe_over_wallclock_dense_mixed", 0.9)
-    row("MoE below the trunk alone on every domain (worst domain ratio)", "moe_over_trunk_worst_domain", 1.0, strict=True)
-    if "moe_over_trained_trunk_worst_domain" in g:
-        row("... and below the trunk as trained, before any sync (worst domain ratio)",
-            "moe_over_trained_trunk_worst_domain", 1.0, strict=True)
-    row("MoE at most 1.0x the FLOP-matched dense model", "moe_over_flop_dense_mixed", 1.0)
-    row("stretch: MoE at most 0.95x the FLOP-matched dense model", "moe_over_flop_dense_mixed", 0.95)
-    row(f"best statistics-only router ({r.get('best_stats_router')}) within 2% of oracle routing", "best_router_vs_oracle",
-        1.02)
-    if "moe_over_total_dense_mixed" in g:
-        L.append(f"| (no goal) MoE / dense with the MoE's total parameters, FLOP-matched"
-                 f" | {g['moe_over_total_dense_mixed']:.4f} | |")
-    for q, lim in (("q8_0", 1.005), ("q4_k", 1.05)):
-        key = f"{q}_over_{r['config']['base_quant']}"
-        if key in g:
-            L.append(f"| {q} within {100 * (lim - 1):.1f}% of {r['config']['base_quant']} | {g[key]:.4f} | {_yes(g[key] <= lim)} |")
-    L += _flops_markdown(r["flops"])
-    L += ["", "## Routing accuracy (share of a domain's tokens routed to that domain's experts, top-1)", ""]
-    for router, ra in r["routing"].items():
-        n_layers = len(next(iter(ra["accuracy"].values())))
-        L += [f"**{router}**", "", "| domain | " + " | ".join(f"layer {l}" for l in range(n_layers)) + " |",
-              "|---|" + "---:|" * n_layers]
-        L += [f"| {d} | " + " | ".join(f"{a:.2f}" for a in acc) + " |" for d, acc in ra["accuracy"].items()]
-        L.append("")
-    L += ["![perplexity by domain](ppl_by_domain.png)", "", "![routing confusion](routing_confusion.png)", "",
-          "![held-out loss curves](curves.png)", "",
-          f"Wall time of this evaluation: {r['wall_s']:.0f} s. Raw figures: report.json."]
-    return "\n".join(L) + "\n"
-
-
-def _flops_markdown(f: dict) -> list[str]:
-    L = ["", "## Training FLOPs", "",
-         "Dense baselines get the tokens that spend their FLOP budget at their own cost per token (whole steps).", "",
-         "| model | tokens | training FLOPs | / modular total |", "|---|---:|---:|---:|"]
-    for name, m in f["models"].items():
-        L.append(f"| {name} | {m['tokens']:,} | {m['flops']:.4e} | {m['flops'] / f['total']:.4f} |")
-    L.append(f"| critical path (trunk + {f['rounds']} x longest expert round) | | {f['critical_path']:.4e} |"
-             f" {f['critical_path'] / f['total']:.4f} |")
-    L += ["", "Per module: " + ", ".join(f"{k} {m['tokens']:,} tokens x {m['flops_per_token']:.4e} FLOPs/token"
-                                         for k, m in f["modules"].items()), "", "Formulas (mfgguf/flops.py):", ""]
-    L += [f"- {k}: {v}" for k, v in f["formulas"].items()]
-    return L
-
-
-def _yes(b: bool) -> str:
-    return "yes" if b else "no"
-
-
-def _plots(r: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ds = r["domains"]
-    names = [n for n in r["results"] if not n.startswith("oracle")]
-    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(names)), 4.5))
-    w = 0.8 / (len(ds) + 1)
-    for j, d in enumerate([*ds, "mixed"]):
-        vals = [r["results"][n]["overall"]["ppl"] if d == "mixed" else r["results"][n]["domains"].get(d, {}).get("ppl", np.nan)
-                for n in names]
-        ax.bar(np.arange(len(names)) + j * w, vals, w, label=d)
-    ax.set_xticks(np.arange(len(names)) + 0.4 - w / 2, names, rotation=35, ha="right", fontsize=8)
-    ax.set_ylabel("held-out perplexity (llama.cpp)")
-    ax.set_title("Perplexity by domain and model (lower is better)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "ppl_by_domain.png", dpi=110)
-    plt.close(fig)
-
-    _curves_plot(r, out, plt)
-
-    ra = r["routing"].get("ridge") or next(iter(r["routing"].values()))
-    conf = np.array(ra["confusion"])  # domain x expert
-    fig, ax = plt.subplots(figsize=(1.2 + 0.6 * conf.shape[1], 1 + 0.6 * conf.shape[0]))
-    im = ax.imshow(conf, vmin=0, vmax=1, cmap="viridis")
-    ax.set_yticks(range(len(ds)), ds)
-    home = {int(e): d for e, d in ra["expert_domain"].items()}  # JSON turns the int keys into strings
-    ax.set_xticks(range(conf.shape[1]), [f"{e}\n({home.get(e, '')})" for e in range(1, conf.shape[1] + 1)], fontsize=7)
-    for i in range(conf.shape[0]):
-        for j in range(conf.shape[1]):
-            ax.text(j, i, f"{conf[i, j]:.2f}", ha="center", va="center", color="w" if conf[i, j] < 0.6 else "k", fontsize=7)
-    ax.set_xlabel("expert (its main domain)")
-    ax.set_title("Routing (ridge, top-1)\nshare of each domain's tokens,\nmean over layers", fontsize=9)
-    fig.colorbar(im)
-    fig.tight_layout()
-    fig.savefig(out / "routing_confusion.png", dpi=110)
-    plt.close(fig)
-
-
-def _curves_plot(r: dict, out: Path, plt) -> None:
-    """Held-out mean loss of the trunk and every dense baseline during training, against tokens and FLOPs;
-    stars: each model's final llama.cpp loss (mean over domains), the MoE at the modular run's totals."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    models = r["flops"]["models"]
-    ends = {"trunk alone": "trunk alone", **{n: n for n in r["curves"] if n != "trunk alone"},
-            "moe (trunk + every expert)": r["best"]}
-    for ax, col, xlabel in ((axes[0], 0, "training tokens"), (axes[1], 1, "training FLOPs")):
-        for j, (name, pts) in enumerate(r["curves"].items()):
-            if pts:
-                ax.plot([p[col] for p in pts], [p[2] for p in pts], marker=".", color=f"C{j}", label=name)
-        for j, (fname, rname) in enumerate(ends.items()):
-            res = r["results"].get(rname)
-            if res and fname in models:
-                nll = float(np.mean([v["nll"] for v in res["domains"].values()]))
-                x = models[fname]["tokens"] if col == 0 else models[fname]["flops"]
-                ax.scatter([x], [nll], marker="*", s=90, color=f"C{j}", edgecolors="k", zorder=3,
-                           label=f"{rname} (llama.cpp, end)" if col == 0 else None)
-        ax.set(xlabel=xlabel, ylabel="held-out loss, mean over domains (nats/token)")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Held-out loss during training (lines: PyTorch, curve_tokens per domain; stars: llama.cpp at the end)",
-                 fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=110)
-    plt.close(fig)
+def _measure(path: Path, rd: RunDir, domains: list[str], cfg: EvalConfig) -> dict:
+    return measure(path, rd, domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx, decode_tokens=cfg.decode_tokens)
 
 
 def _say(msg: str) -> None:
@@ -455,5 +201,4 @@ def _say(msg: str) -> None:
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
 
 
-if __name__ == "__main__":  # the per-model measurement process (see _measure)
-    _measure_main(*sys.argv[1:])
+__all__ = ["EvalConfig", "evaluate"]

@@ -45,6 +45,7 @@ def emit(**kw) -> None:
 
 def prepared(preset: str, work: Path, n: int) -> Path:
     from mfgguf.data.prepare import prepare
+    from mfgguf.options import TrainOptions
     from mfgguf.train.trunk import train_trunk
 
     vocab, chars, trunk_tokens, _ = SETUP[preset]
@@ -52,18 +53,19 @@ def prepared(preset: str, work: Path, n: int) -> Path:
     if not (root / "modules" / "trunk.json").is_file():
         shutil.rmtree(root, ignore_errors=True)
         prepare(["builtin"], root, n_experts=n, partition="random", vocab_size=vocab, max_chars_per_domain=chars, seed=0)
-        train_trunk(root, preset=preset, tokens=trunk_tokens, progress=False)
+        train_trunk(root, preset=preset, options=TrainOptions(tokens=trunk_tokens), progress=False)
     return root
 
 
 def one(preset: str, base: Path, work: Path, **kw) -> dict:
+    from mfgguf.options import JobOptions, TrainOptions
     from mfgguf.train.schedule import train_experts
 
     run = work / f"{preset}-{kw.get('ray') or 'local'}-{kw.get('workers')}"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(base, run, ignore=shutil.ignore_patterns("checkpoints", "logs"))
     t0 = time.perf_counter()
-    s = train_experts(run, tokens=SETUP[preset][3], progress=False, **kw)
+    s = train_experts(run, job=JobOptions(TrainOptions(tokens=SETUP[preset][3])), progress=False, **kw)
     wall = time.perf_counter() - t0
     shutil.rmtree(run, ignore_errors=True)
     return {"wall_s": round(wall, 2), "jobs": len(s["jobs"]), "per_job_s": round(wall / max(1, len(s["jobs"])), 2),
@@ -74,12 +76,13 @@ def one(preset: str, base: Path, work: Path, **kw) -> dict:
 def measured_rate(preset: str, base: Path) -> float:
     """Training FLOP/s of one expert job of `preset` here (all cores), from its own metadata."""
     from mfgguf.flops import module_flops
+    from mfgguf.options import TrainOptions
     from mfgguf.train.expert import train_expert
 
     run = base.parent / f"{preset}-rate"
     shutil.rmtree(run, ignore_errors=True)
     shutil.copytree(base, run, ignore=shutil.ignore_patterns("checkpoints", "logs"))
-    meta = train_expert(run, 1, tokens=SETUP[preset][3], progress=False)
+    meta = train_expert(run, 1, options=TrainOptions(tokens=SETUP[preset][3]), progress=False)
     rate = module_flops(meta) / meta["train_s"] if meta.get("train_s") else module_flops(meta) / meta["wall_s"]
     shutil.rmtree(run, ignore_errors=True)
     return rate

@@ -100,6 +100,7 @@ def flops_per_token(cfg, kind: str, recompute: bool) -> tuple[float, str]:
 def bench_small(work: Path, quick: bool, peak: float) -> None:
     from mfgguf.config import ModelConfig
     from mfgguf.data.prepare import prepare
+    from mfgguf.options import TrainOptions
     from mfgguf.train.expert import train_expert
     from mfgguf.train.trunk import train_trunk
 
@@ -107,8 +108,8 @@ def bench_small(work: Path, quick: bool, peak: float) -> None:
     info = prepare(["builtin"], run, n_experts=3, partition="label", vocab_size=4096, seed=0, force=True,
                    max_chars_per_domain=1_500_000 if quick else None, progress=False)
     t_tokens, e_tokens = (200_000, 100_000) if quick else (None, None)
-    trunk = train_trunk(run, preset="small", tokens=t_tokens, progress=False, restart=True)
-    expert = train_expert(run, 1, tokens=e_tokens, progress=False, restart=True)
+    trunk = train_trunk(run, preset="small", options=TrainOptions(tokens=t_tokens), progress=False, restart=True)
+    expert = train_expert(run, 1, options=TrainOptions(tokens=e_tokens), progress=False, restart=True)
     cfg = ModelConfig.from_dict(trunk["config"])
     for m in (trunk, expert):
         fpt, formula = flops_per_token(cfg, m["kind"], m["recompute"])

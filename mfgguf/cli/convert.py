@@ -10,20 +10,8 @@ from ..converters.assemble import assemble
 from ..converters.inspect import format_inspect, inspect_gguf
 from ..converters.merge import DEFAULT_DENSITY, MERGES
 from ..converters.schema import LAYOUTS, ROUTERS, USER_QUANTS
-from ..errors import MfggufError
+from ..options import parse_experts
 from .app import command
-
-
-def _experts(s: str | None) -> list[int] | None:
-    if s is None:
-        return None
-    s = s.strip()
-    if s in ("", "none"):
-        return []
-    try:
-        return [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise MfggufError(f"--experts {s!r} is not a comma-separated list of expert numbers, e.g. 1,3,7") from None
 
 
 @command("assemble", assemble)
@@ -34,7 +22,8 @@ def assemble_cmd(
     top_k: int = typer.Option(1, "--top-k", help="Experts used per token (1 = the exact trained function)."),
     router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}."),
     layout: str = typer.Option("granitemoe", "--layout", help=f"GGUF layout: {'|'.join(LAYOUTS)}."),
-    experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 (default all; 'none' = trunk alone)."),
+    experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 or 1-4"
+                                 " (default all; 'none' = trunk alone)."),
     merge: str = typer.Option("mean", "--merge", help=f"Experts' trained copies of trunk tensors: {'|'.join(MERGES)}"
                               " (mean = token-weighted; none = the trunk as trained)."),
     merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density",
@@ -45,7 +34,7 @@ def assemble_cmd(
                                     " a few bytes per million differ from llama.cpp's reference quantizer."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
-    r = assemble(run, out, quant=quant, top_k=top_k, router=router, layout=layout, experts=_experts(experts),
+    r = assemble(run, out, quant=quant, top_k=top_k, router=router, layout=layout, experts=parse_experts(experts),
                  merge=merge, merge_density=merge_density, force=force, threads=threads, fast_quant=fast_quant,
                  progress=not quiet)
     n = len(r["experts"])

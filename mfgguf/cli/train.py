@@ -1,4 +1,7 @@
-"""CLI verbs `train-trunk` and `train-expert`.
+"""CLI verbs `train-trunk`, `train-expert`, `train-experts`, `sync`, `restat` and `router-stats`.
+
+Their training options (tokens, lr, --shared, ...) are TrainOptions' fields, one CLI option each
+(cli/options.py), handed to the library as one `TrainOptions`.
 
 torch is imported only when a verb runs: the help text is read from the library docstrings with
 `ast`, so other verbs (assemble, chat) never pay for torch's import time and memory.
@@ -12,7 +15,9 @@ from pathlib import Path
 import typer
 
 from ..converters.merge import DEFAULT_DENSITY
+from ..options import JobOptions, TrainOptions
 from .app import command
+from .options import train_options
 
 
 def _doc(module: str, fn: str) -> str:
@@ -26,14 +31,8 @@ def _doc(module: str, fn: str) -> str:
 
 
 _RUN = typer.Argument(..., help="The RUN directory made by `mfgguf prepare`.")
-_TOKENS = typer.Option(None, "--tokens", help="Training tokens (default: the preset's).")
 _DEVICE = typer.Option("cpu", "--device", help="cpu or cuda.")
 _PRECISION = typer.Option("auto", "--precision", help="auto (bf16 where native, else fp32), bf16 or fp32.")
-_LR = typer.Option(None, "--lr", help="Peak learning rate (default: the preset's).")
-_BATCH = typer.Option(None, "--batch-size", help="Sequences per step (default: the preset's).")
-_CKPT = typer.Option(None, "--ckpt-every", help="Steps between checkpoints (default: the preset's).")
-_SEED = typer.Option(None, "--seed", help="Init and data-order seed (default: the preset's).")
-_EVAL = typer.Option(None, "--eval-tokens", help="Held-out tokens scored per domain at the end (default: the preset's).")
 _RESTART = typer.Option(False, "--restart", help="Delete this module's checkpoint and start over.")
 _PROGRESS = typer.Option(True, "--progress/--no-progress", help="Show a progress bar.")
 
@@ -52,20 +51,11 @@ def _line(meta: dict, run: Path) -> str:
 
 
 @command("train-trunk", help=_doc("trunk", "train_trunk"))
+@train_options("trunk")
 def train_trunk_cmd(
     run: Path = _RUN,
     preset: str = typer.Option("small", "--preset", help="Model size: tiny, small or 1b."),
-    tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
-    batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
-    restart: bool = _RESTART, progress: bool = _PROGRESS,
-    seed_expert: bool = typer.Option(None, "--seed-expert/--no-seed-expert", help="Also train one expert-width"
-                                     " FFN, the seed, that every expert starts from (default: the preset's)."),
-    anchor_ff: int = typer.Option(None, "--anchor-ff", help="Anchor FFN width (default: the preset's); the"
-                                  " dense baselines of `mfgguf eval` widen it."),
-    eval_every: int = typer.Option(None, "--eval-every", help="Steps between held-out evaluations (the curve);"
-                                   " 0 = only at the end (default: the preset's)."),
-    curve_tokens: int = typer.Option(None, "--curve-tokens", help="Held-out tokens per domain at each curve point"
-                                     " (default: the preset's)."),
+    device: str = _DEVICE, precision: str = _PRECISION, restart: bool = _RESTART, progress: bool = _PROGRESS,
     memory_budget: str = typer.Option(None, "--memory-budget", help="Train layer-streamed (weights and optimizer"
                                       " state on disk, one block in RAM) when the in-memory estimate exceeds this,"
                                       " like 1.5G (default: the RAM available)."),
@@ -73,38 +63,27 @@ def train_trunk_cmd(
                                 " (default: chosen by --memory-budget)."),
     accum: int = typer.Option(None, "--accum", help="Sequences per step = --batch-size x this, micro-batched"
                               " (default: 4 when streamed, 1 in memory)."),
+    *, options: TrainOptions,
 ):
     from ..train.trunk import train_trunk
 
-    meta = train_trunk(run, preset=preset, tokens=tokens, device=device, progress=progress, precision=precision,
-                       restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
-                       eval_tokens=eval_tokens, anchor_ff=anchor_ff, eval_every=eval_every, curve_tokens=curve_tokens,
-                       seed_expert=seed_expert, memory_budget=memory_budget, stream=stream, accum=accum)
+    meta = train_trunk(run, preset=preset, options=options, device=device, progress=progress, precision=precision,
+                       restart=restart, memory_budget=memory_budget, stream=stream, accum=accum)
     typer.echo(_line(meta, run))
 
 
 @command("train-expert", help=_doc("expert", "train_expert"))
+@train_options("expert")
 def train_expert_cmd(
     run: Path = _RUN,
     expert: int = typer.Option(..., "--expert", help="Expert index, 1..N."),
-    tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
-    batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
-    restart: bool = _RESTART, progress: bool = _PROGRESS,
-    init: str = typer.Option(None, "--init", help="Expert init: auto (default: seed if the trunk has a seed FFN,"
-                             " else random), seed, random or anchor (the anchor's gate/up rows, zero down-projection)."),
-    shared: str = typer.Option(None, "--shared", help="Trunk tensors the expert also trains a private copy of:"
-                               " none (default: the FFN only), norms, attn (norms + attention) or all."),
-    shared_lr_scale: float = typer.Option(None, "--shared-lr-scale", help="Peak LR of the shared copies ="
-                                          " --lr x this (default 1)."),
-    rounds: int = typer.Option(None, "--rounds", help="Sync rounds R (with --shared): each call trains the next"
-                               " round; `mfgguf sync RUN` between rounds (default 1: no communication)."),
+    device: str = _DEVICE, precision: str = _PRECISION, restart: bool = _RESTART, progress: bool = _PROGRESS,
+    *, options: TrainOptions,
 ):
     from ..train.expert import train_expert
 
-    meta = train_expert(run, expert, tokens=tokens, device=device, progress=progress, precision=precision,
-                        restart=restart, lr=lr, batch_size=batch_size, ckpt_every=ckpt_every, seed=seed,
-                        eval_tokens=eval_tokens, expert_init=init, shared=shared, shared_lr_scale=shared_lr_scale,
-                        rounds=rounds)
+    meta = train_expert(run, expert, options=options, device=device, progress=progress, precision=precision,
+                        restart=restart)
     line = _line(meta, run)
     if meta.get("rounds", 1) > 1:
         line += f" (round {meta['round']} of {meta['rounds']})"
@@ -112,6 +91,8 @@ def train_expert_cmd(
 
 
 @command("train-experts", help=_doc("schedule", "train_experts"))
+@train_options("expert", help={"rounds": "Sync rounds R: every expert's round, then `sync`, R times (default: what"
+                                         " the run's experts were started with, else 1)."})
 def train_experts_cmd(
     run: Path = _RUN,
     experts: str = typer.Option(None, "--experts", help="Which experts, e.g. 1-40,45 (default: all)."),
@@ -122,24 +103,16 @@ def train_experts_cmd(
     transfer: str = typer.Option("auto", "--transfer", help="Ray: how workers get the trunk and shards: auto, shared"
                                  " (RUN on a shared filesystem) or copy (through Ray's object store)."),
     retries: int = typer.Option(2, "--retries", help="Times a job killed from outside is started again."),
-    tokens: int = _TOKENS, device: str = _DEVICE, precision: str = _PRECISION, lr: float = _LR,
-    batch_size: int = _BATCH, ckpt_every: int = _CKPT, seed: int = _SEED, eval_tokens: int = _EVAL,
-    progress: bool = _PROGRESS,
-    init: str = typer.Option(None, "--init", help="Expert init, as train-expert's."),
-    shared: str = typer.Option(None, "--shared", help="Trunk tensors each expert also trains a copy of, as train-expert's."),
-    shared_lr_scale: float = typer.Option(None, "--shared-lr-scale", help="As train-expert's."),
-    rounds: int = typer.Option(None, "--rounds", help="Sync rounds R: every expert's round, then `sync`, R times"
-                               " (default: what the run's experts were started with, else 1)."),
+    device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
     outer_lr: float = typer.Option(1.0, "--outer-lr", help="Every sync's outer step, as sync's."),
     outer_momentum: float = typer.Option(0.0, "--outer-momentum", help="Every sync's outer momentum, as sync's."),
+    *, options: TrainOptions,
 ):
     from ..train.schedule import train_experts
 
     s = train_experts(run, experts=experts, workers=workers, ray=ray, transfer=transfer, retries=retries,
-                      progress=progress, tokens=tokens, device=None if device == "cpu" else device,
-                      precision=None if precision == "auto" else precision, lr=lr, batch_size=batch_size,
-                      ckpt_every=ckpt_every, seed=seed, eval_tokens=eval_tokens, expert_init=init, shared=shared,
-                      shared_lr_scale=shared_lr_scale, rounds=rounds, outer_lr=outer_lr, outer_momentum=outer_momentum)
+                      progress=progress, job=JobOptions(options, device=device, precision=precision),
+                      outer_lr=outer_lr, outer_momentum=outer_momentum)
     n = len(s["jobs"])
     typer.echo(f"train-experts: {n} job(s) on {s['backend']}, {s['syncs']} sync(s), {s['wall_s']:.1f} s;"
                f" summary in {Path(run) / 'logs' / 'train-experts.json'}" if n or s["syncs"] else

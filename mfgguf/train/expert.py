@@ -21,15 +21,16 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..config import ModelConfig, get_preset, with_overrides
+from ..config import ModelConfig, get_preset
 from ..errors import MfggufError
 from ..model import SEED_FFN, Transformer, trunk_name_map
+from ..options import TrainOptions
 from ..plots import loss_curve
 from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
 from . import checkpoint as ckpt_io
 from . import shared as sh
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
-                   resolve_device, resolve_precision, result_meta, run_loop, schedule_steps, split_overrides)
+                   resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
 from .rounds import round_end
 from .stats import RouterStats
 from .trunk import wants_recompute
@@ -137,16 +138,16 @@ def _shard_domains(info: dict, i: int):
     return entry
 
 
-def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: str = "cpu", progress: bool = True,
-                 precision: str = "auto", restart: bool = False, recompute: bool | None = None,
-                 **train_overrides) -> dict:
+def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions(), device: str = "cpu",
+                 progress: bool = True, precision: str = "auto", restart: bool = False,
+                 recompute: bool | None = None) -> dict:
     """Train expert EXPERT (1..N) alone on its shard with the trunk frozen; write modules/expert_00I.
 
     The expert is one SwiGLU FFN per layer added beside the anchor; it starts as a no-op and only
     its parameters train. After training, a pass over its shard records the router statistics
     (per layer: mean and second moment of the FFN-input vectors) into the module file. Resumes
     from RUN/checkpoints/expert_00I if a compatible checkpoint is there (--restart deletes it).
-    Overrides accept TrainConfig fields (lr, batch_size, seed, ckpt_every, eval_tokens, ...).
+    `options` change the trunk's preset's expert TrainConfig (tokens, lr, batch_size, seed, ...).
 
     --shared norms|attn|all also trains a private f32 copy of those trunk tensors (the norms;
     + attention; the whole trunk), at peak LR lr * --shared-lr-scale, stored in the module file as
@@ -157,19 +158,19 @@ def train_expert(run: Path, expert: int, *, tokens: int | None = None, device: s
     the trunk the next round starts from.
 
     Example:
-        >>> train_expert(Path("RUN"), 1, tokens=20_000)["heldout_loss"]
+        >>> train_expert(Path("RUN"), 1, options=TrainOptions(tokens=20_000))["heldout_loss"]
     """
     t_start = time.perf_counter()
     rd = RunDir(run)
     info = rd.info()
     i = rd.check_expert_index(int(expert))
-    t_over, m_over = split_overrides(train_overrides)
-    if m_over:
-        raise MfggufError(f"model shape options ({', '.join(m_over)}) belong to the trunk; experts use the trunk's")
+    if options.model_changes():
+        raise MfggufError(f"model shape options ({', '.join(options.model_changes())}) belong to the trunk;"
+                          " experts use the trunk's")
     trunk = load_trunk_meta(rd)
     cfg = ModelConfig.from_dict(trunk["config"])
     preset = trunk.get("preset", "small")
-    tc = with_overrides(get_preset(preset).expert, tokens=tokens, **t_over)
+    tc = options.train_config(get_preset(preset).expert)
     sh.check_shared(tc)
     rnd = _round(rd, trunk, tc, i)
     dev = resolve_device(device)

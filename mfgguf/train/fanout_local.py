@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ..options import JobOptions
 from ..run import RunDir, module_name
 from .jobs import Job, job_argv, last_error
 from .status import ENV as STATUS_ENV
@@ -31,7 +32,7 @@ class LocalBackend:
     def describe(self) -> str:
         return f"{self.workers} local process(es) x {self.threads} thread(s)"
 
-    def run(self, jobs: list[Job], opts: dict, view) -> None:
+    def run(self, jobs: list[Job], opts: JobOptions, view) -> None:
         queue = list(jobs)
         try:
             while queue or self.procs:
@@ -55,7 +56,7 @@ class LocalBackend:
     def _status_path(self, job: Job) -> Path:
         return self.rd.root / "logs" / f"{module_name(job.expert)}.status.json"
 
-    def _start(self, job: Job, opts: dict) -> None:
+    def _start(self, job: Job, opts: JobOptions) -> None:
         (self.rd.root / "logs").mkdir(exist_ok=True)
         self._status_path(job).unlink(missing_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from ..errors import MfggufError
+from ..options import JobOptions
 from ..run import RunDir, atomic_path, module_name, read_manifest, sha256_file, update_manifest, write_json
 from .jobs import Job
 from .status import ENV as STATUS_ENV
@@ -77,7 +78,7 @@ class RayBackend:
         if self.started_here:
             self.ray.shutdown()
 
-    def run(self, jobs: list[Job], opts: dict, view) -> None:
+    def run(self, jobs: list[Job], opts: JobOptions, view) -> None:
         ray, rd = self.ray, self.rd
         trunk_sha = read_manifest(rd)["modules"]["trunk"]["sha256"]
         common = ray.put(_files(rd, _common_paths(rd))) if self.transfer != "shared" else None
@@ -87,7 +88,7 @@ class RayBackend:
             if self.transfer != "shared":
                 own = ray.put(_files(rd, [rd.shard(job.expert), *_tree(rd.checkpoint_dir(job.expert))]))
             ref = self.task.options(num_cpus=self.cpus, memory=self.job_mb << 20, max_retries=self.retries).remote(
-                str(rd.root), job.expert, opts, self.transfer, trunk_sha, common, own, self.board)
+                str(rd.root), job.expert, opts.to_dict(), self.transfer, trunk_sha, common, own, self.board)
             refs[ref] = job
             job.state = "queued"
         try:
@@ -168,7 +169,8 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
     try:
         from .expert import train_expert
 
-        meta = train_expert(rd.root, i, progress=False, **opts)
+        o = JobOptions.from_dict(opts)
+        meta = train_expert(rd.root, i, options=o.train, device=o.device, precision=o.precision, progress=False)
     finally:
         stop.set()
         os.environ.pop(STATUS_ENV, None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..options import JobOptions
 from ..run import RunDir
 
 
@@ -36,14 +37,11 @@ class Job:
         return d
 
 
-def job_argv(rd: RunDir, i: int, opts: dict) -> list[str]:
+def job_argv(rd: RunDir, i: int, opts: JobOptions) -> list[str]:
     """The `mfgguf train-expert` command line of one job (the local backend's child process)."""
     from ..stages import mfgguf_argv
 
-    flags = []
-    for k, v in opts.items():
-        flags += [f"--{k.replace('_', '-')}" if k != "expert_init" else "--init", str(v)]
-    return mfgguf_argv("train-expert", rd.root, "--expert", i, *flags, "--no-progress")
+    return mfgguf_argv("train-expert", rd.root, "--expert", i, *opts.argv(), "--no-progress")
 
 
 def last_error(log: Path) -> str:

@@ -321,22 +321,6 @@ def wants_compile(choice: str, steps: int, recompute: bool) -> bool:
     return choice == "on" and not recompute
 
 
-def split_overrides(overrides: dict) -> tuple[dict, dict]:
-    """Split `**train_overrides` into TrainConfig and ModelConfig fields; reject unknown names.
-
-    None means "not set" (an omitted CLI option) and is dropped.
-    """
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    t = {k: v for k, v in overrides.items() if k in TrainConfig.__dataclass_fields__}
-    m = {k: v for k, v in overrides.items() if k in ModelConfig.__dataclass_fields__}
-    bad = sorted(set(overrides) - set(t) - set(m))
-    if bad:
-        raise MfggufError(f"unknown training option(s) {', '.join(bad)}; see `mfgguf train-trunk --help`")
-    if "vocab_size" in m or "n_experts" in m:
-        raise MfggufError("vocab_size and n_experts come from the RUN directory and cannot be overridden")
-    return t, m
-
-
 def heldout_losses(heldout_dir: Path, model: Transformer, max_tokens: int, route: str, dev, precision: str) -> dict:
     """{domain: mean loss} over `data/heldout/<domain>.npy`, up to `max_tokens` tokens each."""
     out = {}

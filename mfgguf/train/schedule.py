@@ -18,7 +18,7 @@ expert, where, tokens/s, ETA); a summary table (wall time, peak RSS, retries) en
 saved as RUN/logs/train-experts.json.
 
 Example:
-    >>> train_experts(Path("RUN"), experts=[1, 2, 3, 4], workers=2, tokens=20_000)
+    >>> train_experts(Path("RUN"), experts=[1, 2, 3, 4], workers=2, job=JobOptions(TrainOptions(tokens=20_000)))
     {'jobs': [...], 'failed': [], 'rounds': 1, ...}
 """
 
@@ -27,10 +27,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import MfggufError
 from ..machine import mem_available
+from ..options import JobOptions, parse_experts
 from ..run import RunDir, finished_against, module_name, read_module_meta, router_stats_current, write_json
 from .jobs import Job
 
@@ -44,31 +46,8 @@ JOB_MB = {"tiny": 560, "small": 1350, "1b": 2048}
 # tiny, 2 jobs x 1 thread = 1.34x faster than 1 job x 2 threads; small 0.70x, so small keeps 2).
 JOB_THREADS = {"tiny": 1, "small": 2, "1b": 2}
 MEMORY_HEADROOM = 0.85  # share of available memory the local scheduler may fill with jobs
-TRAIN_OPTIONS = ("tokens", "lr", "batch_size", "ckpt_every", "seed", "eval_tokens", "expert_init", "shared",
-                 "shared_lr_scale", "rounds", "precision", "device")  # passed through to every job
 
 
-def parse_experts(spec: str | None, n: int) -> list[int]:
-    """'1-40,45' -> [1..40, 45]; None or 'all' -> 1..n. Each index must be in 1..n.
-
-    Example:
-        >>> parse_experts("1-3,5", 8)
-        [1, 2, 3, 5]
-    """
-    if spec is None or spec.strip().lower() == "all":
-        return list(range(1, n + 1))
-    out: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        try:
-            a, _, b = part.partition("-")
-            lo, hi = int(a), int(b or a)
-        except ValueError:
-            raise MfggufError(f"bad --experts {spec!r}: use indices and ranges such as 1-40,45") from None
-        if not 1 <= lo <= hi <= n:
-            raise MfggufError(f"--experts {part} is out of range; this run has experts 1..{n}")
-        out += [i for i in range(lo, hi + 1) if i not in out]
-    return out
 
 
 def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
@@ -85,7 +64,7 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
 
 def train_experts(run: Path, *, experts: str | list[int] | None = None, workers: int | None = None,
                   ray: str | None = None, transfer: str = "auto", retries: int = 2, progress: bool = True,
-                  outer_lr: float = 1.0, outer_momentum: float = 0.0, **train_options) -> dict:
+                  job: JobOptions = JobOptions(), outer_lr: float = 1.0, outer_momentum: float = 0.0) -> dict:
     """Train every selected expert not yet trained, many at once: local processes, or Ray tasks.
 
     `experts` selects (`1-40,45`; default all). Locally, `workers` jobs run at once (default: as
@@ -93,8 +72,9 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     made, `local` starts one on this machine): one task per expert; `transfer` says how workers get
     the trunk, shard and tokenizer: `shared` (RUN is on a filesystem every node sees), `copy` (sent
     through Ray's object store, module files sent back) or `auto` (shared where the worker sees RUN).
-    With `rounds` R > 1 every round of every expert runs, with `mfgguf sync` after each. Training
-    options (tokens, shared, lr, ...) are those of `train-expert`, the same for every job. A job
+    With `rounds` R > 1 every round of every expert runs, with `mfgguf sync` after each. `job`
+    holds the training options (tokens, shared, lr, ...), device and precision of `train-expert`,
+    the same for every job. A job
     killed from outside is retried up to `retries` times (it resumes from its checkpoint); one that
     fails with an error is reported and the others go on. Exits 1 (MfggufError) if any job failed.
     `outer_lr` / `outer_momentum` are every sync's (DiLoCo's outer step; see `mfgguf sync`).
@@ -109,12 +89,9 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     info = rd.info()
     trunk = _trunk_meta(rd)
     ids = parse_experts(experts, int(info["n_experts"])) if not isinstance(experts, list) else experts
-    opts = {k: v for k, v in train_options.items() if v is not None}
-    bad = sorted(set(opts) - set(TRAIN_OPTIONS))
-    if bad:
-        raise MfggufError(f"unknown training option(s) {', '.join(bad)} for train-experts")
-    rounds = int(opts.get("rounds") or _rounds_in_run(rd, ids) or 1)
-    opts["rounds"] = rounds
+    ids = list(dict.fromkeys(ids))  # each expert once
+    rounds = int(job.train.rounds or _rounds_in_run(rd, ids) or 1)
+    opts = replace(job, train=replace(job.train, rounds=rounds))
     if ray is None:
         from .fanout_local import LocalBackend
 
@@ -295,4 +272,4 @@ def _say(progress: bool, msg: str) -> None:
         Console(stderr=True).print(f"[bold cyan]train-experts[/] {msg}", highlight=False)
 
 
-__all__ = ["JOB_MB", "parse_experts", "plan_workers", "train_experts"]
+__all__ = ["JOB_MB", "plan_workers", "train_experts"]

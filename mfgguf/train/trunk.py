@@ -5,7 +5,7 @@ the seed, written to the trunk file, that every expert starts from (BTX: branch 
 dense model instead of growing FFNs from random weights next to a frozen trunk).
 
 The dense baselines of `mfgguf eval` are the same call on a copy of the RUN with a wider anchor:
-`train_trunk(copy, preset="small", anchor_ff=512 + 512, tokens=...)` (mfgguf/baselines.py).
+`train-trunk COPY --preset small --anchor-ff 1024 --tokens ...` (mfgguf/baselines.py).
 Every `eval_every` steps the held-out loss is recorded (`heldout_history`): the training curve.
 """
 
@@ -19,16 +19,17 @@ from pathlib import Path
 
 import torch
 
-from ..config import get_preset, with_overrides
+from ..config import get_preset
 from ..flops import trunk_step_flops
 from ..machine import mem_available
 from ..errors import MfggufError
 from ..model import seed_name_map, trunk_model, trunk_name_map
+from ..options import TrainOptions
 from ..plots import loss_curve
 from ..run import RunDir, module_name, write_module, write_module_streamed
 from . import checkpoint as ckpt_io
 from .loop import (check_token_range, heldout_losses, limit_heap_retention, load_tokens, resolve_device,
-                   resolve_precision, result_meta, run_loop, split_overrides)
+                   resolve_precision, result_meta, run_loop)
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
 STREAMED_ACCUM = 4  # streamed runs: sequences per step = batch_size x this unless --accum says otherwise
@@ -70,11 +71,10 @@ def parse_size(text: str) -> int:
     return int(n)
 
 
-def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, device: str = "cpu",
+def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = TrainOptions(), device: str = "cpu",
                 progress: bool = True, precision: str = "auto", restart: bool = False,
                 recompute: bool | None = None, memory_budget: str | None = None, stream: bool | None = None,
-                accum: int | None = None,
-                **train_overrides) -> dict:
+                accum: int | None = None) -> dict:
     """Train the trunk (embeddings, attention, norms, output head and the always-on anchor FFN) on the
     mixed training tokens of RUN; write modules/trunk.safetensors and its metadata. With
     `seed_expert=True` it also trains the seed FFN that experts start from (the trunk alone is then
@@ -87,21 +87,21 @@ def train_trunk(run: Path, *, preset: str = "small", tokens: int | None = None, 
     sequences (default 4 when streamed, 1 in memory), cut into micro-batches that fit the budget.
 
     Resumes from RUN/checkpoints/trunk if a compatible checkpoint is there (--restart deletes it).
-    Precision auto uses bf16 autocast where the CPU/GPU has native bf16, else fp32. Overrides
-    accept TrainConfig fields (lr, batch_size, seed, ckpt_every, eval_tokens, ...) and ModelConfig
-    fields (anchor_ff, dim, ...). Returns the module metadata (held-out loss per domain included).
+    Precision auto uses bf16 autocast where the CPU/GPU has native bf16, else fp32. `options`
+    change the preset's TrainConfig fields (tokens, lr, batch_size, seed, ...) and ModelConfig
+    fields (anchor_ff, seed_expert, dim, ...). Returns the module metadata (held-out loss per
+    domain included).
 
     Example:
-        >>> train_trunk(Path("RUN"), preset="tiny", tokens=40_000)["heldout_loss_mean"]
+        >>> train_trunk(Path("RUN"), preset="tiny", options=TrainOptions(tokens=40_000))["heldout_loss_mean"]
     """
     t_start = time.perf_counter()
     rd = RunDir(run)
     info = rd.info()
     p = get_preset(preset)
-    t_over, m_over = split_overrides(train_overrides)
-    cfg = replace(p.model, vocab_size=int(info["vocab_size"]), n_experts=int(info["n_experts"]), **m_over)
+    cfg = replace(p.model, vocab_size=int(info["vocab_size"]), n_experts=int(info["n_experts"]), **options.model_changes())
     cfg.validate()
-    tc = with_overrides(p.trunk, tokens=tokens, **t_over)
+    tc = options.train_config(p.trunk)
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     data = load_tokens(rd.train_tokens, "the trunk's training tokens")

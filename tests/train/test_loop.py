@@ -10,7 +10,7 @@ from mfgguf.config import TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.train import checkpoint as ckpt_io
 from mfgguf.train.driver import get_batch, lr_at
-from mfgguf.train.loop import make_optimizer, split_overrides
+from mfgguf.train.loop import make_optimizer
 from mfgguf.train.stats import RouterStats
 
 
@@ -41,15 +41,6 @@ def test_weight_decay_only_on_matrices():
     (g_decay, g_other) = opt.param_groups
     assert g_decay["weight_decay"] == 0.1 and g_decay["params"] == [named["w"]]
     assert g_other["weight_decay"] == 0.0 and g_other["params"] == [named["norm"]]
-
-
-def test_overrides_are_checked():
-    t, m = split_overrides({"lr": 1e-3, "anchor_ff": 64})
-    assert t == {"lr": 1e-3} and m == {"anchor_ff": 64}
-    with pytest.raises(MfggufError, match="unknown training option"):
-        split_overrides({"learning_rate": 1})
-    with pytest.raises(MfggufError, match="come from the RUN"):
-        split_overrides({"vocab_size": 9})
 
 
 def test_router_stats_match_a_direct_computation():

@@ -56,10 +56,11 @@ def test_pooled_equals_the_experts_own_second_moments_pooled_by_count(trained_ru
 
 
 def test_a_retrained_expert_makes_them_stale_and_router_stats_fixes_it(trained_run, tmp_path):
+    from mfgguf.options import TrainOptions
     from mfgguf.train.expert import train_expert
 
     run = copy_run(trained_run, tmp_path / "run")
-    train_expert(run, 2, tokens=2048, restart=True, progress=False)
+    train_expert(run, 2, options=TrainOptions(tokens=2048), restart=True, progress=False)
     assert not router_stats_current(RunDir(run))
     out = tmp_path / "m.gguf"
     code, text = _cli("assemble", run, "-o", out, "-q")  # runs the pass itself, saying so in one line

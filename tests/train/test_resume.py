@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from mfgguf.errors import MfggufError
+from mfgguf.options import TrainOptions
 from mfgguf.run import RunDir
 from mfgguf.train.expert import train_expert
 from mfgguf.train.trunk import train_trunk
@@ -60,9 +61,10 @@ def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shar
 
     def train(run, tokens=TOKENS):
         if index == 0:
-            return train_trunk(run, preset="tiny", tokens=tokens, ckpt_every=CKPT_EVERY, eval_every=EVAL_EVERY,
-                               progress=False)
-        return train_expert(run, index, tokens=tokens, ckpt_every=CKPT_EVERY, progress=False, shared=shared)
+            return train_trunk(run, preset="tiny", options=TrainOptions(tokens=tokens, ckpt_every=CKPT_EVERY,
+                                                                          eval_every=EVAL_EVERY), progress=False)
+        return train_expert(run, index, options=TrainOptions(tokens=tokens, ckpt_every=CKPT_EVERY, shared=shared),
+                            progress=False)
 
     # A checkpoint made for another token budget is refused (and left alone), with the way out.
     with pytest.raises(MfggufError, match="different train.*--restart"):

@@ -22,11 +22,14 @@ from typer.testing import CliRunner
 from mfgguf.cli.app import app
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_module_meta, router_stats_current
-from mfgguf.train.schedule import parse_experts, train_experts
+from mfgguf.options import JobOptions, TrainOptions, parse_experts
+from mfgguf.train.schedule import train_experts
 from tests.conftest import TINY_CHARS, copy_run
 
 N = 4
 TOKENS = 10_240  # 20 steps of the tiny preset (512 tokens each): a checkpoint at 10, so a kill can resume
+JOB = JobOptions(TrainOptions(tokens=TOKENS))
+ROUNDS_JOB = JobOptions(TrainOptions(tokens=TOKENS, shared="norms", rounds=2))
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def four_run(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("four") / "run"
     prepare(["builtin"], root, n_experts=N, partition="random", vocab_size=512, max_chars_per_domain=TINY_CHARS // 2, seed=0)
-    train_trunk(root, preset="tiny", tokens=10_240, progress=False)
+    train_trunk(root, preset="tiny", options=TrainOptions(tokens=10_240), progress=False)
     return root
 
 
@@ -77,13 +80,13 @@ def test_cli_bad_selection_is_one_line(four_run, tmp_path):
 
 def test_local_two_workers_equal_sequential(four_run, sequential, tmp_path):
     run = copy_run(four_run, tmp_path / "run")
-    s = train_experts(run, workers=2, tokens=TOKENS, progress=False)
+    s = train_experts(run, workers=2, job=JOB, progress=False)
     assert _hashes(run) == sequential
     assert sorted(j["expert"] for j in s["jobs"]) == [1, 2, 3, 4] and not s["failed"]
     assert all(j["peak_rss_mb"] > 50 for j in s["jobs"])
     assert json.loads((run / "logs" / "train-experts.json").read_text())["jobs"]
     assert router_stats_current(RunDir(run))  # every expert done: the router's pooled statistics too
-    again = train_experts(run, workers=2, tokens=TOKENS, progress=False)  # nothing missing: nothing runs
+    again = train_experts(run, workers=2, job=JOB, progress=False)  # nothing missing: nothing runs
     assert again["jobs"] == []
 
 
@@ -115,7 +118,7 @@ def test_bad_input_fails_alone(four_run, tmp_path):
 def two_rounds(four_run, tmp_path_factory) -> tuple[Path, dict]:
     """Two sync rounds of `--shared norms` experts through 2 local workers: (RUN, summary)."""
     run = copy_run(four_run, tmp_path_factory.mktemp("rounds") / "run")
-    return run, train_experts(run, workers=2, tokens=TOKENS, shared="norms", rounds=2, progress=False)
+    return run, train_experts(run, workers=2, job=ROUNDS_JOB, progress=False)
 
 
 def test_rounds_run_every_round_and_sync(two_rounds):
@@ -143,7 +146,7 @@ def ray_cluster():
 
 def test_ray_copy_mode_equals_sequential(ray_cluster, four_run, sequential, tmp_path):
     run = copy_run(four_run, tmp_path / "run")
-    s = train_experts(run, ray="auto", transfer="copy", tokens=TOKENS, progress=False)
+    s = train_experts(run, ray="auto", transfer="copy", job=JOB, progress=False)
     assert _hashes(run) == sequential
     assert s["backend"].startswith("Ray") and not s["failed"]
     assert not (RunDir(run).root / "checkpoints" / "expert_001").exists()
@@ -152,7 +155,7 @@ def test_ray_copy_mode_equals_sequential(ray_cluster, four_run, sequential, tmp_
 def test_ray_copy_mode_rounds_equal_local(ray_cluster, four_run, two_rounds, tmp_path):
     """Between rounds the checkpoint travels to the worker and back: the result is the local one."""
     run = copy_run(four_run, tmp_path / "run")
-    s = train_experts(run, ray="auto", transfer="copy", tokens=TOKENS, shared="norms", rounds=2, progress=False)
+    s = train_experts(run, ray="auto", transfer="copy", job=ROUNDS_JOB, progress=False)
     assert s["syncs"] == 2
     assert _hashes(run) == _hashes(two_rounds[0])
     assert read_module_meta(RunDir(run), 0)["sha256"] == read_module_meta(RunDir(two_rounds[0]), 0)["sha256"]
@@ -164,7 +167,7 @@ def test_ray_killed_worker_is_retried(ray_cluster, four_run, sequential, tmp_pat
     run = copy_run(four_run, tmp_path / "run")
     killer = threading.Thread(target=lambda: os.kill(_wait_for_checkpoint(run, 1), signal.SIGKILL), daemon=True)
     killer.start()
-    s = train_experts(run, ray="auto", transfer="shared", tokens=TOKENS, experts="1-2", progress=False)
+    s = train_experts(run, ray="auto", transfer="shared", job=JOB, experts="1-2", progress=False)
     killer.join(timeout=5)
     assert {j["expert"]: j["retries"] for j in s["jobs"]}[1] >= 1
     assert _hashes(run) == {i: sequential[i] for i in (1, 2)}
@@ -174,7 +177,7 @@ def test_ray_bad_input_fails_alone(ray_cluster, four_run, tmp_path):
     run = copy_run(four_run, tmp_path / "run")
     np.save(RunDir(run).shard(3), np.full(4096, 60_000, dtype=np.uint16))
     with pytest.raises(MfggufError, match="expert_003"):
-        train_experts(run, ray="auto", transfer="copy", tokens=TOKENS, progress=False)
+        train_experts(run, ray="auto", transfer="copy", job=JOB, progress=False)
     assert sorted(_hashes(run)) == [1, 2, 4]
 
 

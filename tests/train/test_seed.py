@@ -20,6 +20,7 @@ from mfgguf.train.pooled import pool_router_stats
 from mfgguf.flops import trunk_step_flops
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.expert import build_expert_model, train_expert
+from mfgguf.options import TrainOptions
 from mfgguf.train.loop import heldout_losses
 from mfgguf.train.restat import heldout_trunk
 from mfgguf.train.trunk import train_trunk
@@ -38,7 +39,7 @@ def read_gguf_tensors(path):
 @pytest.fixture(scope="module")
 def seeded_run(prepared_run, tmp_path_factory):
     root = copy_run(prepared_run, tmp_path_factory.mktemp("seeded") / "run")
-    train_trunk(root, preset="tiny", tokens=20_000, seed_expert=True, progress=False)
+    train_trunk(root, preset="tiny", options=TrainOptions(tokens=20_000, seed_expert=True), progress=False)
     return root
 
 
@@ -87,7 +88,7 @@ def test_trunk_alone_gguf_is_anchor_plus_seed(seeded_run, tmp_path):
 def test_moe_from_seeded_experts_matches_reference(seeded_run, tmp_path):
     run = copy_run(seeded_run, tmp_path / "run")
     for i in range(1, TINY_EXPERTS + 1):
-        train_expert(run, i, tokens=4096, progress=False)
+        train_expert(run, i, options=TrainOptions(tokens=4096), progress=False)
     pool_router_stats(run, progress=False)
     out = tmp_path / "moe.gguf"
     assemble(run, out, quant="f32", top_k=1, progress=False)

@@ -15,6 +15,7 @@ from mfgguf.cli.app import app
 from mfgguf.config import ModelConfig, get_preset, shared_tensor_names
 from mfgguf.run import SHARED_PREFIX, STATS_PREFIX, RunDir, sha256_file
 from mfgguf.train.expert import build_expert_model, expert_params, train_expert
+from mfgguf.options import TrainOptions
 from mfgguf.train.loop import load_tokens, make_optimizer, run_loop
 from mfgguf.train.shared import lr_scales, shared_names, shared_params
 from tests.conftest import copy_run
@@ -29,7 +30,7 @@ def _cfg(rd: RunDir) -> ModelConfig:
 def attn_run(trained_run, tmp_path_factory):
     """trained_run with expert 1 retrained with --shared attn, same tokens and seed as trained_run's."""
     run = copy_run(trained_run, tmp_path_factory.mktemp("shared") / "run")
-    train_expert(run, 1, shared="attn", progress=False)
+    train_expert(run, 1, options=TrainOptions(shared="attn"), progress=False)
     return run
 
 

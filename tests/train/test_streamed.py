@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
 from mfgguf.errors import MfggufError
+from mfgguf.options import TrainOptions
 from mfgguf.run import RunDir, file_digests, write_module, write_module_streamed
 from mfgguf.train.trunk import parse_size, train_trunk
 from tests.conftest import copy_run
@@ -26,15 +28,15 @@ from tests.conftest import copy_run
 REPO = Path(__file__).parents[2]
 
 
-def _pair(prepared_run, tmp_path, mem: dict, streamed: dict, **kw):
+def _pair(prepared_run, tmp_path, mem: dict, streamed: dict, options: TrainOptions, **kw):
     a, b = copy_run(prepared_run, tmp_path / "mem"), copy_run(prepared_run, tmp_path / "stream")
-    common = dict(progress=False, eval_every=3, **kw)
+    common = dict(progress=False, options=replace(options, eval_every=3), **kw)
     return a, b, train_trunk(a, **common, **mem), train_trunk(b, stream=True, **common, **streamed)
 
 
 @pytest.mark.parametrize("case, mem, streamed, tol", [
     ("tiny", {}, {"accum": 1}, 1e-5),
-    ("tiny-seed", {"seed_expert": True}, {"seed_expert": True, "accum": 1}, 1e-5),
+    ("tiny-seed", {}, {"accum": 1}, 1e-5),  # with the seed FFN
     ("tiny-accum", {"accum": 2}, {"accum": 2}, 1e-5),  # two micro-batches of 8 in every block
     ("small", {}, {"accum": 1}, 1e-4),
 ], ids=lambda v: v if isinstance(v, str) else "")
@@ -50,8 +52,8 @@ def test_streamed_training_is_the_in_memory_training(prepared_run, tmp_path, cas
     wrong update still fails it (an LR 0.1% off moves every element about 3e-6 per step)."""
     preset = "small" if case == "small" else "tiny"
     tokens = 16 * 256 * 3 if preset == "small" else 8 * 64 * 6
-    fp32 = {"precision": "fp32", "adam_eps": 1e-6}
-    a, b, ma, mb = _pair(prepared_run, tmp_path, {**fp32, **mem}, {**fp32, **streamed}, preset=preset, tokens=tokens)
+    a, b, ma, mb = _pair(prepared_run, tmp_path, {"precision": "fp32", **mem}, {"precision": "fp32", **streamed},
+                         preset=preset, options=TrainOptions(tokens=tokens, adam_eps=1e-6, seed_expert=case == "tiny-seed" or None))
     assert len(ma["history"]) == len(mb["history"]) >= 3
     np.testing.assert_allclose([h[2] for h in mb["history"]], [h[2] for h in ma["history"]], rtol=1e-5)
     assert [h[:2] for h in mb["heldout_history"]] == [h[:2] for h in ma["heldout_history"]]
@@ -72,7 +74,8 @@ def test_streamed_training_is_the_in_memory_training(prepared_run, tmp_path, cas
 def test_streamed_bf16_tracks_in_memory(prepared_run, tmp_path):
     """Under bf16 autocast (this machine's default precision where it has native bf16) the two differ
     only by rounding: the head's vocabulary chunks add the log-sum-exp in another order."""
-    _, _, ma, mb = _pair(prepared_run, tmp_path, {}, {"accum": 1}, preset="tiny", tokens=8 * 64 * 6)
+    _, _, ma, mb = _pair(prepared_run, tmp_path, {}, {"accum": 1}, preset="tiny",
+                         options=TrainOptions(tokens=8 * 64 * 6))
     np.testing.assert_allclose([h[2] for h in mb["history"]], [h[2] for h in ma["history"]], rtol=1e-3)
     assert abs(mb["heldout_loss_mean"] - ma["heldout_loss_mean"]) < 1e-3
 
@@ -96,11 +99,12 @@ def test_sigkill_then_resume_streamed_is_bit_identical(prepared_run, tmp_path):
         assert proc.wait() == -signal.SIGKILL
     assert not RunDir(a).module_file(0).exists()
 
+    opts = TrainOptions(tokens=tokens, eval_every=4)
     with pytest.raises(MfggufError, match="layer-streamed checkpoint.*--stream"):
-        train_trunk(a, preset="tiny", tokens=tokens, stream=False, eval_every=4, progress=False)
+        train_trunk(a, preset="tiny", options=opts, stream=False, progress=False)
     # no --stream needed: the checkpoint says how this run trains
-    resumed = train_trunk(a, preset="tiny", tokens=tokens, accum=1, eval_every=4, progress=False)
-    whole = train_trunk(b, preset="tiny", tokens=tokens, stream=True, accum=1, eval_every=4, progress=False)
+    resumed = train_trunk(a, preset="tiny", options=opts, accum=1, progress=False)
+    whole = train_trunk(b, preset="tiny", options=opts, stream=True, accum=1, progress=False)
     assert resumed["resumed_from_step"] >= 5 and whole["resumed_from_step"] == 0
     assert resumed["history"] == whole["history"]
     assert resumed["heldout_history"] == whole["heldout_history"]
@@ -142,7 +146,7 @@ def test_cli_rejects_bad_memory_options(prepared_run, tmp_path, args, message):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: streams RAM -> device there")
 def test_streamed_on_cuda_matches_cpu(prepared_run, tmp_path):
     a, b = copy_run(prepared_run, tmp_path / "cpu"), copy_run(prepared_run, tmp_path / "cuda")
-    kw = dict(preset="tiny", tokens=8 * 64 * 4, stream=True, accum=1, precision="fp32", progress=False)
+    kw = dict(preset="tiny", options=TrainOptions(tokens=8 * 64 * 4), stream=True, accum=1, precision="fp32", progress=False)
     ma, mb = train_trunk(a, **kw), train_trunk(b, device="cuda", **kw)
     np.testing.assert_allclose([h[2] for h in mb["history"]], [h[2] for h in ma["history"]], rtol=1e-3)
 

@@ -25,6 +25,7 @@ from mfgguf.converters.merge import merge_arrays
 from mfgguf.errors import MfggufError
 from mfgguf.run import SHARED_PREFIX, STATS_PREFIX, RunDir, router_stats_current, sha256_file, update_manifest
 from mfgguf.train.expert import train_expert
+from mfgguf.options import TrainOptions
 from mfgguf.train.pooled import pool_router_stats
 from mfgguf.train.rounds import round_end
 from mfgguf.train.sync import sync
@@ -36,7 +37,7 @@ EXPERTS = range(1, TINY_EXPERTS + 1)
 
 
 def _round(run: Path, **kw) -> list[dict]:
-    return [train_expert(run, i, progress=False, shared="attn", rounds=R, **kw) for i in EXPERTS]
+    return [train_expert(run, i, progress=False, options=TrainOptions(shared="attn", rounds=R), **kw) for i in EXPERTS]
 
 
 def _meta(run: Path, i: int) -> dict:
@@ -116,13 +117,13 @@ def test_sync_writes_the_token_weighted_mean_and_experts_continue_from_it(round1
     before = rd.rounds / "sync_01" / "before"
     assert sha256_file(before / "trunk.safetensors") == old_sha
     # round 2: the expert's FFN continues from its round-1 state; its shared copies from the merged trunk
-    m2 = train_expert(run, 1, progress=False, shared="attn", rounds=R)
+    m2 = train_expert(run, 1, progress=False, options=TrainOptions(shared="attn", rounds=R))
     assert (m2["round"], m2["resumed_from_step"]) == (2, _meta(round1, 1)["steps"])
     assert m2["history"][: m2["resumed_from_step"]] == _meta(round1, 1)["history"]
     assert m2["trunk_sha256"] == m["sha256"]
     # asking for another R than the run's fails clearly
     with pytest.raises(MfggufError, match="--rounds is 1"):
-        train_expert(run, 2, progress=False, shared="attn", rounds=1)
+        train_expert(run, 2, progress=False, options=TrainOptions(shared="attn", rounds=1))
 
 
 def test_final_sync_recomputes_statistics_on_the_merged_model(finished, round1, tmp_path):
@@ -194,7 +195,7 @@ def test_a_sigkilled_round_resumes_exactly(round1, tmp_path):
     whole, killed = (_copy_mid_run(round1, tmp_path / name) for name in ("whole", "killed"))
     for run in (whole, killed):
         sync(run, progress=False)
-    a = train_expert(whole, 1, progress=False, shared="attn", rounds=R)  # tiny: checkpoints every 10 steps
+    a = train_expert(whole, 1, progress=False, options=TrainOptions(shared="attn", rounds=R))  # tiny: checkpoints every 10 steps
     state = RunDir(killed).checkpoint_dir(1) / "state.json"
     start = json.loads(state.read_text())["step"]
     cmd = [sys.executable, "-c", "from mfgguf.cli.app import main; main()", "train-expert", str(killed), "--expert", "1",
@@ -211,7 +212,7 @@ def test_a_sigkilled_round_resumes_exactly(round1, tmp_path):
     finally:
         proc.wait()
     assert _meta(killed, 1)["round"] == 1, "round 2 finished before it was killed"
-    b = train_expert(killed, 1, progress=False, shared="attn", rounds=R)
+    b = train_expert(killed, 1, progress=False, options=TrainOptions(shared="attn", rounds=R))
     assert b["resumed_from_step"] > start
     assert a["history"] == b["history"]
     assert sha256_file(RunDir(whole).module_file(1)) == sha256_file(RunDir(killed).module_file(1))

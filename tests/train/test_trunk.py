@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from mfgguf.config import ModelConfig
 from mfgguf.errors import MfggufError
 from mfgguf.model import Transformer, trunk_shapes
+from mfgguf.options import TrainOptions
 from mfgguf.run import RunDir, read_manifest, sha256_file
 from mfgguf.train.loop import evaluate
 from mfgguf.train.trunk import train_trunk
@@ -52,8 +53,8 @@ def test_saved_trunk_reproduces_its_heldout_loss(trained_run):
 
 def test_fp32_and_dense_baseline_override(prepared_run, tmp_path):
     run = copy_run(prepared_run, tmp_path / "run")
-    meta = train_trunk(run, preset="tiny", tokens=2048, precision="fp32", anchor_ff=256, eval_tokens=256,
-                       progress=False)
+    meta = train_trunk(run, preset="tiny", options=TrainOptions(tokens=2048, anchor_ff=256, eval_tokens=256),
+                       precision="fp32", progress=False)
     assert meta["precision"] == "fp32" and meta["config"]["anchor_ff"] == 256
     assert meta["tensors"]["blk.0.ffn_up_shexp.weight"] == [256, 64]
     assert meta["steps"] == 4 and meta["train"]["eval_tokens"] == 256

@@ -1,0 +1,72 @@
+"""Training options declared once: TrainOptions from the config dataclasses, the train verbs' CLI
+options from TrainOptions, one `--experts` parser."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+from typer.testing import CliRunner
+
+from mfgguf.cli.app import app
+from mfgguf.cli.options import scope_fields
+from mfgguf.config import ModelConfig, TrainConfig
+from mfgguf.errors import MfggufError
+from mfgguf.options import (EXPERT_ONLY, MODEL_OPTIONS, JobOptions, TrainOptions, field_help, flag, option_help,
+                            parse_experts)
+
+
+def test_options_are_the_config_fields():
+    assert [f.name for f in fields(TrainOptions)] == [f.name for f in fields(TrainConfig)] + list(MODEL_OPTIONS)
+    assert "vocab_size" not in MODEL_OPTIONS and "n_experts" not in MODEL_OPTIONS
+    assert all(getattr(TrainOptions(), f.name) is None for f in fields(TrainOptions))
+
+
+def test_overrides_are_checked():
+    o = TrainOptions(lr=1e-3, anchor_ff=64)
+    assert o.set_fields() == {"lr": 1e-3, "anchor_ff": 64} and o.model_changes() == {"anchor_ff": 64}
+    assert o.train_config(TrainConfig()) == TrainConfig(lr=1e-3)
+    with pytest.raises(TypeError, match="learning_rate"):
+        TrainOptions(learning_rate=1)
+    with pytest.raises(TypeError, match="vocab_size"):  # it comes from the RUN
+        TrainOptions(vocab_size=9)
+
+
+def test_job_options_round_trip_as_flags_and_json():
+    job = JobOptions(TrainOptions(tokens=2048, expert_init="seed", seed_expert=False), precision="fp32")
+    assert job.argv() == ["--tokens", "2048", "--init", "seed", "--no-seed-expert", "--precision", "fp32"]
+    assert JobOptions.from_dict(job.to_dict()) == job
+
+
+def test_every_field_has_a_comment_as_help():
+    helps = field_help(TrainConfig) | field_help(ModelConfig)
+    assert all(helps[f.name] for f in fields(TrainOptions))
+    assert field_help(TrainConfig)["eval_every"].endswith("4.5% measured at 25 steps)")  # continuation lines joined
+    assert option_help("lr") == "Peak learning rate (AdamW) (default: the preset's)."
+
+
+def test_verbs_take_the_fields_of_their_scope():
+    for verb, scope in (("train-trunk", "trunk"), ("train-expert", "expert"), ("train-experts", "expert")):
+        r = CliRunner().invoke(app, [verb, "--help"], terminal_width=200)
+        assert r.exit_code == 0
+        for name in scope_fields(scope):
+            assert f" {flag(name)} " in r.output, (verb, name)
+    assert set(EXPERT_ONLY) & set(scope_fields("trunk")) == set()
+    assert set(MODEL_OPTIONS) & set(scope_fields("expert")) == set()
+    for old in ("--tokens", "--lr", "--batch-size", "--ckpt-every", "--seed", "--eval-tokens", "--eval-every",
+                "--curve-tokens", "--anchor-ff", "--seed-expert"):
+        assert old in [flag(n) for n in scope_fields("trunk")]
+    for old in ("--tokens", "--init", "--shared", "--shared-lr-scale", "--rounds"):
+        assert old in [flag(n) for n in scope_fields("expert")]
+
+
+def test_parse_experts():
+    assert parse_experts("1-3,5", 8) == [1, 2, 3, 5]
+    assert parse_experts("3,1") == [3, 1] and parse_experts("1,2,1") == [1, 2, 1]  # the caller judges duplicates
+    assert parse_experts(None) is None and parse_experts("all") is None and parse_experts("all", 2) == [1, 2]
+    assert parse_experts("none") == [] == parse_experts("", 4)
+    with pytest.raises(MfggufError, match="out of range"):
+        parse_experts("2-9", 4)
+    for bad in ("a-b", "3-1", "1,x"):
+        with pytest.raises(MfggufError, match="ranges such as"):
+            parse_experts(bad)
