@@ -13,10 +13,12 @@ training stage resumes from its checkpoint.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .budget import plan_tokens
 from .config import get_preset
 from .errors import MfggufError
 from .run import RunDir, router_stats_current, write_json, write_text
@@ -42,6 +44,8 @@ class DemoConfig:
     shared_lr_scale: float = 1.0  # peak LR of the shared copies = the expert LR x this (0.1 is best at R=1)
     rounds: int = 4  # sync rounds (R syncs, the last one final: router statistics on the merged trunk)
     quant: str = "q8_0"  # quantization of the assembled GGUF
+    minutes: float = 13.0  # wall-clock budget: trunk and expert tokens are scaled down (never up) to fit it, from
+    #                        the training speed measured on this CPU first (budget.py); 0 = the tokens as asked
     prompt: str = "def main():"  # the sample generation's prompt
 
 
@@ -52,6 +56,7 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     its last checkpoint. Ends with a summary table and the commands to chat with and evaluate
     the model.
     """
+    t_start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     run = RunDir(out / "run")
@@ -72,11 +77,17 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     ])
     n = run.info()["n_experts"]
     p = get_preset(cfg.preset)
-    ev = ["--eval-tokens", min(cfg.eval_tokens, p.trunk.eval_tokens)]
-    tok = ["--tokens", cfg.trunk_tokens or int(cfg.token_frac * p.trunk.tokens), *ev]
+    eval_tokens = min(cfg.eval_tokens, p.trunk.eval_tokens)
+    ev = ["--eval-tokens", eval_tokens]
+    trunk_tokens = cfg.trunk_tokens or int(cfg.token_frac * p.trunk.tokens)
+    expert_tokens = cfg.expert_tokens or int(cfg.token_frac * p.expert.tokens)
+    plan = _fit_budget(out, run, cfg, results, trunk_tokens, expert_tokens, eval_tokens, time.perf_counter() - t_start)
+    if plan:
+        trunk_tokens, expert_tokens = plan["trunk_tokens"], plan["expert_tokens"]
+    tok = ["--tokens", trunk_tokens, *ev]
     seed = ["--seed-expert"] if cfg.seed_expert else []
     stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok, *seed])
-    etok = ["--tokens", cfg.expert_tokens or int(cfg.token_frac * p.expert.tokens), *ev]
+    etok = ["--tokens", expert_tokens, *ev]
     shared = ["--shared", cfg.shared, "--shared-lr-scale", cfg.shared_lr_scale, "--rounds", cfg.rounds]
     for r in range(1, cfg.rounds + 1):
         for i in range(1, n + 1):
@@ -107,6 +118,8 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
 
     summary = {
         "config": asdict(cfg),
+        "budget": plan,
+        "wall_s": round(time.perf_counter() - t_start, 1),
         "run": str(run.root),
         "stages": [r.to_dict() for r in results],
         "files": {p.name: p.stat().st_size for p in (moe, trunk_gguf)},
@@ -117,6 +130,47 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     write_text(out / "summary.md", summary_markdown(summary))
     _print_summary(summary, moe, run.root)
     return summary
+
+
+def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_tokens: int, expert_tokens: int,
+                eval_tokens: int, elapsed_s: float) -> dict | None:
+    """The token counts that fit `cfg.minutes` on this CPU (budget.py), decided once, before the trunk
+    trains, and kept in OUT/budget.json: a resumed demo trains what it planned."""
+    saved = out / "budget.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    if not cfg.minutes or run.module_meta(0).is_file():
+        return None
+    from dataclasses import replace
+
+    from .config import shared_tensor_names
+    from .flops import expert_step_flops, trunk_step_flops
+
+    _banner("measure this CPU's training speed")
+    info = run.info()
+    res, text = run_stage("measure speed", [sys.executable, "-m", "mfgguf.train.speed", cfg.preset, "--vocab-size",
+                                            str(info["vocab_size"]), *(["--seed-expert"] if cfg.seed_expert else [])],
+                          capture=True)
+    results.append(res)
+    speed = json.loads(text)
+    m = replace(get_preset(cfg.preset).model, vocab_size=int(info["vocab_size"]), seed_expert=cfg.seed_expert)
+    # an expert's step costs what its FLOPs say against the trunk's step just timed (equal with --shared all)
+    expert_tps = speed["tokens_per_s"] * trunk_step_flops(m).total / expert_step_flops(m, shared_tensor_names(m, cfg.shared)).total
+    rounds = cfg.rounds if cfg.shared != "none" else 1
+    tp = plan_tokens(budget_s=60 * cfg.minutes, elapsed_s=elapsed_s + res.wall_s, trunk_tps=speed["tokens_per_s"],
+                     expert_tps=expert_tps, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
+                     n_experts=int(info["n_experts"]), rounds=rounds, eval_tokens=eval_tokens,
+                     n_domains=len(info.get("domains") or []) or 1, syncs=rounds if cfg.shared != "none" else 0)
+    plan = {**tp.to_dict(), "minutes": cfg.minutes, "precision": speed["precision"],
+            "trunk_tokens_per_s": round(speed["tokens_per_s"], 1), "expert_tokens_per_s": round(expert_tps, 1)}
+    from rich.console import Console
+
+    Console(stderr=True).print(
+        f"budget {cfg.minutes:g} min: this CPU trains {speed['tokens_per_s']:,.0f} trunk tokens/s ({speed['precision']});"
+        f" training {tp.trunk_tokens:,} trunk tokens and {tp.expert_tokens:,} per expert ({tp.factor:.0%} of"
+        f" {trunk_tokens:,} and {expert_tokens:,}), about {tp.predicted_s / 60:.1f} min in all", highlight=False)
+    write_json(saved, plan)
+    return plan
 
 
 def _round_of(run: RunDir, i: int) -> int:
@@ -143,6 +197,12 @@ def summary_markdown(s: dict) -> str:
         wall = "done earlier" if r["skipped"] else f"{r['wall_s']:.1f}"
         rss = "" if r["skipped"] or r["peak_rss_mb"] != r["peak_rss_mb"] else f"{r['peak_rss_mb']:.0f}"
         lines.append(f"| {r['stage']} | {wall} | {rss} |")
+    b = s.get("budget")
+    if b:
+        lines += ["", f"Budget {b['minutes']:g} min on this CPU ({b['precision']}, {b['trunk_tokens_per_s']:,.0f} trunk"
+                      f" tokens/s measured): {b['trunk_tokens']:,} trunk tokens, {b['expert_tokens']:,} per expert"
+                      f" ({b['factor']:.0%} of the default); predicted {b['predicted_s'] / 60:.1f} min"
+                      + (f", took {s['wall_s'] / 60:.1f} min" if s.get("wall_s") else "") + "."]
     lines += ["", "| file | size (MB) |", "|---|---:|"]
     lines += [f"| {k} | {v / 1e6:.1f} |" for k, v in s["files"].items()]
     ppl = s["perplexity"]

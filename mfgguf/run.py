@@ -204,6 +204,24 @@ def atomic_path(dest: Path, suffix: str = ""):
         tmp.unlink(missing_ok=True)
 
 
+def swap_dir_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished directory `tmp` to `out`; an old `out` is moved aside first (and put back if
+    the rename fails), then removed: `out` is always either the old directory or the new one."""
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.rmdir(old)
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def link_or_copy(src: Path, dst: Path) -> None:
     """A hard link of `src` at `dst` (free, and immune to `src` being replaced later), else a copy."""
     try:

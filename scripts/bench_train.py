@@ -304,10 +304,53 @@ def bench_step(work: Path, preset: str, module: str, mode: str, batch: int | Non
     return tps
 
 
+def shape_ceiling(preset: str, batch: int | None, prec: str, peak: float, seconds: float = 2.0) -> None:
+    """GFLOP/s of the trunk step's own matmuls alone (forward, input and weight gradients of every weight
+    at its real shape): the most a step of this preset could reach with perfect everything else."""
+    import torch
+    from dataclasses import replace
+
+    from mfgguf.config import get_preset
+
+    p = get_preset(preset)
+    cfg = replace(p.model, vocab_size=p.model.vocab_size if preset == "1b" else 4096, seed_expert=True)
+    dt = torch.bfloat16 if prec == "bf16" else torch.float32
+    M = (batch or p.trunk.batch_size) * cfg.ctx_len
+    hd = cfg.head_dim
+    shapes = [(cfg.n_heads * hd, cfg.dim), (cfg.n_kv_heads * hd, cfg.dim), (cfg.n_kv_heads * hd, cfg.dim),
+              (cfg.dim, cfg.n_heads * hd), (cfg.trunk_ff, cfg.dim), (cfg.trunk_ff, cfg.dim), (cfg.dim, cfg.trunk_ff)]
+    shapes = shapes * cfg.n_layers + [(cfg.vocab_size, cfg.dim)]
+    ws = [torch.randn(o, i, dtype=dt) for o, i in shapes]
+    xs = {i: torch.randn(M, i, dtype=dt) for _, i in shapes}
+    gs = {o: torch.randn(M, o, dtype=dt) for o, _ in shapes}
+
+    def once():
+        for w in ws:
+            o, i = w.shape
+            xs[i] @ w.T, gs[o] @ w, gs[o].T @ xs[i]  # forward, input gradient, weight gradient
+
+    once()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        once()
+        n += 1
+    flops = 6 * M * sum(o * i for o, i in shapes) * n
+    gf = flops / (time.perf_counter() - t0) / 1e9
+    emit(bench="shape_ceiling", preset=preset, precision=prec, tokens_per_step=M, gflops=round(gf, 1),
+         peak_gflops=round(peak, 1), frac_of_peak=round(gf / peak, 3),
+         note="the trunk step's matmuls alone at their real shapes (M = tokens per step); attention scores not included")
+
+
 def bench_steps(work: Path, presets: list[str], peak: float) -> None:
     """Every preset's trunk and expert step: before, eager and compiled (1b: before and eager only)."""
     steps = {"tiny": 20, "small": 8, "1b": 2}
+    from mfgguf.train.loop import resolve_precision
+
+    import torch
+
+    prec = resolve_precision("auto", torch.device("cpu"))
     for preset in presets:
+        shape_ceiling(preset, 64 if preset == "tiny" else None, prec, peak)
         for module in ("trunk", "expert"):
             modes = ["before", "eager"] + ([] if preset == "1b" else ["compiled"])
             before = None

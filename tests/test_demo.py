@@ -20,7 +20,11 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     assert cfg["shared"] != "none" and cfg["rounds"] > 1 and cfg["seed_expert"]
     experts = [f"train-expert {i} round {r}" for r in range(1, cfg["rounds"] + 1) for i in (1, 2, 3)]
     syncs = [f"sync {r}" for r in range(1, cfg["rounds"] + 1)]
-    assert names[:2] == ["prepare", "train-trunk"]
+    # the time budget (13 min by default) is fitted from the speed measured first; tiny fits whole
+    assert names[:3] == ["prepare", "measure speed", "train-trunk"]
+    b = s["budget"]
+    assert b["factor"] == 1.0 and b["trunk_tokens_per_s"] > 0 and b["predicted_s"] <= 60 * cfg["minutes"]
+    assert json.loads((out / "budget.json").read_text()) == b
     assert [n for n in names if n.startswith(("train-expert", "sync"))] == \
         [x for r in range(cfg["rounds"]) for x in experts[3 * r: 3 * r + 3] + [syncs[r]]]
     trunk = json.loads((out / "run" / "modules" / "trunk.json").read_text())
@@ -41,6 +45,7 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     skipped = {st["stage"] for st in s2["stages"] if st["skipped"]}
     assert {"prepare", "train-trunk", "train-expert 1 round 1", f"sync {cfg['rounds']}", "assemble"} <= skipped
     assert s2["perplexity"]["assembled MoE"]["overall"]["ppl"] == ppl["assembled MoE"]["overall"]["ppl"]
+    assert s2["budget"] == b and "measure speed" not in {st["stage"] for st in s2["stages"]}  # the plan is kept
 
 
 def test_demo_refuses_a_foreign_directory(tmp_path):

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import ModelConfig, get_preset
 from ..errors import MfggufError
-from ..run import RunDir, write_json, write_module_streamed
+from ..run import RunDir, swap_dir_into_place, write_json, write_module_streamed
 from .gguf_source import GGUFBase
 from .hf_source import HFBase
 from .runbase import BASE_FORMAT, BaseFiles
@@ -116,7 +116,7 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
                 "steps": 0, "tokens_seen": 0}
         meta = write_module_streamed(RunDir(tmp), 0, trunk_shapes(cfg), _reader(base, cfg), meta)
         meta["import_seconds"] = round(time.perf_counter() - t0, 2)
-        _swap_into_place(tmp, out)
+        swap_dir_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -152,18 +152,3 @@ def _reader(base, cfg: ModelConfig):
     return read
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished tmp dir to `out`; an old `out` is moved aside first and removed after."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        os.rmdir(old)
-        os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        if old is not None:
-            os.replace(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

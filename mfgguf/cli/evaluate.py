@@ -31,11 +31,13 @@ def demo_cmd(
     shared_lr_scale: float = typer.Option(DemoConfig.shared_lr_scale, "--shared-lr-scale",
                                           help="Peak LR of the shared copies = the expert LR x this."),
     rounds: int = typer.Option(DemoConfig.rounds, "--rounds", help="Sync rounds (with --shared)."),
+    minutes: float = typer.Option(DemoConfig.minutes, "--minutes", help="Wall-clock budget: the training tokens are"
+                                  " scaled down to fit it from the speed measured on this CPU first; 0 = no budget."),
 ):
     check_demo_dir(out)
     demo(out, DemoConfig(preset=preset, experts=experts, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
                          max_chars_per_domain=max_chars_per_domain, shared=shared, shared_lr_scale=shared_lr_scale,
-                         rounds=rounds, seed_expert=seed_expert, token_frac=token_frac, eval_tokens=eval_tokens))
+                         rounds=rounds, seed_expert=seed_expert, token_frac=token_frac, eval_tokens=eval_tokens, minutes=minutes))
 
 
 @command("eval", evaluate)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..base.runbase import base_info, base_only, base_tokenizer, carry_into, imported
 from ..errors import MfggufError
-from ..run import RUN_FORMAT, RUN_VERSION, RunDir, write_json
+from ..run import RUN_FORMAT, RUN_VERSION, RunDir, swap_dir_into_place, write_json
 from .partition import PARTITIONS, partition as _partition_docs, split_heldout
 from .sources import load_corpus
 from .tokenizer import EOS_ID, EOS_TOKEN, MIN_VOCAB, encode_documents, token_dtype, train_tokenizer
@@ -126,7 +126,7 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
         }
         write_json(run.run_json, info)
         _fsync_tree(tmp)
-        _swap_into_place(tmp, out)
+        swap_dir_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -226,23 +226,6 @@ def _fsync_tree(root: Path) -> None:
         for n in names:
             with open(os.path.join(dirpath, n), "rb") as f:
                 os.fsync(f.fileno())
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished tmp dir to `out`; an old `out` is moved aside first and removed after."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        os.rmdir(old)
-        os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        if old is not None:
-            os.replace(old, out)  # put the old RUN back
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager

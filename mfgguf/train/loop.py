@@ -263,7 +263,8 @@ class InMemorySteps:
 
     def resume(self) -> dict | None:
         state = ckpt_io.load(self.ckpt_dir, self.named, self.opt, self.expect, self.keep)
-        self.compiled = wants_compile(self.tc.compile, self.end - (state["step"] if state else 0), self.recompute)
+        # decided by the run's length, not what is left of it: a resumed run computes exactly as the killed one
+        self.compiled = wants_compile(self.tc.compile, self.end, self.recompute)
         self._fwd = torch.compile(self.model, dynamic=False) if self.compiled else self.model
         return state
 
@@ -307,7 +308,7 @@ class InMemorySteps:
         pass
 
 
-COMPILE_MIN_STEPS = 100  # auto compiles a run of at least this many steps: compiling costs ~10 s with a warm
+COMPILE_MIN_STEPS = 100  # auto compiles a run (or sync round) of at least this many steps: compiling costs ~10 s with a warm
 #                          cache (~60 s cold) on 2 cores, and speeds a `small` step up by about a third
 
 

@@ -27,7 +27,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.optim.adamw import adamw
 
 from ..config import ModelConfig, TrainConfig

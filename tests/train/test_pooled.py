@@ -67,7 +67,7 @@ def test_a_retrained_expert_makes_them_stale_and_router_stats_fixes_it(trained_r
     assert code == 0 and out.is_file(), text
     assert "predate expert_002" in text and "mfgguf router-stats" in text, text
     assert router_stats_current(RunDir(run))
-    train_expert(run, 2, tokens=3072, restart=True, progress=False)  # stale again: `router-stats` fixes it too
+    train_expert(run, 2, options=TrainOptions(tokens=3072), restart=True, progress=False)  # stale again: `router-stats` fixes it too
     assert not router_stats_current(RunDir(run))
     code, text = _cli("router-stats", run, "--no-progress")
     assert code == 0 and "second moments over" in text, text
