@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..base.runbase import imported
 from ..config import get_preset
 from ..flops import trunk_step_flops
 from ..machine import mem_available
@@ -98,6 +99,10 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
     t_start = time.perf_counter()
     rd = RunDir(run)
     info = rd.info()
+    if imported(rd.root) is not None and rd.module_file(0).is_file() and not restart:
+        raise MfggufError(f"{rd.root}'s trunk is the base model imported by `mfgguf import-base`; training a trunk here"
+                          " would replace it. Train experts against it (`mfgguf train-expert`), or pass --restart to"
+                          " replace it with a trunk trained from scratch")
     p = get_preset(preset)
     cfg = replace(p.model, vocab_size=int(info["vocab_size"]), n_experts=int(info["n_experts"]), **options.model_changes())
     cfg.validate()

@@ -232,6 +232,11 @@ def test_own_trunk_gguf_round_trips(tmp_path):
     again = trunk_gguf(run, tmp_path / "again.gguf")
     assert all(np.array_equal(x.data, y.data) for x, y in zip(gguf.GGUFReader(again).tensors, a))
     assert json.loads((run / "run.json").read_text())["n_experts"] == 3
+    # the imported trunk is the user's base: train-trunk refuses to replace it unless asked with --restart
+    before = (run / "modules" / "trunk.safetensors").read_bytes()
+    r = cli("train-trunk", run, "--preset", "tiny", "--no-progress")
+    assert r.exit_code == 1 and "imported by `mfgguf import-base`" in r.output and "--restart" in r.output
+    assert "Traceback" not in r.output and (run / "modules" / "trunk.safetensors").read_bytes() == before
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
