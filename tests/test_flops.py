@@ -49,7 +49,7 @@ def test_hand_counts_tiny():
 def _measured_step(model, named, batch, route: str) -> float:
     """torch's count of one real training step (forward, backward, AdamW), per token, attention unfused."""
     x, y = batch
-    opt = make_optimizer(named, get_preset("tiny").trunk, torch.device("cpu"))
+    opt = make_optimizer(named, get_preset("tiny").trunk)
     fc = FlopCounterMode(display=False)
     with sdpa_kernel(SDPBackend.MATH), fc:  # the fused CPU kernel is not counted by FlopCounterMode at all
         forward_loss(model, x, y, route).backward()

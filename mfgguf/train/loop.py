@@ -177,7 +177,7 @@ def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str
 # ---- optimizer and loop ---------------------------------------------------------------------------
 
 
-def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig, dev,
+def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig,
                    lr_scale: dict[str, float] | None = None) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (norms and other vectors are not decayed).
 
@@ -255,7 +255,7 @@ class InMemorySteps:
         self.recompute, self.ckpt_dir, self.ckpt_meta = recompute, ckpt_dir, ckpt_meta
         self.keep, self.expect = keep, resume_from or ckpt_meta
         self.params = list(named_params.values())
-        self.opt = make_optimizer(named_params, tc, dev, lr_scale)
+        self.opt = make_optimizer(named_params, tc, lr_scale)
         self.steps = schedule_steps(tc, model.cfg.ctx_len)
         self.end = self.steps if until is None else min(self.steps, until)
         self.compiled = False

@@ -39,7 +39,7 @@ def test_only_the_expert_trains(trained_run):
     model = build_expert_model(rd, cfg, seed=0, dev=torch.device("cpu"), bf16_trunk=True)
     named = expert_params(model)
     assert len(named) == 3 * cfg.n_layers
-    opt = make_optimizer(named, get_preset("tiny").expert, torch.device("cpu"))
+    opt = make_optimizer(named, get_preset("tiny").expert)
     opt_params = two_training_steps(model, opt, rd, cfg)
     for name, p in model.named_parameters():
         if name in named:

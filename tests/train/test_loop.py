@@ -37,7 +37,7 @@ def test_lr_schedule_warms_up_then_decays_to_min():
 
 def test_weight_decay_only_on_matrices():
     named = {"w": torch.nn.Parameter(torch.zeros(3, 3)), "norm": torch.nn.Parameter(torch.ones(3))}
-    opt = make_optimizer(named, TrainConfig(weight_decay=0.1), torch.device("cpu"))
+    opt = make_optimizer(named, TrainConfig(weight_decay=0.1))
     (g_decay, g_other) = opt.param_groups
     assert g_decay["weight_decay"] == 0.1 and g_decay["params"] == [named["w"]]
     assert g_other["weight_decay"] == 0.0 and g_other["params"] == [named["norm"]]
@@ -61,14 +61,14 @@ def test_router_stats_match_a_direct_computation():
 
 def test_checkpoint_roundtrip_and_rejections(tmp_path):
     p = {"w": torch.nn.Parameter(torch.randn(4, 3))}
-    opt = make_optimizer(p, TrainConfig(), torch.device("cpu"))
+    opt = make_optimizer(p, TrainConfig())
     p["w"].sum().backward()
     opt.step()
     meta = {"module": "expert_001", "train": {"tokens": 10}, "trunk_sha256": "aa"}
     ckpt_io.save(tmp_path, p, opt, {**meta, "step": 3, "history": [[1, 8, 2.0]]})
     saved = p["w"].detach().clone()
     q = {"w": torch.nn.Parameter(torch.zeros(4, 3))}
-    opt2 = make_optimizer(q, TrainConfig(), torch.device("cpu"))
+    opt2 = make_optimizer(q, TrainConfig())
     state = ckpt_io.load(tmp_path, q, opt2, meta)
     assert state["step"] == 3 and torch.equal(q["w"], saved)
     assert torch.equal(opt2.state[q["w"]]["exp_avg"], opt.state[p["w"]]["exp_avg"])

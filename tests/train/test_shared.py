@@ -82,7 +82,7 @@ def test_only_the_expert_and_its_shared_copies_train(trained_run):
     shared = shared_params(model, "attn")
     assert len(shared) == len(shared_tensor_names(cfg, "attn")) == 6 * cfg.n_layers + 1
     named = {**expert_params(model), **shared}
-    opt = make_optimizer(named, get_preset("tiny").expert, torch.device("cpu"), {n: 0.5 for n in shared})
+    opt = make_optimizer(named, get_preset("tiny").expert, {n: 0.5 for n in shared})
     scaled = {id(p) for g in opt.param_groups if g["lr_scale"] == 0.5 for p in g["params"]}
     assert scaled == {id(p) for p in shared.values()}
     opt_params = two_training_steps(model, opt, rd, cfg)
