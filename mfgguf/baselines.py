@@ -104,7 +104,8 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
     dense.data.symlink_to(rd.data.resolve())  # the same shards and held-out split, not copied
     tc = trunk["train"]
     same = {"--batch-size": tc["batch_size"], "--lr": tc["lr"], "--seed": tc["seed"], "--eval-tokens": tc["eval_tokens"],
-            "--eval-every": tc.get("eval_every"), "--curve-tokens": tc.get("curve_tokens")}  # None: older trunk
+            "--eval-every": tc.get("eval_every"), "--curve-tokens": tc.get("curve_tokens"),
+            "--ckpt-every": tc.get("ckpt_every")}  # None: older trunk
     args = [a for k, v in same.items() if v is not None for a in (k, v)]
     # batch_size is already the whole step's (x --accum); a streamed trunk's budget binds its baselines
     # too, and any baseline over the RAM available streams by itself (train_trunk's estimate)

@@ -62,6 +62,10 @@ class ModelConfig:
         per_layer = attn + 3 * self.dim * self.trunk_ff + 2 * self.dim
         return 2 * self.vocab_size * self.dim + self.n_layers * per_layer + self.dim
 
+    def non_embedding_params(self) -> int:
+        """Trunk parameters outside the token embedding and output head: what tokens-per-parameter counts."""
+        return self.trunk_params() - 2 * self.vocab_size * self.dim
+
     def expert_params(self) -> int:
         return self.n_layers * 3 * self.dim * self.expert_ff
 

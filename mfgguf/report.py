@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import ModelConfig
 from .flops import rounds_of, trunk_step_flops
 
 
@@ -61,7 +62,10 @@ def recipe(metas: dict) -> dict:
     trunk, experts = metas[0], [m for i, m in metas.items() if i]
     t = (experts[0].get("train") or {}) if experts else {}
     sync = trunk.get("sync") or {}
-    return {"experts": len(experts), "seed_expert": bool((trunk.get("config") or {}).get("seed_expert")),
+    cfg = ModelConfig.from_dict(trunk.get("config") or {})
+    seen = trunk.get("tokens_seen")
+    return {"trunk_tokens_per_param": round(seen / cfg.non_embedding_params(), 1) if seen else None,
+            "experts": len(experts), "seed_expert": bool((trunk.get("config") or {}).get("seed_expert")),
             "shared": t.get("shared", "none"), "shared_lr_scale": t.get("shared_lr_scale", 1.0),
             "rounds": rounds_of(metas), "expert_tokens": t.get("tokens"), "merge": sync.get("merge"),
             "outer_lr": sync.get("outer_lr", 1.0) if sync else None,

@@ -164,11 +164,13 @@ def main() -> None:
     ap.add_argument("--shared-lr-scale", type=float, default=0.1)
     ap.add_argument("--seed-expert", action="store_true", help="train the trunk with the seed FFN experts start from")
     ap.add_argument("--batch-size", type=int, default=None, help="sequences per step, trunk and experts (default: the preset's)")
+    ap.add_argument("--train-args", default="", help="more options for train-trunk and train-expert, quoted"
+                    " (e.g. \"--eval-every 200 --ckpt-every 200\")")
     a = ap.parse_args()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     log = out / "study.log"
-    batch = ["--batch-size", a.batch_size] if a.batch_size else []
+    batch = (["--batch-size", a.batch_size] if a.batch_size else []) + a.train_args.split()
 
     t0 = time.perf_counter()
     counts = write_corpus(out / "study.jsonl", a.chars_per_domain)

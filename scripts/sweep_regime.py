@@ -1,0 +1,124 @@
+"""The regime sweep: does the modular model start to win once the trunk is trained far enough?
+
+For each point T of trunk tokens per non-embedding trunk parameter (`--tpp 10,30,100`), one
+`scripts/study.py` run at N experts and R = 1 and R = 4 (`--experts 4 --rounds 1,4`): the trunk
+trained on T x its non-embedding parameters tokens, each expert on `--expert-frac` of the trunk's
+tokens (the same share at every point, so only the regime moves), then `mfgguf eval` with the
+FLOP- and wall-clock-matched dense baselines. Every point reads the same corpus file (written once),
+so the tokenizer and data are identical across points; each point resumes where it stopped.
+
+Prints one JSON line per (T, R) and writes OUT/sweep.md (table) and OUT/sweep.png (MoE / dense
+against T, one line per baseline and R).
+
+    python scripts/sweep_regime.py --out sweep --tpp 10,30,100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def non_embedding_params(preset: str, seed_expert: bool) -> int:
+    """Trunk parameters outside the token embedding and the output head (what the regime counts)."""
+    from mfgguf.config import get_preset
+
+    return replace(get_preset(preset).model, seed_expert=seed_expert).non_embedding_params()
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| trunk tokens / param | trunk tokens | R | MoE | trunk alone | oracle | dense, wall-clock | dense, FLOP |"
+           " MoE / wall-clock | MoE / FLOP |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['tpp']} | {r['trunk_tokens']:,} | {r['rounds']} | {r['moe']:.2f} | {r['trunk_synced']:.2f} |"
+                   f" {r['oracle']:.2f} | {r['wallclock_dense']:.2f} | {r['flop_dense']:.2f} |"
+                   f" {r['moe_over_wallclock_dense_mixed']:.3f} | {r['moe_over_flop_dense_mixed']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for r in sorted({x["rounds"] for x in rows}):
+        pts = sorted((x["tpp"], x) for x in rows if x["rounds"] == r)
+        xs = [p[0] for p in pts]
+        ax.plot(xs, [p[1]["moe_over_wallclock_dense_mixed"] for p in pts], "o-", label=f"MoE / wall-clock dense, R={r}")
+        ax.plot(xs, [p[1]["moe_over_flop_dense_mixed"] for p in pts], "s--", label=f"MoE / FLOP dense, R={r}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("trunk tokens per non-embedding parameter")
+    ax.set_ylabel("held-out perplexity ratio (mixed; < 1: MoE wins)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("sweep"))
+    ap.add_argument("--tpp", default="10,30,100", help="trunk tokens per non-embedding parameter, one study per value")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--experts", type=int, default=4)
+    ap.add_argument("--rounds", default="1,4")
+    ap.add_argument("--expert-frac", type=float, default=1 / 3, help="each expert's tokens as a share of the trunk's")
+    ap.add_argument("--chars-per-domain", type=int, default=20_000_000)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--shared", default="all")
+    ap.add_argument("--shared-lr-scale", type=float, default=0.1)
+    ap.add_argument("--no-seed-expert", action="store_true", help="trunk without the seed FFN experts start from")
+    ap.add_argument("--train-args", default="--eval-every 200 --ckpt-every 200",
+                    help="more options for train-trunk and train-expert, quoted (the preset's curve and checkpoint"
+                         " every 10 steps cost more than the training at these sizes)")
+    a = ap.parse_args()
+    out = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    seed = not a.no_seed_expert
+    params = non_embedding_params(a.preset, seed)
+    t0 = time.perf_counter()
+    rows = []
+    for tpp in [int(x) for x in a.tpp.split(",")]:
+        point = out / f"tpp{tpp}"
+        point.mkdir(exist_ok=True)
+        corpus = out / "study.jsonl"
+        if corpus.is_file() and not (point / "study.jsonl").is_file():
+            shutil.copy2(corpus, point / "study.jsonl")
+        trunk_tokens = tpp * params
+        cmd = [sys.executable, str(ROOT / "scripts" / "study.py"), "--out", str(point), "--preset", a.preset,
+               "--chars-per-domain", str(a.chars_per_domain), "--trunk-tokens", str(trunk_tokens),
+               "--expert-tokens", str(int(trunk_tokens * a.expert_frac)), "--experts", str(a.experts),
+               "--rounds", a.rounds, "--rounds-at", str(a.experts), "--shared", a.shared,
+               "--shared-lr-scale", str(a.shared_lr_scale), "--batch-size", str(a.batch_size),
+               *(["--seed-expert"] if seed else []), f"--train-args={a.train_args}"]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode:
+            sys.exit(f"sweep: study at {tpp} tokens/parameter failed: {proc.stderr.strip().splitlines()[-1:]}")
+        if not corpus.is_file():
+            shutil.copy2(point / "study.jsonl", corpus)
+        for line in proc.stdout.splitlines():
+            d = json.loads(line)
+            if "experts" in d and "rounds" in d:
+                d.update(tpp=tpp, trunk_tokens=trunk_tokens, non_embedding_params=params)
+                rows.append(d)
+                print(json.dumps(d), flush=True)
+    (out / "sweep.md").write_text(table(rows))
+    plot(rows, out / "sweep.png")
+    print(json.dumps({"table": str(out / "sweep.md"), "plot": str(out / "sweep.png"),
+                      "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
