@@ -133,21 +133,23 @@ class _Source:
     def read(cls, path: Path) -> "_Source":
         h = read_gguf_header(path)
         v = h.value
-        if not str(v("mfgguf.version", "")) or v(RS_COUNTS) is None:
-            made = "mfgguf assemble" if v("mfgguf.version") else "something other than mfgguf assemble"
-            raise MfggufError(f"{path} carries no router statistics (written by {made}, or before they were"
-                              " recorded); re-assemble it with `mfgguf assemble` to extend it")
+        if not v("mfgguf.version"):
+            raise MfggufError(f"{path} was not written by `mfgguf assemble` (no mfgguf keys, no router statistics);"
+                              " extend works on the files mfgguf assembles")
         arch, layout = v("general.architecture"), v("mfgguf.layout")
         if layout != "granitemoe" or arch != "granitemoe":
             raise MfggufError(f"{path} has the {layout} layout; extend supports granitemoe files: re-assemble with"
                               " `--layout granitemoe`")
+        router = v("mfgguf.router")
+        if router not in ("ridge", "centroid"):
+            raise MfggufError(f"{path}'s router is {router}: there are no router statistics to recompute it from;"
+                              " re-assemble it with `--router ridge`")
+        if v(RS_COUNTS) is None or (router == "ridge") != (v(RS_SECOND_MOMENTS) is not None):
+            raise MfggufError(f"{path} carries no router statistics (assembled before mfgguf recorded them);"
+                              " re-assemble it with `mfgguf assemble` to extend it")
         if v("mfgguf.merge") is not None:
             raise MfggufError(f"{path}'s trunk is merged from its experts' trunk copies; extend needs a file assembled"
                               " with `--merge none` (or from FFN-only experts)")
-        router = v("mfgguf.router")
-        if router not in ("ridge", "centroid") or (router == "ridge") != (v(RS_SECOND_MOMENTS) is not None):
-            raise MfggufError(f"{path}'s router ({router}) has no statistics to recompute it from; re-assemble it"
-                              " with `--router ridge`")
         n = int(v(f"{arch}.expert_count"))
         s = cls(path, h, arch, n, int(v(f"{arch}.block_count")), int(v(f"{arch}.embedding_length")),
                 int(v("mfgguf.expert_ff")), router, int(v(f"{arch}.expert_used_count")), v("mfgguf.trunk_sha256"))

@@ -332,8 +332,8 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
     if N and needs_stats(router):  # what `mfgguf extend` recomputes the router from (routerstats.py)
         counts = [int(m.meta["router_stats_count"]) for m in mods]
-        src = pooled.meta["sha256"] if pooled is not None else ""
-        src_n = int(pooled.meta.get("router_stats_count") or sum(counts)) if pooled is not None else sum(counts)
+        src = pooled.meta["sha256"] if pooled is not None else ""  # "": format-1 experts' own moments, or no G (centroid)
+        src_n = 0 if router != "ridge" else int(pooled.meta.get("router_stats_count") or sum(counts)) if pooled else sum(counts)
         kv += routerstats.kv_entries(n_layers=cfg.n_layers, dim=cfg.dim, counts=counts, sources=[src],
                                      source_counts=[src_n], ridge=router == "ridge")
     if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions

@@ -50,6 +50,25 @@ def test_adding_an_expert_writes_the_file_assembly_writes(syn, files, tmp_path):
     assert (tmp_path / "x.gguf").read_bytes() == files["1234"].read_bytes()
 
 
+def test_centroid_router_extends_too(syn, tmp_path):
+    a, b = tmp_path / "c123.gguf", tmp_path / "c1234.gguf"
+    assemble(syn, a, experts=[1, 2, 3], router="centroid", progress=False)
+    assemble(syn, b, experts=[1, 2, 3, 4], router="centroid", progress=False)
+    extend(a, tmp_path / "x.gguf", add=syn, experts=[4])
+    assert (tmp_path / "x.gguf").read_bytes() == b.read_bytes()
+    extend(b, tmp_path / "y.gguf", remove=[4])
+    assert (tmp_path / "y.gguf").read_bytes() == a.read_bytes()
+
+
+def test_refuses_a_run_with_another_tokenizer(syn, files, tmp_path):
+    run2 = shutil.copytree(syn, tmp_path / "run2")
+    tj = json.loads((run2 / "tokenizer.json").read_text())
+    tok = next(t for t, i in tj["model"]["vocab"].items() if i == 5)
+    tj["model"]["vocab"]["~" + tok] = tj["model"]["vocab"].pop(tok)  # one token renamed
+    (run2 / "tokenizer.json").write_text(json.dumps(tj))
+    _refused(tmp_path, [files["123"], "--add", run2, "--experts", "4"], ["tokenizer"])
+
+
 @pytest.mark.parametrize("remove,want", [([4], "123"), ([2], "134"), ([2, 3], "14")])
 def test_removing_gives_back_the_smaller_file(syn, files, tmp_path, remove, want):
     ref = files.get(want)
