@@ -1,4 +1,5 @@
-"""CLI verbs `assemble` (modules -> one GGUF) and `inspect` (what is in a GGUF). Torch-free imports."""
+"""CLI verbs `assemble` (modules -> one GGUF), `extend` (experts in or out of a finished GGUF) and `inspect`
+(what is in a GGUF). Torch-free imports."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from pathlib import Path
 import typer
 
 from ..converters.assemble import assemble
+from ..converters.extend import extend
 from ..converters.inspect import format_inspect, inspect_gguf
 from ..converters.merge import DEFAULT_DENSITY, MERGES
 from ..converters.schema import LAYOUTS, ROUTERS, USER_QUANTS
+from ..errors import MfggufError
 from ..options import parse_experts
 from .app import command
 
@@ -43,6 +46,31 @@ def assemble_cmd(
         what += f", {r['merged_tensors']} trunk tensors merged ({r['merge']})"
     typer.echo(f"wrote {r['path']}: {r['arch']} ({r['layout']}), {what}, {r['quant']}, "
                f"{r['bytes'] / 1e6:.1f} MB in {r['seconds']:.1f} s")
+
+
+@command("extend", extend)
+def extend_cmd(
+    model: Path = typer.Argument(..., help="A .gguf written by `mfgguf assemble` (granitemoe layout)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Output .gguf file."),
+    add: Path = typer.Option(None, "--add", help="A RUN whose experts were trained against the model's trunk."),
+    experts: str = typer.Option(None, "--experts", help="Experts of the --add RUN to add, e.g. 1,3 or 2-4 (default all)."),
+    remove: str = typer.Option(None, "--remove", help="Experts to remove by position, e.g. 2 or 1,4 (1..N in the file's order; `inspect` lists slot K-1)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    threads: int = typer.Option(None, "--threads", help="Quantizer threads (default: all cores)."),
+):
+    r = extend(model, out, add=add, experts=parse_experts(experts), remove=_slots(remove), force=force, threads=threads)
+    typer.echo(f"wrote {r['path']}: {r['experts']} experts ({r['added']} added, {r['removed']} removed), router"
+               f" {r['router']} recomputed from {r['sources']} source{'s' * (r['sources'] != 1)}, "
+               f"{r['bytes'] / 1e6:.1f} MB in {r['seconds']:.1f} s")
+
+
+def _slots(spec: str | None) -> list[int] | None:
+    if spec is None:
+        return None
+    try:
+        return [int(k) for k in spec.split(",")]
+    except ValueError:
+        raise MfggufError(f"bad --remove {spec!r}: give expert slots such as 2 or 1,4") from None
 
 
 @command("inspect", inspect_gguf)

@@ -44,6 +44,8 @@ def inspect_gguf(path: Path) -> dict:
         is_array = f.types and f.types[0] == gguf.GGUFValueType.ARRAY
         if is_array and k.startswith("tokenizer."):
             arrays[k] = len(f.data)  # tokens/merges: only their count
+        elif k in schema.RS_BLOBS:  # the router's statistics: base64 blocks, summarised
+            kv[k] = f"{len(f.data)} base64 blocks, {sum(len(f.parts[i]) for i in f.data):,} characters"
         else:
             kv[k] = _value(f)
     arch = kv.get("general.architecture", "?")

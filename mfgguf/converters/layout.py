@@ -31,7 +31,7 @@ from ..config import ModelConfig, get_preset
 from ..base.runbase import imported
 from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta, router_stats_stale
-from . import schema
+from . import routerstats, schema
 from .merge import DEFAULT_DENSITY, merge_plan
 from .router import needs_stats
 from .schema import ALIGNMENT, FFN, VType, blk
@@ -224,6 +224,7 @@ class Plan:
     data_offset: int = 0
     total_size: int = 0
     by_name: dict[str, Slot] = field(default_factory=dict)
+    blobs: dict[str, list[int]] = field(default_factory=dict)  # router statistics key -> header offset of each item
 
     def slot(self, name: str) -> Slot:
         return self.by_name[name]
@@ -329,6 +330,12 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
         kv.append(("mfgguf.router_stats_sha256", "STRING", pooled.meta["sha256"]))
     if N:
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
+    if N and needs_stats(router):  # what `mfgguf extend` recomputes the router from (routerstats.py)
+        counts = [int(m.meta["router_stats_count"]) for m in mods]
+        src = pooled.meta["sha256"] if pooled is not None else ""  # "": format-1 experts' own moments, or no G (centroid)
+        src_n = 0 if router != "ridge" else int(pooled.meta.get("router_stats_count") or sum(counts)) if pooled else sum(counts)
+        kv += routerstats.kv_entries(n_layers=cfg.n_layers, dim=cfg.dim, counts=counts, sources=[src],
+                                     source_counts=[src_n], ridge=router == "ridge")
     if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions
         kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
         if merge == "ties":
@@ -381,6 +388,7 @@ def _place(p: Plan) -> None:
     p.data_offset = _pad(len(p.header))
     p.total_size = p.data_offset + off
     p.by_name = {s.name: s for s in p.slots}
+    p.blobs = {k: string_item_offsets(p.kv, k) for k in schema.RS_BLOBS if any(e[0] == k for e in p.kv)}
 
 
 # ---- GGUF header serialization -------------------------------------------------------------------
@@ -422,6 +430,18 @@ def header_bytes(kv: list[tuple[str, str, object]], slots: list[Slot]) -> bytes:
         out += [_str(s.name), struct.pack("<I", len(dims)), struct.pack(f"<{len(dims)}Q", *dims),
                 struct.pack("<IQ", schema.QTYPES[s.qtype].ggml, s.offset)]
     return b"".join(out)
+
+
+def string_item_offsets(kv: list[tuple[str, str, object]], key: str) -> list[int]:
+    """Header byte offset of each item's bytes (past its length) of string-array key `key`."""
+    i = next(j for j, e in enumerate(kv) if e[0] == key)
+    at = len(header_bytes(kv[:i], [])) + len(_str(key)) + 4 + 4 + 8  # key, value type, item type, count
+    out = []
+    for item in kv[i][2][1]:
+        n = len(item.encode("utf-8"))
+        out.append(at + 8)
+        at += 8 + n
+    return out
 
 
 # ---- tokenizer -----------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from ..fileio import SYNC_FILE_RANGE_WRITE, pwrite_all, sync_range
 from ..layout import Plan
 from ..merge import merged_chunks
 from ..router import RouterBuilder, needs_stats
-from ..schema import blk
+from ..routerstats import write_blob
+from ..schema import RS_MEANS, RS_SECOND_MOMENTS, blk
 from ..stream import stream_modules
 from .pool import Bar, QuantPool
 
@@ -137,7 +138,17 @@ class Writer:
         for l, w in enumerate(self.rb.finish()):  # w: (n_experts, dim)
             s = self.p.slot(blk(l, "ffn_gate_inp"))
             self._put(s, s.offset, w)
+        self._router_stats()
         self.rb = None
+
+    def _router_stats(self) -> None:
+        """The statistics the router came from, into their header placeholders (routerstats.py)."""
+        rb, blobs = self.rb, self.p.blobs
+        for p, at in enumerate(blobs.get(RS_MEANS, [])):
+            write_blob(self.fd, at, rb.mu[:, p, :])  # (layers, dim)
+        for at in blobs.get(RS_SECOND_MOMENTS, []):  # one source: the pooled G as read, or format 1's sum / n
+            G = rb.G if self.p.pooled is not None else (rb.G.astype(np.float64) / rb.counts.sum()).astype(np.float32)
+            write_blob(self.fd, at, G)  # (layers, dim, dim)
 
     def finish(self) -> None:
         self._enter("fsync", "router")
