@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="sequences per step, trunk and experts (default: the preset's)")
     ap.add_argument("--train-args", default="", help="more options for train-trunk and train-expert, quoted"
                     " (e.g. \"--eval-every 200 --ckpt-every 200\")")
+    ap.add_argument("--eval-args", default="", help="more options for `mfgguf eval`, quoted (e.g. \"--max-tokens 8192\")")
     a = ap.parse_args()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -220,7 +221,7 @@ def main() -> None:
                         (run / "eval").mkdir(exist_ok=True)
                         shutil.copytree(sib, run / "eval" / b, symlinks=True)
             mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", "--baselines", "flop,wallclock",
-                   "--quants", "", log=log)
+                   "--quants", "", *a.eval_args.split(), log=log)
         row = summarize(run, n, r)
         rows.append(row)
         print(json.dumps(row), flush=True)

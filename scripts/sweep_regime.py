@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--train-args", default="--eval-every 200 --ckpt-every 200",
                     help="more options for train-trunk and train-expert, quoted (the preset's curve and checkpoint"
                          " every 10 steps cost more than the training at these sizes)")
+    ap.add_argument("--eval-args", default="--max-tokens 8192", help="more options for `mfgguf eval`, quoted")
     a = ap.parse_args()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -102,7 +103,8 @@ def main() -> None:
                "--expert-tokens", str(int(trunk_tokens * a.expert_frac)), "--experts", str(a.experts),
                "--rounds", a.rounds, "--rounds-at", str(a.experts), "--shared", a.shared,
                "--shared-lr-scale", str(a.shared_lr_scale), "--batch-size", str(a.batch_size),
-               *(["--seed-expert"] if seed else []), f"--train-args={a.train_args}"]
+               *(["--seed-expert"] if seed else []), f"--train-args={a.train_args}",
+               f"--eval-args={a.eval_args}"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode:
             sys.exit(f"sweep: study at {tpp} tokens/parameter failed: {proc.stderr.strip().splitlines()[-1:]}")

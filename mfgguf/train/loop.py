@@ -43,7 +43,8 @@ _BF16_CPU: bool | None = None  # probed once
 def resolve_device(device: str) -> torch.device:
     """'cpu' or 'cuda' (clear error when CUDA is not available)."""
     if device == "cpu":
-        torch.set_num_threads(os.cpu_count() or 1)
+        # every core, unless the caller chose (train-experts gives each job its share through OMP_NUM_THREADS)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
         return torch.device("cpu")
     if device == "cuda":
         if not torch.cuda.is_available():
