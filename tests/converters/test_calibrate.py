@@ -159,3 +159,19 @@ def test_cli_calibrates(moe, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.gguf"]
     rec = json.loads(read_kv(out)[CALIBRATION_KEY])
     assert rec["bias"] == [0.0, 0.0, 0.0] and rec["bias_direction"] is None and rec["top_k"] in (1, 2)
+
+
+def test_mixtral_layout_and_dense_model(moe, tmp_path):
+    """The llama-arch (mixtral) layout calibrates the same way; a dense file is refused in one line."""
+    run, _ = moe
+    mix, dense = tmp_path / "mix.gguf", tmp_path / "dense.gguf"
+    assemble(run, mix, quant="f32", layout="mixtral", progress=False)
+    r = calibrate(mix, run, tmp_path / "mix-cal.gguf", grid=CalibrationGrid(top_k=(2,), temperature=(1.0,), bias=()),
+                  tokens=2 * CTX, ctx=CTX, threads=2, progress=False)
+    kv = read_kv(tmp_path / "mix-cal.gguf")
+    assert kv["general.architecture"] == "llama" and kv["llama.expert_used_count"] == r["chosen"]["top_k"]
+    assert {x["top_k"] for x in r["candidates"]} == {1, 2}
+    assemble(run, dense, quant="f32", experts=[], progress=False)
+    code, text = _cli(dense, "--run", run, "-o", tmp_path / "x.gguf")
+    assert code == 1 and text.count("\n") == 1 and "Mixture-of-Experts" in text
+    assert not (tmp_path / "x.gguf").exists()
