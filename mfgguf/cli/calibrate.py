@@ -1,0 +1,60 @@
+"""CLI verb `calibrate`: top-k, router temperature and per-expert bias chosen on training tokens, written into a GGUF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from ..converters.calibrate import CalibrationGrid, calibrate
+from ..errors import MfggufError
+from .app import command
+
+
+def _floats(s: str | None, what: str, default: tuple) -> tuple:
+    if s is None:
+        return default
+    if s.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(float(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise MfggufError(f"{what} {s!r} is not a comma-separated list of numbers, e.g. 0.5,1,2") from None
+
+
+@command("calibrate", calibrate)
+def calibrate_cmd(
+    model: Path = typer.Argument(..., help="A MoE .gguf written by `mfgguf assemble`."),
+    run: Path = typer.Option(..., "--run", help="The RUN it was assembled from (its data/train.npy is the sample)."),
+    out: Path = typer.Option(..., "-o", "--out", help="The calibrated .gguf to write."),
+    top_k: str = typer.Option(None, "--top-k", help="Top-k values to try, e.g. 1,2,3 (default 1..min(experts, 4))."),
+    temperature: str = typer.Option(None, "--temperature", help="Router temperatures tried with top-k >= 2 (default 0.5,1,2)."),
+    bias: str = typer.Option(None, "--bias", help="Bias steps in nats tried per expert, e.g. -1,1 (default none: no bias search)."),
+    bias_passes: int = typer.Option(1, "--bias-passes", help="Rounds of the per-expert bias search."),
+    tokens: int = typer.Option(8192, "--tokens", help="Calibration sample: training tokens scored per candidate."),
+    ctx: int = typer.Option(None, "--ctx", help="Window length (default and maximum: the model's context)."),
+    threads: int = typer.Option(None, "--threads", help="llama.cpp threads (default: all cores)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-candidate lines."),
+):
+    d = CalibrationGrid()
+    ks = _floats(top_k, "--top-k", ())
+    if any(k != int(k) for k in ks):
+        raise MfggufError(f"--top-k {top_k!r} must list whole numbers, e.g. 1,2")
+    grid = CalibrationGrid(top_k=tuple(int(k) for k in ks) or None,
+                           temperature=_floats(temperature, "--temperature", d.temperature) or (1.0,),
+                           bias=_floats(bias, "--bias", d.bias), bias_passes=bias_passes)
+    r = calibrate(model, run, out, grid=grid, tokens=tokens, ctx=ctx, threads=threads, force=force, progress=not quiet)
+    if as_json:
+        typer.echo(json.dumps(r, indent=2))
+        return
+    c = r["chosen"]
+    typer.echo(f"{'top-k':>5} {'temp':>5}  {'bias':<24} {'ppl':>9}")
+    for x in r["candidates"]:
+        b = "none" if not any(x["bias"]) else ",".join(f"{v:+g}" for v in x["bias"])
+        typer.echo(f"{x['top_k']:>5} {x['temperature']:>5g}  {b:<24} {x['ppl']:>9.4f}")
+    b = "none" if not any(c["bias"]) else ",".join(f"{v:+g}" for v in c["bias"])
+    typer.echo(f"wrote {r['path']}: top-{c['top_k']}, temperature {c['temperature']:g}, bias {b}; calibration sample"
+               f" ({r['tokens']} training tokens) ppl {r['ppl_before']:.4f} -> {r['ppl_after']:.4f}")
