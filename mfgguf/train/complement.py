@@ -113,3 +113,11 @@ def complement_tensors(model: Transformer) -> dict[str, torch.Tensor]:
     for l, layer in enumerate(model.layers):
         out[LEARNED_ROW.format(l=l)] = layer.router_learned.detach().reshape(-1)  # (dim,)
     return out
+
+
+@torch.no_grad()
+def load_module(model: Transformer, tensors: dict[str, torch.Tensor]) -> None:
+    """A complementing expert's module tensors into a `two_way` model: its FFN into slot 1, its rows."""
+    model.load_expert(tensors, slot=1)
+    for l, layer in enumerate(model.layers):
+        layer.router_learned.copy_(tensors[LEARNED_ROW.format(l=l)].reshape(1, -1))

@@ -58,11 +58,7 @@ def _training_model(rd: RunDir, i: int):
     """Expert i's training forward (the two-way MoE) with its trained FFN and row loaded."""
     cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
     model = cx.two_way(build_expert_model(rd, cfg, 0, CPU, bf16_trunk=False, init="seed"), CPU, bf16_trunk=False)
-    tensors = dict(read_safetensors(rd.module_file(i)))
-    model.load_expert(tensors, slot=1)
-    with torch.no_grad():
-        for l, layer in enumerate(model.layers):
-            layer.router_learned.copy_(tensors[LEARNED_ROW.format(l=l)].reshape(1, -1))
+    cx.load_module(model, dict(read_safetensors(rd.module_file(i))))
     return model.eval()
 
 
