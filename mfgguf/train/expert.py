@@ -1,7 +1,8 @@
 """Train expert i alone against the frozen trunk, on its own shard; record its router statistics.
 
 The training forward is route "single": trunk + anchor + this expert, exactly what the assembled
-model computes for a token routed to expert i (top-1 weight is 1). The expert starts with a zero
+model computes for a token routed to expert i (top-1 weight is 1). With --complement it is a
+two-way MoE of [frozen seed, this expert] instead (complement.py). The expert starts with a zero
 down-projection, so at step 0 the model is exactly the trunk and the expert can only add to it.
 
 Memory: only the expert's parameters (and, with --shared, its private f32 copies of the chosen
@@ -153,6 +154,10 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     --shared norms|attn|all also trains a private f32 copy of those trunk tensors (the norms;
     + attention; the whole trunk), at peak LR lr * --shared-lr-scale, stored in the module file as
     shared.<trunk tensor name> for assembly (or `mfgguf sync`) to merge. Default none: the FFN only.
+
+    --complement trains the expert as a two-way MoE of [the frozen seed FFN, its own FFN starting
+    from the seed], gated as the assembled file gates (softmax, top-2 of 2), with the seed's router
+    row frozen at zero and its own row learned; assembly then routes the seed as expert 0 too.
 
     --rounds R (with --shared) cuts the schedule into R rounds: each call trains the next round and
     keeps its checkpoint; `mfgguf sync RUN` between rounds merges every expert's shared copies into
