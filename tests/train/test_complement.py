@@ -181,3 +181,28 @@ def test_cli_flag(seeded_run, prepared_run, tmp_path):
                                  "--no-progress"])
     assert r.exit_code == 0, r.output
     assert json.loads(RunDir(run).module_meta(2).read_text())["complement"] is True
+
+
+def test_router_rows():
+    from mfgguf.converters.complement import complement_rows
+    from mfgguf.converters.router import RouterBuilder
+
+    rng = np.random.default_rng(0)
+    D, N = 16, 3
+    x = [rng.standard_normal((200, D)) + rng.standard_normal(D) for _ in range(N)]  # three shards' FFN inputs
+    allx = np.concatenate(x)
+    rb = RouterBuilder("ridge", n_layers=1, dim=D, n_experts=N)
+    for p in range(N):
+        rb.add_mean(p, 0, x[p].mean(0), len(x[p]))
+    rb.add_pooled(0, 0, (allx.T @ allx / len(allx)).astype(np.float32))
+    W = rb.finish()  # [(N, D)]
+    L = [rng.standard_normal((N, D)).astype(np.float32)]
+    learned, ridge, both = (complement_rows(r, ridge=W, learned=L)[0] for r in ("learned", "ridge", "ridge+learned"))
+    assert learned.shape == (N + 1, D) and not learned[0].any() and np.array_equal(learned[1:], L[0])
+    assert np.allclose(both[1:], W[0] + L[0]) and np.allclose(both[0], ridge[0])
+    # the seed's ridge row is ridge regression onto the label every token has (1), at the experts' scale
+    G = allx.T @ allx / len(allx)
+    lam = 1e-3 * np.trace(G) / D
+    ones = np.linalg.solve(G + lam * np.eye(D), allx.mean(0))  # (D,)
+    k = ridge[0] @ ones / (ones @ ones)
+    assert np.allclose(ridge[0], k * ones, rtol=1e-4, atol=1e-5) and k > 0
