@@ -77,7 +77,7 @@ from .writers.mixtral import MixtralWriter
 WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": MixtralWriter, "dense": DenseWriter}
 
 
-def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, router: str = "ridge",
+def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1, router: str = "ridge",
              layout: str = "granitemoe", experts: list[int] | None = None, merge: str = "mean",
              merge_density: float = DEFAULT_DENSITY, force: bool = False, threads: int | None = None,
              fast_quant: bool = False, progress: bool = True) -> dict:
@@ -93,6 +93,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
     ggml's vectorised quantizer (fastquant.py: ~8x faster, a few bytes per million differ from
     llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
     pooled statistics, where missing or stale, are computed first (`mfgguf router-stats`'s pass).
+    `top_k=None`: 1, or 2 when the experts complement the seed (seed + one expert, as they trained).
 
     Example:
         mfgguf assemble RUN -o model.gguf --quant q8_0 --top-k 1 --router ridge --merge mean

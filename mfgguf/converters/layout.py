@@ -253,7 +253,7 @@ def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
     return cfg
 
 
-def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, experts: list[int] | None,
+def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str, experts: list[int] | None,
          merge: str = "mean", density: float = DEFAULT_DENSITY) -> Plan:
     """Validate everything and lay the file out; reads metadata and headers only."""
     schema.qtype(quant)
@@ -296,6 +296,7 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
     N = len(ids)
     comp = N > 0 and cp.check(router, layout, cfg.seed_expert, [m.name for m in mods], [cp.is_complement(m.meta) for m in mods])
     R = N + comp  # routed experts: the seed is one more when the experts complement it
+    top_k = (2 if comp else 1) if top_k is None else top_k  # complementing experts trained as seed + one
     pooled = None
     if N and router in ("ridge", "ridge+learned") and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
         pooled = load_pooled_stats(run, manifest, trunk, mods)  # format-1 experts alone: their own second moments

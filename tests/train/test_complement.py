@@ -206,3 +206,13 @@ def test_router_rows():
     ones = np.linalg.solve(G + lam * np.eye(D), allx.mean(0))  # (D,)
     k = ridge[0] @ ones / (ones @ ones)
     assert np.allclose(ridge[0], k * ones, rtol=1e-4, atol=1e-5) and k > 0
+
+
+def test_assemble_cli_defaults_to_top_2(complement_run, tmp_path):
+    out = tmp_path / "m.gguf"
+    r = CliRunner().invoke(app, ["assemble", str(complement_run), "-o", str(out), "--quant", "f32",
+                                 "--router", "ridge+learned", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert f"{TINY_EXPERTS} experts, top-2, router ridge+learned" in r.stdout
+    prov = gguf_provenance(out)
+    assert prov["top_k"] == 2 and prov["router"] == "ridge+learned" and len(prov["router_rows"][0]) == TINY_EXPERTS + 1
