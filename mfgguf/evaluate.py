@@ -98,8 +98,10 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
             assemble(trained.root, path, force=True, progress=False, quant=cfg.base_quant, experts=[])
         models["trunk as trained (before sync)"] = {"path": path, "kind": "trunk"}
     best_expert = _best_expert_per_domain(metas, domains)
+    # complementing experts (train-expert --complement): the oracle is [seed, expert] as trained, top-2 of 2
+    oracle = {"router": "learned", "top_k": 2} if metas.get(1, {}).get("complement") else {}
     for d, e in best_expert.items():
-        models[f"oracle {d}"] = {"path": build(f"oracle-{d}-{cfg.base_quant}", quant=cfg.base_quant, experts=[e]),
+        models[f"oracle {d}"] = {"path": build(f"oracle-{d}-{cfg.base_quant}", quant=cfg.base_quant, experts=[e], **oracle),
                                  "kind": "oracle", "domains": [d], "expert": e}
     plans = plan_baselines(metas, cfg.baselines) if cfg.dense else []
     dense_metas = {}

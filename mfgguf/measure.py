@@ -71,13 +71,14 @@ def routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) 
     info = rd.info()
     home = {s["id"]: max(s["domains"], key=s["domains"].get) for s in info["shards"]}  # expert -> its main domain
     n_layers, n_exp = model.cfg.n_layers, len(home)
+    first = model.cfg.n_experts - n_exp  # 1 when the seed is routed slot 0 (complementing experts): not counted
     counts = np.zeros((len(domains), n_layers, n_exp))  # domain x layer x expert
     ctx = model.cfg.ctx_len
     for di, d in enumerate(domains):
         toks = torch.as_tensor(np.asarray(heldout[d][: (len(heldout[d]) // ctx) * ctx], dtype=np.int64)).view(-1, ctx)
 
         def hook(layer, x, di=di):
-            choice = (x.float() @ model.layers[layer].router.float().T).argmax(-1)  # (B, T)
+            choice = (x.float() @ model.layers[layer].router[first:].float().T).argmax(-1)  # (B, T): best expert
             counts[di, layer] += np.bincount(choice.flatten().numpy(), minlength=n_exp)
 
         with torch.no_grad():

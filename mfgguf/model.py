@@ -77,6 +77,8 @@ class Block(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(cfg.dim, cfg.expert_ff) for _ in range(n_experts))
         # Router rows, one per expert: logits = x @ router.T, as llama.cpp's ffn_gate_inp.
         self.router = nn.Parameter(torch.zeros(n_experts, cfg.dim), requires_grad=False) if n_experts else None
+        # Trainable router rows appended below `router` (a complementing expert's own row: train/complement.py).
+        self.register_parameter("router_learned", None)
 
     def attention(self, x, cos, sin):  # x: (B, T, C)
         B, T, _ = x.shape
@@ -96,7 +98,8 @@ class Block(nn.Module):
             assert len(self.experts) == 1, "route='single' needs exactly one loaded expert"
             return self.experts[0](x)
         k = min(self.cfg.top_k, len(self.experts))
-        probs = F.softmax(x.float() @ self.router.float().T, dim=-1)  # (B, T, E)
+        rows = self.router if self.router_learned is None else torch.cat([self.router, self.router_learned])  # (E, C)
+        probs = F.softmax(x.float() @ rows.float().T, dim=-1)  # (B, T, E)
         w, idx = probs.topk(k, dim=-1)  # (B, T, k)
         w = w / w.sum(-1, keepdim=True)
         out = torch.zeros_like(x)

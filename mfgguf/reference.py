@@ -46,15 +46,16 @@ def gguf_provenance(path: Path) -> dict:
 
     r = gguf.GGUFReader(path)
     experts = _field(r, "mfgguf.experts") or []
+    complement = bool(_field(r, "mfgguf.complement"))  # routed slot 0 is the seed
     rows = {}
     for t in r.tensors:
         if t.name.endswith("ffn_gate_inp.weight"):
-            rows[int(t.name.split(".")[1])] = np.array(t.data, dtype=np.float32).reshape(len(experts), -1)
+            rows[int(t.name.split(".")[1])] = np.array(t.data, dtype=np.float32).reshape(len(experts) + complement, -1)
     return {"experts": [int(e) for e in experts], "top_k": int(_field(r, "mfgguf.top_k") or 0),
             "layout": _field(r, "mfgguf.layout"), "router": _field(r, "mfgguf.router"),
             "merge": _field(r, "mfgguf.merge") or "none",
             "merge_density": float(_field(r, "mfgguf.merge_density") or DEFAULT_DENSITY),
-            "router_rows": [rows[l] for l in sorted(rows)]}
+            "router_rows": [rows[l] for l in sorted(rows)], "complement": complement}
 
 
 def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list[int], merge: str,
@@ -84,11 +85,11 @@ def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list
 
 def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[int] | None = None,
                     router_rows: list[np.ndarray] | None = None, top_k: int = 1, merge: str = "mean",
-                    merge_density: float = DEFAULT_DENSITY) -> tuple[Transformer, str]:
+                    merge_density: float = DEFAULT_DENSITY, complement: bool = False) -> tuple[Transformer, str]:
     """Build the f32 reference Transformer of an assembled model; returns (model, route).
 
     With `gguf_path`, experts, top-k, router rows and the merge come from that file; otherwise
-    pass them (merge as `assemble`'s).
+    pass them (merge as `assemble`'s). `complement`: the seed is routed slot 0, the experts follow it.
     """
     from safetensors.torch import load_file
 
@@ -96,6 +97,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
     if gguf_path is not None:
         prov = gguf_provenance(Path(gguf_path))
         experts, top_k, router_rows = prov["experts"], prov["top_k"], prov["router_rows"]
+        complement = prov["complement"]
         merge, merge_density = prov["merge"], prov["merge_density"]
     experts = list(experts or [])
     _, vocab = run_tokenizer_kv(rd)
@@ -104,7 +106,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
     class _M:  # the minimal shape model_config reads
         meta = trunk_meta
 
-    cfg = replace(model_config(_M, vocab), n_experts=len(experts), top_k=max(1, top_k))
+    cfg = replace(model_config(_M, vocab), n_experts=len(experts) + complement, top_k=max(1, top_k))
     trunk = load_file(str(rd.module_file(0)))
     if not experts:  # the trunk alone: anchor, + the seed FFN when it has one
         model, route = trunk_model(cfg)
@@ -112,11 +114,13 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
         if cfg.seed_expert:
             model.load_seed(trunk)
         return model.eval(), route
-    model = Transformer(cfg, n_experts=len(experts))
+    model = Transformer(cfg, n_experts=cfg.n_experts)
     merged = merged_trunk_tensors(rd, {k: v.numpy() for k, v in trunk.items()}, experts, merge, merge_density)
     trunk.update({k: torch.from_numpy(v) for k, v in merged.items()})
     model.load_trunk(trunk)
-    for slot, i in enumerate(experts):
+    if complement:
+        model.load_seed(trunk)  # into slot 0
+    for slot, i in enumerate(experts, start=int(complement)):
         model.load_expert(load_file(str(rd.module_file(i))), slot)
     if router_rows is None or len(router_rows) != cfg.n_layers:
         raise MfggufError("the reference needs router rows for every layer; pass gguf_path or router_rows")

@@ -9,6 +9,7 @@ import typer
 
 from ..converters.assemble import assemble
 from ..converters.extend import extend
+from ..converters.complement import ROUTERS as COMPLEMENT_ROUTERS
 from ..converters.inspect import format_inspect, inspect_gguf
 from ..converters.merge import DEFAULT_DENSITY, MERGES
 from ..converters.schema import LAYOUTS, ROUTERS, USER_QUANTS
@@ -22,8 +23,10 @@ def assemble_cmd(
     run: Path = typer.Argument(..., help="The RUN directory (trunk and experts trained)."),
     out: Path = typer.Option(..., "-o", "--out", help="Output .gguf file."),
     quant: str = typer.Option("q8_0", "--quant", help=f"Weight type: {'|'.join(USER_QUANTS)}."),
-    top_k: int = typer.Option(1, "--top-k", help="Experts used per token (1 = the exact trained function)."),
-    router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}."),
+    top_k: int = typer.Option(None, "--top-k", help="Experts used per token (default 1 = the exact trained function;"
+                              " 2 for experts that complement the seed: seed + one, as they trained)."),
+    router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}; experts that complement the"
+                               f" seed (train-expert --complement): {'|'.join(COMPLEMENT_ROUTERS)}."),
     layout: str = typer.Option("granitemoe", "--layout", help=f"GGUF layout: {'|'.join(LAYOUTS)}."),
     experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 or 1-4"
                                  " (default all; 'none' = trunk alone)."),

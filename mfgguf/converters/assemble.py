@@ -47,6 +47,8 @@ Layouts, one writer class each (writers/granitemoe.py, mixtral.py, dense.py) on 
               unnamed f32 scratch file beside the output and folded from there; the experts'
               down rows then wait for it (fold phase) instead of being joined while they stream.
   dense       no experts (`experts=[]`): the trunk alone as a plain `llama` file.
+  complement  granitemoe whose experts complement the seed (`train-expert --complement`): the seed
+              is routed expert 0 beside them (converters/complement.py, writers/complement.py).
 
 Example:
     >>> assemble(Path("RUN"), Path("model.gguf"), quant="q8_0", top_k=1)
@@ -67,6 +69,7 @@ from .layout import plan
 from .merge import DEFAULT_DENSITY
 from .readback import verify
 from .writers.base import Writer
+from .writers.complement import ComplementWriter
 from .writers.dense import DenseWriter
 from .writers.granitemoe import GraniteMoeWriter
 from .writers.mixtral import MixtralWriter
@@ -74,7 +77,7 @@ from .writers.mixtral import MixtralWriter
 WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": MixtralWriter, "dense": DenseWriter}
 
 
-def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, router: str = "ridge",
+def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1, router: str = "ridge",
              layout: str = "granitemoe", experts: list[int] | None = None, merge: str = "mean",
              merge_density: float = DEFAULT_DENSITY, force: bool = False, threads: int | None = None,
              fast_quant: bool = False, progress: bool = True) -> dict:
@@ -90,6 +93,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
     ggml's vectorised quantizer (fastquant.py: ~8x faster, a few bytes per million differ from
     llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
     pooled statistics, where missing or stale, are computed first (`mfgguf router-stats`'s pass).
+    `top_k=None`: 1, or 2 when the experts complement the seed (seed + one expert, as they trained).
 
     Example:
         mfgguf assemble RUN -o model.gguf --quant q8_0 --top-k 1 --router ridge --merge mean
@@ -106,7 +110,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int = 1, route
     _remove_stale_temps(out)
     threads = threads or Q.default_threads()
     with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
-        w = WRITERS[p.layout](p, tmp, threads, progress, fast_quant)
+        w = (ComplementWriter if p.complement else WRITERS[p.layout])(p, tmp, threads, progress, fast_quant)
         try:
             w.header()
             w.preallocate()

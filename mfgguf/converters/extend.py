@@ -140,6 +140,9 @@ class _Source:
         if layout != "granitemoe" or arch != "granitemoe":
             raise MfggufError(f"{path} has the {layout} layout; extend supports granitemoe files: re-assemble with"
                               " `--layout granitemoe`")
+        if v("mfgguf.complement"):
+            raise MfggufError(f"{path} routes the seed as expert 0 (complementing experts); extend supports files of"
+                              " plain experts: re-assemble with the new experts instead")
         router = v("mfgguf.router")
         if router not in ("ridge", "centroid"):
             raise MfggufError(f"{path}'s router is {router}: there are no router statistics to recompute it from;"
@@ -220,6 +223,9 @@ def _additions(run: Path, ids: list[int] | None, src: _Source) -> _Additions:
         if m.meta.get("shared_tensors") or any(k.startswith("shared.") for k in m.entries):
             raise MfggufError(f"{name} trained copies of trunk tensors, which cannot join a finished file; extend takes"
                               " FFN-only experts")
+        if m.meta.get("complement"):
+            raise MfggufError(f"{name} complements the seed (--complement); extend takes plain experts: assemble"
+                              " complementing experts from their RUN")
         if not m.meta.get("router_stats_count"):
             raise MfggufError(f"{name} recorded no router statistics; retrain it")
         _check_expert(m, name, src)

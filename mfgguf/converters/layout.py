@@ -31,6 +31,7 @@ from ..config import ModelConfig, get_preset
 from ..base.runbase import imported
 from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta, router_stats_stale
+from . import complement as cp
 from . import routerstats, schema
 from .merge import DEFAULT_DENSITY, merge_plan
 from .router import needs_stats
@@ -220,6 +221,7 @@ class Plan:
     merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
     density: float = DEFAULT_DENSITY  # ties: share of each delta row kept
     merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
+    complement: bool = False  # the experts complement the seed: it is routed slot 0 (converters/complement.py)
     header: bytes = b""
     data_offset: int = 0
     total_size: int = 0
@@ -252,14 +254,15 @@ def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
     return cfg
 
 
-def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, experts: list[int] | None,
+def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str, experts: list[int] | None,
          merge: str = "mean", density: float = DEFAULT_DENSITY) -> Plan:
     """Validate everything and lay the file out; reads metadata and headers only."""
     schema.qtype(quant)
     if quant not in schema.USER_QUANTS:
         raise MfggufError(f"unknown quant type {quant!r}; choose one of {', '.join(schema.USER_QUANTS)}")
-    if router not in schema.ROUTERS:
-        raise MfggufError(f"unknown router {router!r}; choose one of {', '.join(schema.ROUTERS)}")
+    if router not in schema.ROUTERS + cp.ROUTERS:
+        raise MfggufError(f"unknown router {router!r}; choose one of {', '.join(dict.fromkeys(schema.ROUTERS + cp.ROUTERS))}")
+    stats = needs_stats(router) or router == "ridge+learned"  # the experts' means feed the router
     info = run.info()
     run.check_no_pending_sync()
     manifest = read_manifest(run)
@@ -285,29 +288,33 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
                               f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
         if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
             raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
-        _check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, needs_stats(router), _format1(m) and router == "ridge"),
+        _check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats, _format1(m) and router == "ridge")
+                      | (cp.learned_shapes(cfg.n_layers, cfg.dim) if cp.is_complement(m.meta) else {}),
                       "retrain it (or use --router uniform if only its statistics are missing)")
-        if needs_stats(router) and not m.meta.get("router_stats_count"):
+        if stats and not m.meta.get("router_stats_count"):
             raise MfggufError(f"module {m.name} recorded no router statistics; retrain it or use --router uniform")
         mods.append(m)
     N = len(ids)
+    comp = N > 0 and cp.check(router, layout, cfg.seed_expert, [m.name for m in mods], [cp.is_complement(m.meta) for m in mods])
+    R = N + comp  # routed experts: the seed is one more when the experts complement it
+    top_k = (2 if comp else 1) if top_k is None else top_k  # complementing experts trained as seed + one
     pooled = None
-    if N and router == "ridge" and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
+    if N and router in ("ridge", "ridge+learned") and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
         pooled = load_pooled_stats(run, manifest, trunk, mods)  # format-1 experts alone: their own second moments
         _check_shapes("the pooled router statistics", pooled.entries, pooled_shapes(cfg), f"run `mfgguf router-stats {run.root}`")
-    if N and not 1 <= top_k <= N:
-        raise MfggufError(f"--top-k {top_k} is out of range; this model has {N} experts, use 1..{N}")
+    if N and not 1 <= top_k <= R:
+        raise MfggufError(f"--top-k {top_k} is out of range; this model has {R} experts, use 1..{R}")
     if N == 0:
         top_k = 0
     merged = merge_plan(mods, trunk_shapes(cfg), merge, density)
     lay = "dense" if N == 0 else layout
     arch = schema.arch_of(layout, N)
 
-    slots = _slots(cfg, lay, N, quant)
+    slots = _slots(cfg, lay, R, quant)
     ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]
     kv = [("general.architecture", "STRING", arch), ("general.name", "STRING", f"mfgguf {info.get('partition', '')} {N}x".strip()),
           ("general.file_type", "UINT32", schema.FILE_TYPE[quant]), ("general.quantization_version", "UINT32", 2)]
-    kv += schema.model_kv(arch, cfg, n_experts=N, top_k=top_k, ff=ff, shexp_ff=cfg.anchor_ff)
+    kv += schema.model_kv(arch, cfg, n_experts=R, top_k=top_k, ff=ff, shexp_ff=cfg.anchor_ff)
     if (base := imported(run.root)) is not None:  # the base's own context length, not the training context
         ctx = base.gguf_kv()[2]
         kv = [(k, t, ctx if k == f"{arch}.context_length" else v) for k, t, v in kv]
@@ -330,17 +337,19 @@ def plan(run: RunDir, *, quant: str, top_k: int, router: str, layout: str, exper
         kv.append(("mfgguf.router_stats_sha256", "STRING", pooled.meta["sha256"]))
     if N:
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
-    if N and needs_stats(router):  # what `mfgguf extend` recomputes the router from (routerstats.py)
+    if N and needs_stats(router) and not comp:  # what `mfgguf extend` recomputes the router from (routerstats.py)
         counts = [int(m.meta["router_stats_count"]) for m in mods]
         src = pooled.meta["sha256"] if pooled is not None else ""  # "": format-1 experts' own moments, or no G (centroid)
         src_n = 0 if router != "ridge" else int(pooled.meta.get("router_stats_count") or sum(counts)) if pooled else sum(counts)
         kv += routerstats.kv_entries(n_layers=cfg.n_layers, dim=cfg.dim, counts=counts, sources=[src],
                                      source_counts=[src_n], ridge=router == "ridge")
+    if comp:  # only then: other files stay byte-identical
+        kv.append(("mfgguf.complement", "BOOL", True))  # routed slot 0 is the seed, slot p + 1 expert ids[p]
     if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions
         kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
         if merge == "ties":
             kv.append(("mfgguf.merge_density", "FLOAT64", density))  # f64: the exact float given
-    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged)
+    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged, comp)
     _place(p)
     return p
 

@@ -1,7 +1,8 @@
 """Train expert i alone against the frozen trunk, on its own shard; record its router statistics.
 
 The training forward is route "single": trunk + anchor + this expert, exactly what the assembled
-model computes for a token routed to expert i (top-1 weight is 1). The expert starts with a zero
+model computes for a token routed to expert i (top-1 weight is 1). With --complement it is a
+two-way MoE of [frozen seed, this expert] instead (complement.py). The expert starts with a zero
 down-projection, so at step 0 the model is exactly the trunk and the expert can only add to it.
 
 Memory: only the expert's parameters (and, with --shared, its private f32 copies of the chosen
@@ -28,6 +29,7 @@ from ..options import TrainOptions
 from ..plots import loss_curve
 from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
 from . import checkpoint as ckpt_io
+from . import complement as cx
 from . import shared as sh
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
                    resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
@@ -153,6 +155,10 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     + attention; the whole trunk), at peak LR lr * --shared-lr-scale, stored in the module file as
     shared.<trunk tensor name> for assembly (or `mfgguf sync`) to merge. Default none: the FFN only.
 
+    --complement trains the expert as a two-way MoE of [the frozen seed FFN, its own FFN starting
+    from the seed], gated as the assembled file gates (softmax, top-2 of 2), with the seed's router
+    row frozen at zero and its own row learned; assembly then routes the seed as expert 0 too.
+
     --rounds R (with --shared) cuts the schedule into R rounds: each call trains the next round and
     keeps its checkpoint; `mfgguf sync RUN` between rounds merges every expert's shared copies into
     the trunk the next round starts from.
@@ -184,9 +190,16 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
     if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
         limit_heap_retention()
+    if tc.complement:
+        cx.check_complement(cfg, tc)
     model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16", init=tc.expert_init,
                                trainable=sh.shared_names(cfg, tc.shared))
-    named = {**expert_params(model), **sh.shared_params(model, tc.shared)}
+    named, route, extra = expert_params(model), "single", {}
+    if tc.complement:  # a two-way MoE of [frozen seed, this expert] (complement.py)
+        model = cx.two_way(model, dev, bf16_trunk=prec == "bf16")
+        route, extra = cx.ROUTE, cx.init_rows(model, rd, data, tc.eval_tokens, dev, prec)
+        named = cx.complement_params(model)
+    named = {**named, **sh.shared_params(model, tc.shared)}
     ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
                  "train": asdict(tc), "trunk_sha256": trunk["sha256"]}
     steps = schedule_steps(tc, cfg.ctx_len)
@@ -204,17 +217,17 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         raise MfggufError(f"{module_name(i)} has no checkpoint of round {rnd - 1} in {ckpt_dir}, which round {rnd}"
                           f" continues from; retrain it from round 1 (a new RUN) or restore that directory")
     until = round_end(steps, tc.rounds, rnd)
-    curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, "single", dev, prec)  # noqa: E731
-    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route="single", stream=i, ckpt_dir=ckpt_dir,
+    curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
+    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=i, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=_label(i, rnd, tc.rounds),
                    heldout=curve, lr_scale=sh.lr_scales(model, tc), until=until, keep=keep,
                    resume_from=resume_from)
     if rnd < tc.rounds:
         return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
 
-    heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, "single", dev, prec)
+    heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
     stats = RouterStats(cfg.n_layers, cfg.dim)
-    shard_loss, _ = evaluate(model, data, 4 * tc.eval_tokens, "single", dev, prec, hook=stats.hook)
+    shard_loss, _ = evaluate(model, data, 4 * tc.eval_tokens, route, dev, prec, hook=stats.hook)
     meta = {
         **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
                       recompute=rec, heldout=heldout, t_start=t_start),
@@ -227,8 +240,10 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         "router_stats_count": stats.n,
         **sh.shared_meta(cfg, tc.shared),
         "round": rnd, "rounds": tc.rounds,
+        **({"complement": True, **extra} if tc.complement else {}),
     }
-    tensors = {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared), **stats.tensors()}
+    ffn = cx.complement_tensors(model) if tc.complement else model.expert_tensors(0)
+    tensors = {**ffn, **sh.shared_module_tensors(model, tc.shared), **stats.tensors()}
     meta = write_module(rd, i, tensors, meta)
     loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout, curve=res.heldout_history,
                reference=trunk.get("heldout_loss"), title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")

@@ -9,6 +9,9 @@ memory, forward only, over the same sample of each expert's shard that its train
 (4 x eval_tokens, windows spread over the shard), experts one after another. With that sample it
 is the very G that format 1 pooled at assembly, so the router is unchanged.
 
+Experts that complement the seed (train/complement.py) are measured with their own forward, the
+two-way MoE of [seed, expert] they trained as.
+
 `--source trunk` measures G instead with the trunk alone over the mixed training data: no expert
 needed, but the deeper layers' FFN inputs then lack the experts' contribution; measured worse
 (docs/assembly.md), kept as an option.
@@ -33,6 +36,7 @@ import torch
 from ..config import ModelConfig
 from ..errors import MfggufError
 from ..run import RunDir, finished_against, module_name, read_module_meta, write_router_stats
+from .complement import ROUTE, load_module, two_way
 from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, load_tokens, resolve_device
 from .restat import precision_of, trunk_alone
@@ -73,12 +77,19 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
     else:
         metas = {i: _expert_meta(rd, trunk, i) for i in range(1, info["n_experts"] + 1)}
         prec = precision_of(metas[1])
-        model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=rd.module_file(0))
+        comp = any(m.get("complement") for m in metas.values())  # complementing experts: their own forward
+        if comp and not all(m.get("complement") for m in metas.values()):
+            raise MfggufError("some experts complement the seed and some do not; retrain them alike (all with or all"
+                              " without `train-expert --complement`) before `mfgguf router-stats`")
+        model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", init="seed" if comp else "random",
+                                   trunk_path=rd.module_file(0))
+        model, route = (two_way(model, dev, prec == "bf16"), ROUTE) if comp else (model, "single")
         with _Bar(len(metas), progress) as bar:
             for i in metas:
                 bar.update(module_name(i))
-                model.load_expert({k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
-                evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), per, "single", dev, prec, hook=stats.hook)
+                tensors = dict(read_safetensors(rd.module_file(i)))
+                load_module(model, tensors) if comp else model.load_expert(tensors)
+                evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), per, route, dev, prec, hook=stats.hook)
                 bar.advance()
         return _write(rd, stats, trunk, "experts", {module_name(i): m["sha256"] for i, m in metas.items()}, per,
                       "trunk + each expert over its shard", t0)

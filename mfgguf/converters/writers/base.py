@@ -53,7 +53,7 @@ class Writer:
         self.lanes = max(2, threads)  # files read + hashed at once
         self.fd = os.open(path, os.O_RDWR)
         self.phase = "open"
-        self.rb = RouterBuilder(p.router, n_layers=p.cfg.n_layers, dim=p.cfg.dim, n_experts=len(p.experts)) if p.experts else None
+        self.rb = self._router_builder() if p.experts else None
         self.bar = Bar(p.input_bytes, progress)
         self.unflushed = 0  # bytes written since writeback was last started
         self.pool = QuantPool(self.fd, threads, fast) if os.environ.get("MFGGUF_CHUNK_THREADS", "1") != "0" else None
@@ -202,6 +202,10 @@ class Writer:
             self._put(s, s.offset + slot_i * s.expert_bytes + r0 * s.row_bytes, x, owned=x is not self._chunk)
 
     # ---- what a layout decides -----------------------------------------------------------------
+
+    def _router_builder(self) -> RouterBuilder:
+        """What computes the router rows from the experts' statistics (the plan's router method)."""
+        return RouterBuilder(self.p.router, n_layers=self.p.cfg.n_layers, dim=self.p.cfg.dim, n_experts=len(self.p.experts))
 
     def _open_inputs(self) -> None:
         """Files the layout reads beside the stream, opened when the stream phase starts."""

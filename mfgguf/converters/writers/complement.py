@@ -1,0 +1,57 @@
+"""granitemoe with the seed as routed expert 0: the writer of an assembly whose experts complement the seed.
+
+The trunk's seed FFN (`ffn_*_seed`) streams into slot 0 of the stacked `ffn_*_exps`, expert p's FFN
+into slot p + 1; each expert's learned router row (`complement.blk.{l}.router`) is kept as it
+streams, and the router phase writes (N + 1, dim) rows per layer: converters/complement.py says
+which, for --router learned | ridge | ridge+learned.
+
+Example:
+    >>> ComplementWriter(p, tmp, threads=2, progress=False)  # p.complement is True
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..complement import LEARNED_ROW, SEED_SLOT, complement_rows
+from ..router import RouterBuilder
+from ..schema import blk
+from .base import STATS_RE
+from .granitemoe import GraniteMoeWriter
+
+LEARNED_RE = re.compile(re.escape(LEARNED_ROW).replace(r"\{l\}", r"(\d+)"))
+
+
+class ComplementWriter(GraniteMoeWriter):
+    """Seed in slot 0, experts after it, router rows over N + 1 slots."""
+
+    def _router_builder(self) -> RouterBuilder:
+        # the ridge rows over the N experts (the seed's row derives from them); "learned" needs none
+        self.ridge = self.p.router != "learned"
+        self.learned = np.zeros((self.p.cfg.n_layers, len(self.p.experts), self.p.cfg.dim), np.float32)  # (L, N, C)
+        return RouterBuilder("ridge" if self.ridge else "uniform", n_layers=self.p.cfg.n_layers, dim=self.p.cfg.dim,
+                             n_experts=len(self.p.experts))
+
+    def _seed_chunk(self, l: int, f: str, r0: int, x: np.ndarray) -> None:
+        s = self.p.slot(blk(l, f"ffn_{f}_exps"))
+        self._put(s, s.offset + SEED_SLOT * s.expert_bytes + r0 * s.row_bytes, x)
+
+    def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:
+        if (m := LEARNED_RE.fullmatch(name)) is not None:
+            self.learned[int(m.group(1)), slot_i] = x.reshape(-1)
+            return
+        if (st := STATS_RE.fullmatch(name)) is not None:
+            if self.ridge and st.group(2) == "mean":
+                self.rb.add_mean(slot_i, int(st.group(1)), x.reshape(-1), count)
+            return
+        super()._expert_chunk(slot_i + 1, count, name, r0, x)  # after the seed's slot
+
+    def router(self) -> None:
+        self._enter("router", "fold")
+        ridge = self.rb.finish() if self.ridge else None
+        for l, w in enumerate(complement_rows(self.p.router, ridge=ridge, learned=list(self.learned))):  # (N + 1, C)
+            s = self.p.slot(blk(l, "ffn_gate_inp"))
+            self._put(s, s.offset, w)
+        self.rb = None
