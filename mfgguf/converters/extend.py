@@ -52,11 +52,11 @@ from . import quant as Q
 from .ensure_stats import plan_with_stats
 from .fileio import pwrite_all
 from .ggufheader import Blob, Header, read_gguf_header
-from .layout import Module, PooledStatsNeeded, Slot, header_bytes, load_module, read_header, run_tokenizer_kv, \
-    string_item_offsets
+from .layout import Module, PooledStatsNeeded, Slot, header_len, header_parts, load_module, read_header, \
+    run_tokenizer_kv, string_item_offsets, write_header
 from .readback import verify
 from .router import RouterBuilder
-from .routerstats import placeholder, read_blob, write_blob
+from .routerstats import hole, read_blob, write_blob
 from .schema import (ALIGNMENT, QTYPE_BY_ID, RS_COUNTS, RS_EXPERT_SOURCE, RS_MEANS, RS_SECOND_MOMENTS, RS_SOURCE_COUNTS,
                      RS_SOURCES, blk)
 from .stream import stream_modules
@@ -283,7 +283,7 @@ class _Plan:
     kv: list
     slots: list[Slot]
     arch: str
-    header: bytes = b""
+    header: list = field(default_factory=list)  # layout.header_parts: runs of bytes, holes for the statistics
     data_offset: int = 0
     total_size: int = 0
     blobs: dict[str, list[int]] = field(default_factory=dict)
@@ -314,8 +314,6 @@ def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
     counts = [v(RS_COUNTS)[p] for p in keep] + [int(m.meta["router_stats_count"]) for m in new]
     src_shas = [v(RS_SOURCES)[j] if j is not None else adds.source for j in sources]
     src_counts = [v(RS_SOURCE_COUNTS)[j] if j is not None else adds.source_count for j in sources]
-    mean_len = len(placeholder(4 * src.L * src.D))
-    g_len = len(placeholder(4 * src.L * src.D * src.D))
     repl = {
         f"{src.arch}.expert_count": N,
         "mfgguf.modules": ("STRING", [names[0]] + [names[1 + p] for p in keep] + [m.name for m in new]),
@@ -325,8 +323,8 @@ def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
         RS_EXPERT_SOURCE: ("UINT32", expert_source),
         RS_SOURCES: ("STRING", src_shas),
         RS_SOURCE_COUNTS: ("UINT64", src_counts),
-        RS_MEANS: ("STRING", ["A" * mean_len] * N),
-        RS_SECOND_MOMENTS: ("STRING", ["A" * g_len] * len(sources)),
+        RS_MEANS: ("STRING", [hole(4 * src.L * src.D)] * N),
+        RS_SECOND_MOMENTS: ("STRING", [hole(4 * src.L * src.D * src.D)] * len(sources)),
         "mfgguf.router_stats_sha256": src_shas[0],
     }
     part = v("mfgguf.partition", "")
@@ -349,8 +347,8 @@ def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
     for s in slots:
         s.offset = off
         off += (s.nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-    p.header = header_bytes(kv, slots)
-    p.data_offset = (len(p.header) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+    p.header = header_parts(kv, slots)
+    p.data_offset = (header_len(p.header) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
     p.total_size = p.data_offset + off
     p.blobs = {k: string_item_offsets(kv, k) for k in (RS_MEANS, RS_SECOND_MOMENTS) if v(k) is not None}
     p.old = {t.name: t for t in src.h.tensors}
@@ -359,7 +357,7 @@ def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
 
 def _write(p: _Plan, fin: int, fd: int, threads: int) -> None:
     src, N = p.src, len(p.slot_of)
-    pwrite_all(fd, np.frombuffer(p.header + b"\0" * (p.data_offset - len(p.header)), np.uint8), 0)
+    write_header(fd, p.header, p.data_offset)  # the statistics' holes are copied or encoded below
     _preallocate(fd, p.total_size)
     written = {s.name: 0 for s in p.slots}
     for s in p.slots:  # the trunk and the kept experts: their bytes as they are

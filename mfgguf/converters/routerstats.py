@@ -8,12 +8,13 @@ keys it does not know. Float blocks are base64 of little-endian f32 bytes, one s
 block, so any parser reads one block in one piece and the values round-trip bit for bit.
 
 The writer knows the sizes when it plans the header and the values only after the modules have
-streamed: the plan holds placeholders of the exact length (`kv_entries`), and `write_blob`
-overwrites them in place with os.pwrite, base64-encoding a few MB at a time.
+streamed: the plan holds `schema.Hole`s of the exact length (`kv_entries`), the header is written
+around them (layout.write_header), and `write_blob` fills them in place with os.pwrite,
+base64-encoding a few MB at a time. No placeholder string is ever built.
 
 Example:
     >>> kv = kv_entries(n_layers=2, dim=64, counts=[10, 12], sources=["ab.."], source_counts=[22], ridge=True)
-    >>> write_blob(fd, offset, means_of_expert_0)  # offset: where the placeholder's bytes start
+    >>> write_blob(fd, offset, means_of_expert_0)  # offset: where the hole's bytes start
     >>> read_blob(fd, offset, length, (2, 64))
 """
 
@@ -34,24 +35,24 @@ def b64_len(nbytes: int) -> int:
     return 4 * ((nbytes + 2) // 3)
 
 
-def placeholder(nbytes: int) -> str:
-    """A string as long as the base64 of `nbytes` bytes: written at plan time, overwritten later."""
-    return "A" * b64_len(nbytes)
+def hole(nbytes: int) -> schema.Hole:
+    """Room for the base64 of `nbytes` bytes: its length is planned now, its bytes written later."""
+    return schema.Hole(b64_len(nbytes))
 
 
 def kv_entries(*, n_layers: int, dim: int, counts: list[int], sources: list[str], source_counts: list[int],
                expert_source: list[int] | None = None, ridge: bool) -> list[tuple[str, str, object]]:
-    """The statistics' key-values, with placeholders for the float blocks (filled by `write_blob`)."""
+    """The statistics' key-values, with holes for the float blocks (filled by `write_blob`)."""
     mean_bytes, g_bytes = 4 * n_layers * dim, 4 * n_layers * dim * dim
     kv = [
         (schema.RS_COUNTS, "ARRAY", ("UINT64", [int(c) for c in counts])),
         (schema.RS_EXPERT_SOURCE, "ARRAY", ("UINT32", list(expert_source or [0] * len(counts)))),
         (schema.RS_SOURCES, "ARRAY", ("STRING", list(sources))),
         (schema.RS_SOURCE_COUNTS, "ARRAY", ("UINT64", [int(c) for c in source_counts])),
-        (schema.RS_MEANS, "ARRAY", ("STRING", [placeholder(mean_bytes)] * len(counts))),
+        (schema.RS_MEANS, "ARRAY", ("STRING", [hole(mean_bytes)] * len(counts))),
     ]
     if ridge:
-        kv.append((schema.RS_SECOND_MOMENTS, "ARRAY", ("STRING", [placeholder(g_bytes)] * len(sources))))
+        kv.append((schema.RS_SECOND_MOMENTS, "ARRAY", ("STRING", [hole(g_bytes)] * len(sources))))
     return kv
 
 

@@ -176,6 +176,16 @@ class VType(IntEnum):  # gguf_type; same numbers as gguf.GGUFValueType
     FLOAT64 = 12
 
 
+@dataclass(frozen=True)
+class Hole:
+    """A string item of a header key-value whose bytes are written later (routerstats.write_blob).
+
+    The header carries only its length prefix and leaves `nbytes` bytes for it, so a 67 MB
+    block never exists in memory as a placeholder string (layout.header_parts)."""
+
+    nbytes: int  # length of the string's bytes (base64: ASCII, one byte a character)
+
+
 # ---- router statistics carried in the file (routerstats.py writes them, extend.py reads them) ----------
 
 # What `mfgguf extend` needs to recompute the router in closed form without the modules. Per expert

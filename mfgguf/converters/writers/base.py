@@ -31,7 +31,7 @@ from ...errors import MfggufError
 from ...run import STATS_PREFIX
 from .. import quant as Q
 from ..fileio import SYNC_FILE_RANGE_WRITE, pwrite_all, sync_range
-from ..layout import Plan
+from ..layout import Plan, write_header
 from ..merge import merged_chunks
 from ..router import RouterBuilder, needs_stats
 from ..routerstats import write_blob
@@ -76,8 +76,7 @@ class Writer:
 
     def header(self) -> None:
         self._enter("header", "open")
-        pad = self.p.data_offset - len(self.p.header)
-        pwrite_all(self.fd, np.frombuffer(self.p.header + b"\0" * pad, np.uint8), 0)
+        write_header(self.fd, self.p.header, self.p.data_offset)
 
     def preallocate(self) -> None:
         self._enter("preallocate", "header")
@@ -142,7 +141,7 @@ class Writer:
         self.rb = None
 
     def _router_stats(self) -> None:
-        """The statistics the router came from, into their header placeholders (routerstats.py)."""
+        """The statistics the router came from, into their header holes (routerstats.py)."""
         rb, blobs = self.rb, self.p.blobs
         for p, at in enumerate(blobs.get(RS_MEANS, [])):
             write_blob(self.fd, at, rb.mu[:, p, :])  # (layers, dim)
