@@ -49,7 +49,7 @@ class BaseFiles:
         return self._reader().get_field("tokenizer.ggml.tokens").contents(i)
 
     def gguf_kv(self) -> tuple[list[tuple[str, str, object]], int, int]:
-        """(every tokenizer.* key-value of the base, as layout.header_bytes takes them; its vocabulary size;
+        """(every tokenizer.* key-value of the base, as layout.header_parts takes them; its vocabulary size;
         the base's context length)."""
         r = self._reader()
         kv = []

@@ -1,7 +1,7 @@
-"""Parse a GGUF header back into the (key, type, value) list and tensor infos that layout.header_bytes writes.
+"""Parse a GGUF header back into the (key, type, value) list and tensor infos that layout.header_parts writes.
 
 `mfgguf extend` rewrites a finished file's header: every key-value is read back in order, in the
-form `layout.header_bytes` serializes, so that a header re-serialized unchanged is the same bytes.
+form `layout.header_parts` serializes, so that a header re-serialized unchanged is the same bytes.
 The router statistics' base64 blocks (schema.RS_BLOBS) are not decoded: their items come back as
 `Blob(offset, length)`, where they lie in the file, to be copied or decoded a piece at a time.
 
@@ -42,7 +42,7 @@ class TensorInfo:
 
 @dataclass
 class Header:
-    kv: list[tuple[str, str, object]]  # as layout.header_bytes takes them; arrays are (item type, items)
+    kv: list[tuple[str, str, object]]  # as layout.header_parts takes them; arrays are (item type, items)
     tensors: list[TensorInfo]
     data_offset: int
     size: int  # the file's size
