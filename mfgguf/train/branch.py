@@ -15,7 +15,7 @@ trunk it belongs to (trunk_sha256). Tensors `param.<torch name>`, `exp_avg.<torc
 
 Example:
     >>> b = read_branch(RunDir("RUN"), trunk_meta)  # None for a cosine trunk
-    >>> start = load_branch_state(b, ["layers.0.experts.0.gate.weight"])
+    >>> start_state = start_from_branch(b, named, branch_names(cfg, tc))  # an expert's run_loop start
 """
 
 from __future__ import annotations
@@ -23,13 +23,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..config import ModelConfig, TrainConfig
 from ..errors import MfggufError
 from ..run import RunDir, atomic_path, file_digests, link_or_copy, read_json, write_json
+from . import shared as sh
 
 BRANCH_FORMAT = "mfgguf-branch"
 BRANCH_VERSION = 1
@@ -154,5 +157,50 @@ def load_branch_state(branch: dict, names) -> dict[str, dict[str, torch.Tensor]]
     return out
 
 
+# ---- wsd experts: where they start -----------------------------------------------------------------
+
+
+def at_branch_lr(tc: TrainConfig, trunk: dict, options) -> TrainConfig:
+    """A wsd expert of a wsd trunk runs at the trunk's branch LR (its stable LR) with no warm-up: it continues
+    a trunk that never cooled down instead of re-warming one that did. --lr / --warmup-frac, when given, win."""
+    b = trunk.get("branch")
+    if tc.schedule != "wsd" or not b:
+        return tc
+    return replace(tc, lr=b["lr"] if options.lr is None else tc.lr,
+                   warmup_frac=0.0 if options.warmup_frac is None else tc.warmup_frac)
+
+
+def branch_names(cfg: ModelConfig, tc: TrainConfig) -> list[str]:
+    """The expert's parameters that start from the branch point: its shared copies, and its FFN when it
+    starts from the seed (--init seed, or auto with a seed); a random or anchor FFN has nothing to continue."""
+    init = tc.expert_init if tc.expert_init != "auto" else ("seed" if cfg.seed_expert else "random")
+    ffn = [f"layers.{l}.experts.0.{f}.weight" for l in range(cfg.n_layers) for f in ("gate", "up", "down")]
+    return [*(ffn if init == "seed" else []), *sh.shared_names(cfg, tc.shared)]
+
+
+def start_from_branch(branch: dict, named: dict[str, torch.nn.Parameter], names: list[str]) -> dict[str, dict]:
+    """Set `names` of `named` to the branch point's weights; return their AdamW moments (run_loop's start_state).
+
+    The frozen trunk stays the cooled-down one the MoE will run with: only what the expert trains
+    continues from the branch point.
+    """
+    start = load_branch_state(branch, names)
+    with torch.no_grad():
+        for n, st in start.items():
+            p = named[n]
+            if tuple(st["param"].shape) != tuple(p.shape):
+                raise MfggufError(f"the branch point's {n} has shape {tuple(st['param'].shape)}, the expert's"
+                                  f" {tuple(p.shape)}; retrain the trunk")
+            p.copy_(st["param"])
+    return {n: {"exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"], "step": branch["adam_step"]}
+            for n, st in start.items()}
+
+
+def branch_record(trunk: dict, tc: TrainConfig) -> dict | None:
+    """The expert JSON's record of where it started: the trunk's branch point (wsd), else None."""
+    b = trunk.get("branch")
+    return {**b, "tensors": len(branch_names(ModelConfig.from_dict(trunk["config"]), tc))} if b and tc.schedule == "wsd" else None
+
+
 __all__ = ["BRANCH_FILE", "PARTS", "branch_files", "save_branch", "save_in_memory", "branch_meta", "publish", "clear",
-           "read_branch", "load_branch_state"]
+           "read_branch", "load_branch_state", "at_branch_lr", "branch_names", "start_from_branch", "branch_record"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Collection
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -171,7 +171,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     trunk = load_trunk_meta(rd)
     cfg = ModelConfig.from_dict(trunk["config"])
     preset = trunk.get("preset", "small")
-    tc = at_branch_lr(options.train_config(get_preset(preset).expert), trunk, options)
+    tc = br.at_branch_lr(options.train_config(get_preset(preset).expert), trunk, options)
     sh.check_shared(tc)
     rnd = _round(rd, trunk, tc, i)
     dev = resolve_device(device)
@@ -195,7 +195,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     state = ckpt_io.peek(ckpt_dir)
     start_state = None  # a fresh wsd expert of a wsd trunk: continue from its branch point (a checkpoint supersedes it)
     if rnd == 1 and state is None and "branch" in trunk and tc.schedule == "wsd":
-        start_state = start_from_branch(br.read_branch(rd, trunk), named, branch_names(cfg, tc))
+        start_state = br.start_from_branch(br.read_branch(rd, trunk), named, br.branch_names(cfg, tc))
     if rnd > 1 and state and state.get("trunk_sha256") == trunk.get("synced_from"):
         # the previous round's state, trained against the trunk before this sync: continue with its
         # FFN and AdamW moments, but from the merged shared tensors just loaded from the new trunk
@@ -230,7 +230,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         "trunk_heldout_loss": trunk.get("heldout_loss", {}),
         "router_stats_count": stats.n,
         **sh.shared_meta(cfg, tc.shared),
-        "round": rnd, "rounds": tc.rounds, "branch_start": branch_record(trunk, tc),
+        "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
     }
     tensors = {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared), **stats.tensors()}
     meta = write_module(rd, i, tensors, meta)
@@ -238,51 +238,6 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
                reference=trunk.get("heldout_loss"), title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
-
-
-# ---- wsd: experts continue from the trunk's branch point (branch.py) ---------------------------------
-
-
-def at_branch_lr(tc, trunk: dict, options: TrainOptions):
-    """A wsd expert of a wsd trunk runs at the trunk's branch LR (its stable LR) with no warm-up: it continues
-    a trunk that never cooled down instead of re-warming one that did. --lr / --warmup-frac, when given, win."""
-    b = trunk.get("branch")
-    if tc.schedule != "wsd" or not b:
-        return tc
-    return replace(tc, lr=b["lr"] if options.lr is None else tc.lr,
-                   warmup_frac=0.0 if options.warmup_frac is None else tc.warmup_frac)
-
-
-def branch_names(cfg: ModelConfig, tc) -> list[str]:
-    """The expert's parameters that start from the branch point: its shared copies, and its FFN when it
-    starts from the seed (--init seed, or auto with a seed); a random or anchor FFN has nothing to continue."""
-    init = tc.expert_init if tc.expert_init != "auto" else ("seed" if cfg.seed_expert else "random")
-    ffn = [f"layers.{l}.experts.0.{f}.weight" for l in range(cfg.n_layers) for f in ("gate", "up", "down")]
-    return [*(ffn if init == "seed" else []), *sh.shared_names(cfg, tc.shared)]
-
-
-def start_from_branch(branch: dict, named: dict[str, nn.Parameter], names: list[str]) -> dict[str, dict]:
-    """Set `names` of `named` to the branch point's weights; return their AdamW moments (run_loop's start_state).
-
-    The frozen trunk stays the cooled-down one the MoE will run with: only what the expert trains
-    continues from the branch point.
-    """
-    start = br.load_branch_state(branch, names)
-    with torch.no_grad():
-        for n, st in start.items():
-            p = named[n]
-            if tuple(st["param"].shape) != tuple(p.shape):
-                raise MfggufError(f"the branch point's {n} has shape {tuple(st['param'].shape)}, the expert's"
-                                  f" {tuple(p.shape)}; retrain the trunk")
-            p.copy_(st["param"])
-    return {n: {"exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"], "step": branch["adam_step"]}
-            for n, st in start.items()}
-
-
-def branch_record(trunk: dict, tc) -> dict | None:
-    """The expert JSON's record of where it started: the trunk's branch point (wsd), else None."""
-    b = trunk.get("branch")
-    return {**b, "tensors": len(branch_names(ModelConfig.from_dict(trunk["config"]), tc))} if b and tc.schedule == "wsd" else None
 
 
 def _round(rd: RunDir, trunk: dict, tc, i: int) -> int:
@@ -316,7 +271,7 @@ def _write_round(rd: RunDir, i: int, model, res, tc, cfg, info, trunk, dev, prec
                       recompute=rec, heldout=heldout, t_start=t_start),
         "index": i, "trunk_sha256": trunk["sha256"], "shard": i, "shard_domains": _shard_domains(info, i),
         "trunk_heldout_loss": trunk.get("heldout_loss", {}), "router_stats_count": 0,
-        **sh.shared_meta(cfg, tc.shared), "round": rnd, "rounds": tc.rounds, "branch_start": branch_record(trunk, tc),
+        **sh.shared_meta(cfg, tc.shared), "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
     }
     return write_module(rd, i, {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared)}, meta)
 

@@ -22,10 +22,9 @@ from mfgguf.model import trunk_model
 from mfgguf.options import JobOptions, TrainOptions
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train import shared as sh
-from mfgguf.train.branch import branch_files, read_branch
+from mfgguf.train.branch import at_branch_lr, branch_files, branch_names, read_branch, start_from_branch
 from mfgguf.train.driver import check_schedule, cooldown_start, lr_at, schedule_steps
-from mfgguf.train.expert import (at_branch_lr, branch_names, build_expert_model, expert_params, start_from_branch,
-                                 train_expert)
+from mfgguf.train.expert import build_expert_model, expert_params, train_expert
 from mfgguf.train.loop import load_tokens, run_loop
 from mfgguf.train.trunk import train_trunk
 from tests.conftest import copy_run
