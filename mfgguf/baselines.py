@@ -12,6 +12,10 @@ code (`train-trunk` on a copy of the RUN that shares its data) and the trunk's h
                wider, it is a much bigger model than anything the modular run ever held in memory
                (at `1b`, 100 experts: 5x the anchor), which is the point of building it modularly.
 Tokens are rounded to whole optimizer steps, so a baseline's FLOPs are within half a step of its budget.
+Each baseline trains with every LR schedule asked for (`--dense-schedules`, default cosine and wsd, the
+trunk's cooldown share) at the same tokens, and keeps the better: the one with the lower held-out
+loss its training measured (`pick_schedule`). That split is the one `eval` scores, so the choice
+can only favour the dense model, never the MoE. One schedule halves the dense training time.
 
 Example:
     >>> plans = plan_baselines(metas, ("flop", "wallclock"))
@@ -83,16 +87,19 @@ def plan_baselines(metas: dict, which: tuple[str, ...] | None = None) -> list[Ba
     return plans
 
 
-def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool = False) -> RunDir:
-    """Train (once) baseline `b` in out/dense-<key>, a copy of RUN sharing its data; return that RUN.
+def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool = False,
+                   schedule: str = "cosine") -> RunDir:
+    """Train (once) baseline `b` with LR `schedule` in out/dense-<key> (cosine) or out/dense-<key>-<schedule>,
+    a copy of RUN sharing its data; return that RUN.
 
-    Reused when its recorded shape and tokens match the plan; retrained (its directory replaced)
-    when they do not, e.g. after the experts were retrained, or with `force`.
+    Reused when its recorded shape, tokens and schedule match the plan; retrained (its directory
+    replaced) when they do not, e.g. after the experts were retrained, or with `force`.
     """
-    dense = RunDir(out / f"dense-{b.key}")
+    dense = RunDir(out / (f"dense-{b.key}" if schedule == "cosine" else f"dense-{b.key}-{schedule}"))
     if dense.module_meta(0).is_file() and not force:
         m = read_module_meta(dense, 0)
-        if m["config"]["anchor_ff"] == b.anchor_ff and m["tokens_seen"] == b.tokens:
+        if (m["config"]["anchor_ff"] == b.anchor_ff and m["tokens_seen"] == b.tokens
+                and m["train"].get("schedule", "cosine") == schedule):
             return dense
         _say(f"{b.label}: the plan changed (anchor_ff {m['config']['anchor_ff']} -> {b.anchor_ff},"
              f" tokens {m['tokens_seen']:,} -> {b.tokens:,}); retraining")
@@ -110,11 +117,18 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
     # batch_size is already the whole step's (x --accum); a streamed trunk's budget binds its baselines
     # too, and any baseline over the RAM available streams by itself (train_trunk's estimate)
     args += ["--accum", 1] + (["--memory-budget", trunk["streamed"]["memory_budget"]] if trunk.get("streamed") else [])
-    _say(f"train {b.label}: anchor_ff {b.anchor_ff}, {b.tokens:,} tokens, {b.budget_flops:.3e} FLOPs budget")
-    run_stage(f"train {b.label}", ["train-trunk", dense.root, "--preset", trunk["preset"], "--tokens", b.tokens,
+    args += ["--schedule", schedule] + (["--cooldown", tc.get("cooldown", 0.2)] if schedule == "wsd" else [])
+    _say(f"train {b.label} ({schedule}): anchor_ff {b.anchor_ff}, {b.tokens:,} tokens, {b.budget_flops:.3e} FLOPs budget")
+    run_stage(f"train {b.label} ({schedule})", ["train-trunk", dense.root, "--preset", trunk["preset"], "--tokens", b.tokens,
                                    "--anchor-ff", b.anchor_ff, "--precision", trunk.get("precision", "auto"),
                                    "--no-progress", *args])
     return dense
+
+
+def pick_schedule(metas: dict[str, dict]) -> tuple[str, dict]:
+    """{schedule: a baseline's module meta trained with it} -> (the better schedule: lowest held-out loss, its meta)."""
+    best = min(metas, key=lambda s: metas[s]["heldout_loss_mean"])
+    return best, metas[best]
 
 
 def flops_section(metas: dict, dense_metas: dict[str, dict], plans: list[Baseline]) -> dict:
@@ -126,13 +140,18 @@ def flops_section(metas: dict, dense_metas: dict[str, dict], plans: list[Baselin
                                                       "flops_per_token": fl["modules"][i] / max(1, m["tokens_seen"]),
                                                       "shared_tensors": len(m.get("shared_tensors") or [])}
                for i, m in metas.items()}
+    if metas[0].get("cooldown_tokens"):  # a wsd trunk's cooldown after its branch point: counted like any step
+        t = modules["trunk"]
+        t["cooldown_tokens"] = metas[0]["cooldown_tokens"]
+        t["cooldown_flops"] = t["cooldown_tokens"] * t["flops_per_token"]
     models = {"trunk alone": {"tokens": metas[0]["tokens_seen"], "flops": fl["trunk"]},
               "moe (trunk + every expert)": {"tokens": sum(m["tokens_seen"] for m in metas.values()), "flops": fl["total"],
                                              "critical_path_flops": fl["critical_path"]}}
     for p in plans:
         m = dense_metas[p.label]
         models[p.label] = {"tokens": m["tokens_seen"], "flops": module_flops(m), "budget_flops": p.budget_flops,
-                           "anchor_ff": p.anchor_ff, "flops_per_token": p.flops_per_token}
+                           "anchor_ff": p.anchor_ff, "flops_per_token": p.flops_per_token,
+                           "schedule": m["train"].get("schedule", "cosine")}
     return {"formulas": FORMULAS, "modules": modules, "models": models, "rounds": fl["rounds"],
             "total": fl["total"], "critical_path": fl["critical_path"]}
 

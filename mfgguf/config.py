@@ -80,7 +80,7 @@ class TrainConfig:
     tokens: int = 2_000_000  # training tokens (steps = tokens // (batch_size * ctx_len))
     batch_size: int = 16  # sequences per step
     lr: float = 3e-3  # peak learning rate (AdamW)
-    min_lr_frac: float = 0.1  # cosine decays to lr * min_lr_frac
+    min_lr_frac: float = 0.1  # the schedule decays to lr * min_lr_frac
     warmup_frac: float = 0.05  # share of steps with linear warm-up
     weight_decay: float = 0.1  # AdamW decoupled weight decay on matrices (not norms)
     grad_clip: float = 1.0  # global gradient-norm clip
@@ -105,6 +105,10 @@ class TrainConfig:
     #                  between them; 1 = no communication between experts (the original contract)
     complement: bool = False  # experts: complement the seed: train as a two-way MoE of [frozen seed FFN, own FFN
     #                           from the seed] with a learned router row; assembly routes the seed as expert 0
+    schedule: str = "cosine"  # LR schedule: cosine (warm-up, cosine decay) or wsd (warm-up, stable at lr, then a 1-sqrt
+    #                           cooldown); a wsd trunk keeps its state where the cooldown begins (the branch point) and
+    #                           wsd experts start from it at its LR with no warm-up
+    cooldown: float = 0.2  # wsd: share of the steps in the final cooldown (20% matched cosine in arXiv 2405.18392)
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,9 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+SCHEDULES = ("cosine", "wsd")  # TrainConfig.schedule: the LR schedules (mfgguf/train/driver.py's lr_at)
+
+
 # Trunk tensors an expert job may train a private copy of (`train-expert --shared`), by GGUF name.
 # Assembly merges the copies back into the trunk it writes (`assemble --merge`).
 SHARED_CHOICES = ("none", "norms", "attn", "all")
@@ -184,4 +191,4 @@ def get_preset(name: str) -> Preset:
         raise MfggufError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
-__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "SHARED_CHOICES", "get_preset", "shared_tensor_names"]
+__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "SCHEDULES", "SHARED_CHOICES", "get_preset", "shared_tensor_names"]

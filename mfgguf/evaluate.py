@@ -24,7 +24,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .baselines import flops_section, plan_baselines, train_baseline
+from .baselines import flops_section, pick_schedule, plan_baselines, train_baseline
+from .config import SCHEDULES
 from .errors import MfggufError
 from .measure import measure, mixed, routing_accuracy
 from .plots import eval_plots
@@ -43,6 +44,8 @@ class EvalConfig:
     dense: bool = True  # train dense baselines at all (the longest step); False = none (--no-dense)
     baselines: tuple[str, ...] | None = None  # which: flop, wallclock, total; None = flop + wallclock (+ total
     #                                           while anchor_ff + N * expert_ff <= 4 x anchor_ff)
+    dense_schedules: tuple[str, ...] = ("cosine", "wsd")  # LR schedules each dense baseline trains with; the
+    #                                                        better held-out loss is kept (one: half the dense time)
     max_tokens_per_domain: int = 32768  # held-out tokens scored per domain (bounds the run time)
     ctx: int | None = None  # perplexity window; None = the model's training context
     decode_tokens: int = 64  # tokens generated to measure decode speed
@@ -62,6 +65,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     rd = RunDir(run)
     info = rd.info()
     n = info["n_experts"]
+    schedules = _schedules(cfg) if cfg.dense else ()
     metas = {i: read_module_meta(rd, i) for i in range(0, n + 1)}
     if "ridge" in cfg.routers and not router_stats_current(rd) and any(int(metas[i].get("version", 1)) > 1 for i in metas if i):
         from .train.pooled import pool_router_stats
@@ -104,15 +108,18 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         models[f"oracle {d}"] = {"path": build(f"oracle-{d}-{cfg.base_quant}", quant=cfg.base_quant, experts=[e], **oracle),
                                  "kind": "oracle", "domains": [d], "expert": e}
     plans = plan_baselines(metas, cfg.baselines) if cfg.dense else []
-    dense_metas = {}
+    dense_metas, dense_schedules = {}, {}
     for b in plans:
-        dense = train_baseline(rd, metas[0], b, out, force)
-        dense_metas[b.label] = read_module_meta(dense, 0)
-        path = models_dir / f"dense-{b.key}-{cfg.base_quant}.gguf"
+        runs = {s: train_baseline(rd, metas[0], b, out, force, schedule=s) for s in schedules}
+        chosen, dense_metas[b.label] = pick_schedule({s: read_module_meta(d, 0) for s, d in runs.items()})
+        dense = runs[chosen]
+        dense_schedules[b.label] = {"chosen": chosen, "heldout_loss": {s: read_module_meta(d, 0)["heldout_loss_mean"]
+                                                                      for s, d in runs.items()}}
+        path = models_dir / f"{dense.root.name}-{cfg.base_quant}.gguf"  # dense-<key>[-<schedule>]: the one kept
         if force or not path.is_file() or path.stat().st_mtime < dense.module_file(0).stat().st_mtime:
             assemble(dense.root, path, quant=cfg.base_quant, experts=[], force=True, progress=False)
         models[b.label] = {"path": path, "kind": "dense", "baseline": b.key, "anchor_ff": b.anchor_ff,
-                           "tokens": dense_metas[b.label]["tokens_seen"]}
+                           "tokens": dense_metas[b.label]["tokens_seen"], "schedule": chosen}
 
     results = {}
     for name, m in models.items():
@@ -153,6 +160,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         "routing": routing,
         "goals": goals(results, best, best_stats, oracle_mixed, quant_rows, cfg.base_quant, cfg.quants, domains, plans),
         "flops": flops_section(metas, dense_metas, plans),
+        "dense_schedules": dense_schedules,
         "curves": curves(metas[0], dense_metas),
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
@@ -163,6 +171,14 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
 
 
 # ---- models ------------------------------------------------------------------------------------
+
+
+def _schedules(cfg: EvalConfig) -> tuple[str, ...]:
+    bad = [s for s in cfg.dense_schedules if s not in SCHEDULES]
+    if bad or not cfg.dense_schedules:
+        raise MfggufError(f"bad dense schedules {','.join(cfg.dense_schedules)!r}; choose from {', '.join(SCHEDULES)}"
+                          " (comma-separated)")
+    return tuple(dict.fromkeys(cfg.dense_schedules))
 
 
 def _best_expert_per_domain(metas: dict, domains: list[str]) -> dict[str, int]:

@@ -46,7 +46,8 @@ FORMULAS = {
                    " backward 4*|W| for trained matmuls (expert FFNs, shared copies), 2*|W| for frozen matmuls"
                    " whose input depends on a trained tensor, 8*H*hd*(T+1)/2 per layer whose attention input does"
                    " (shared none: all layers above 0, the head, and layer 0's expert down-projection input)",
-    "module_flops": "tokens_seen * per-token step FLOPs of that module",
+    "module_flops": "tokens_seen * per-token step FLOPs of that module (a wsd trunk's cooldown after its branch"
+                    " point included: cooldown_flops in its row)",
     "flop_matched": "dense tokens = (trunk FLOPs + sum of every expert job's FLOPs) / dense per-token FLOPs,"
                     " rounded to whole optimizer steps",
     "wallclock_matched": "dense tokens = (trunk FLOPs + R * FLOPs of one round of the longest expert job) / dense"

@@ -68,6 +68,8 @@ def recipe(metas: dict) -> dict:
             "experts": len(experts), "seed_expert": bool((trunk.get("config") or {}).get("seed_expert")),
             "shared": t.get("shared", "none"), "shared_lr_scale": t.get("shared_lr_scale", 1.0),
             "rounds": rounds_of(metas), "expert_tokens": t.get("tokens"), "merge": sync.get("merge"),
+            "trunk_schedule": (trunk.get("train") or {}).get("schedule", "cosine"),
+            "expert_schedule": t.get("schedule", "cosine") if experts else None,
             "outer_lr": sync.get("outer_lr", 1.0) if sync else None,
             "outer_momentum": sync.get("outer_momentum", 0.0) if sync else None}
 
@@ -122,6 +124,7 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
         if key in g:
             L.append(f"| {q} within {100 * (lim - 1):.1f}% of {r['config']['base_quant']} | {g[key]:.4f} | {_yes(g[key] <= lim)} |")
     L += _flops_markdown(r["flops"])
+    L += _schedules_markdown(r.get("dense_schedules") or {})
     L += ["", "## Routing accuracy (share of a domain's tokens routed to that domain's experts, top-1)", ""]
     for router, ra in r["routing"].items():
         n_layers = len(next(iter(ra["accuracy"].values())))
@@ -146,6 +149,24 @@ def _flops_markdown(f: dict) -> list[str]:
     L += ["", "Per module: " + ", ".join(f"{k} {m['tokens']:,} tokens x {m['flops_per_token']:.4e} FLOPs/token"
                                          for k, m in f["modules"].items()), "", "Formulas (mfgguf/flops.py):", ""]
     L += [f"- {k}: {v}" for k, v in f["formulas"].items()]
+    t = f["modules"].get("trunk") or {}
+    if t.get("cooldown_tokens"):
+        L += ["", f"The trunk's wsd cooldown after its branch point ({t['cooldown_tokens']:,} tokens,"
+                  f" {t['cooldown_flops']:.4e} FLOPs) is counted in its FLOPs and in every total above."]
+    return L
+
+
+def _schedules_markdown(ds: dict) -> list[str]:
+    """Which LR schedule each dense baseline kept (the better held-out loss of those it trained with)."""
+    if not ds:
+        return []
+    L = ["", "## Dense baselines' LR schedules", "",
+         "Each dense baseline trained with every schedule listed at the same tokens; the row above is the one with"
+         " the lower held-out loss (mean over domains, its training's own measurement).", "",
+         "| model | kept | " + " | ".join(f"{s} held-out loss" for s in ("cosine", "wsd")) + " |", "|---|---|---:|---:|"]
+    for name, d in ds.items():
+        cells = [f"{d['heldout_loss'][s]:.4f}" if s in d["heldout_loss"] else "" for s in ("cosine", "wsd")]
+        L.append(f"| {name} | {d['chosen']} | " + " | ".join(cells) + " |")
     return L
 
 

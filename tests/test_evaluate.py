@@ -47,6 +47,12 @@ def test_eval_report(trained_run, tmp_path):
         curve = rep["curves"][label]  # held-out curve: points every eval_every steps, then the end
         assert len(curve) >= 2 and [p[0] for p in curve] == sorted(p[0] for p in curve)
         assert curve[-1][0] == m["tokens_seen"] and curve[-1][1] == m["train_flops"]
+        # trained with both LR schedules at the same tokens; the lower held-out loss is kept and named
+        ds = rep["dense_schedules"][label]
+        w = read_module_meta(RunDir(out / f"dense-{key}-wsd"), 0)
+        assert w["train"]["schedule"] == "wsd" and w["tokens_seen"] == m["tokens_seen"]
+        assert ds["heldout_loss"] == {"cosine": m["heldout_loss_mean"], "wsd": w["heldout_loss_mean"]}
+        assert ds["chosen"] == min(ds["heldout_loss"], key=ds["heldout_loss"].get) == rep["models"][label]["schedule"]
     assert fl["critical_path"] < fl["total"] and rep["flops"]["total"] == fl["total"] and rep["flops"]["rounds"] == 1
     assert len(rep["curves"]["trunk alone"]) >= 2 and "expert_step" in rep["flops"]["formulas"]
 
@@ -63,6 +69,7 @@ def test_eval_report(trained_run, tmp_path):
     assert set(acc) == set(domains) and all(0 <= a <= 1 for v in acc.values() for a in v)
     md = (out / "report.md").read_text()
     assert "| trunk alone |" in md and "oracle routing" in md and "## Goals" in md and "## Training FLOPs" in md
+    assert "## Dense baselines' LR schedules" in md
     assert "0.9x the wall-clock-matched dense model" in md and "1.0x the FLOP-matched dense model" in md
     for png in ("ppl_by_domain.png", "routing_confusion.png", "curves.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

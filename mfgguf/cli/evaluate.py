@@ -51,6 +51,10 @@ def eval_cmd(
                                   " parameters, FLOP-matched); auto = flop,wallclock (+ total while the MoE's"
                                   " FFN width is at most 4x the anchor's); none."),
     no_dense: bool = typer.Option(False, "--no-dense", help="Train no dense baseline (same as --baselines none)."),
+    dense_schedules: str = typer.Option(",".join(EvalConfig.dense_schedules), "--dense-schedules",
+                                        help="LR schedules each dense baseline trains with, comma-separated (cosine,"
+                                        " wsd); the better held-out loss is kept and the report says which. One"
+                                        " schedule halves the dense training time."),
     quants: str = typer.Option(",".join(EvalConfig.quants), "--quants", help="Quantized copies of the best MoE compared"
                                " with the base type, comma-separated (empty: none)."),
     max_tokens: int = typer.Option(EvalConfig.max_tokens_per_domain, help="Held-out tokens scored per domain."),
@@ -59,7 +63,8 @@ def eval_cmd(
 ):
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
                      quants=tuple(q for q in quants.split(",") if q), dense=not no_dense,
-                     baselines=parse_baselines(baselines), max_tokens_per_domain=max_tokens, ctx=ctx)
+                     baselines=parse_baselines(baselines), max_tokens_per_domain=max_tokens, ctx=ctx,
+                     dense_schedules=tuple(s.strip() for s in dense_schedules.split(",") if s.strip()))
     r = evaluate(run, out, cfg, force=force)
     out = Path(out) if out else Path(run) / "eval"
     from rich.console import Console

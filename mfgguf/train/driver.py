@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..config import TrainConfig
+from ..config import SCHEDULES, TrainConfig
 from ..errors import MfggufError
 from .status import StatusFile
 
@@ -50,11 +50,41 @@ def schedule_steps(tc: TrainConfig, ctx_len: int) -> int:
     return max(1, tc.tokens // (tc.batch_size * ctx_len))
 
 
+def check_schedule(tc: TrainConfig) -> None:
+    """A one-line error for an unknown --schedule or a --cooldown that leaves no room for the warm-up."""
+    if tc.schedule not in SCHEDULES:
+        raise MfggufError(f"unknown --schedule {tc.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if tc.schedule == "wsd" and not (0.0 <= tc.cooldown <= 1.0 and tc.warmup_frac + tc.cooldown <= 1.0):
+        raise MfggufError(f"--cooldown {tc.cooldown} must be in [0, 1] and leave room for --warmup-frac"
+                          f" {tc.warmup_frac} (their sum at most 1)")
+
+
+def cooldown_start(steps: int, tc: TrainConfig) -> int | None:
+    """wsd: the step at which the cooldown begins (the branch point: the state after this many steps);
+    None for cosine. The cooldown is the last round(cooldown x steps) steps."""
+    if tc.schedule != "wsd":
+        return None
+    return steps - int(round(tc.cooldown * steps))
+
+
 def lr_at(step: int, steps: int, tc: TrainConfig) -> float:
-    """Linear warm-up, then cosine from lr down to lr * min_lr_frac."""
+    """The LR of step `step` (0-based) of a `steps`-step run.
+
+    cosine: linear warm-up, then cosine from lr down to lr * min_lr_frac.
+    wsd: the same warm-up, then lr held (stable), then over the last `cooldown` share of the steps a
+    1-sqrt decay to lr * min_lr_frac, which the last step reaches. 1-sqrt, not linear: in arXiv
+    2405.18392 (Hagele et al.) it gave a lower final loss than a linear cooldown of the same length,
+    and a 20% cooldown matched cosine. A warm-up of 0 starts at lr (an expert at the branch LR).
+    """
     warm = max(1, int(round(tc.warmup_frac * steps)))
+    cool = cooldown_start(steps, tc)
+    if cool is not None and step >= cool:  # wsd cooldown: t in (0, 1], 1 at the last step
+        t = min(1.0, (step - cool + 1) / (steps - cool))
+        return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * (1 - math.sqrt(t)))
     if step < warm:
         return tc.lr * (step + 1) / warm
+    if cool is not None:
+        return tc.lr  # wsd: stable
     t = (step - warm) / max(1, steps - warm)
     return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
@@ -77,6 +107,10 @@ class Steps(Protocol):
     def checkpoint(self, step: int, state: dict, last: bool) -> None:
         """After `step` steps: keep `state` (histories included) as a checkpoint where this kind keeps one.
         `last`: the run (or its round) ends here."""
+
+    def branch(self, step: int, state: dict) -> None:
+        """wsd: after `step` steps the cooldown begins; keep the weights and AdamW state as the branch
+        point where this kind keeps one (the trunk: branch.py)."""
 
     def finish(self) -> None:
         """Wait for any work still in flight."""
@@ -101,8 +135,10 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
     """Drive `impl` over the schedule's steps (up to `until`, a sync round's end) on random windows of
     `data`. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
     the last one: the held-out curve, kept in checkpoints like the loss history."""
+    check_schedule(tc)
     per_step = tc.batch_size * ctx_len
     steps = schedule_steps(tc, ctx_len)
+    branch_at = cooldown_start(steps, tc)  # wsd: the branch point, kept before that step's checkpoint
     end = steps if until is None else min(steps, until)
     state = impl.resume()
     start, history = (state["step"], state["history"]) if state else (0, [])
@@ -119,6 +155,8 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
     status = StatusFile.from_env()  # a scheduler's live view (train-experts), when it asked for one
     t0, tok0 = time.perf_counter(), start * per_step
     try:
+        if branch_at == 0 and start == 0:  # all cooldown: the branch point is the initial state
+            impl.branch(0, {"step": 0, "tokens": 0, "lr": tc.lr, "steps": steps})
         for step in range(start, end):
             x, y = get_batch(data, tc.seed, stream, step, tc.batch_size, ctx_len)
             lv = impl.step(step, x, y, lr_at(step, steps, tc))
@@ -129,6 +167,8 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
             if heldout and (done == end or (tc.eval_every and done % tc.eval_every == 0)):
                 impl.settle()
                 record(done)  # before the checkpoint, so a resumed run (or the next round) has this point too
+            if done == branch_at:
+                impl.branch(done, {"step": done, "tokens": done * per_step, "lr": tc.lr, "steps": steps})
             impl.checkpoint(done, {"step": done, "history": list(history), "heldout_history": list(curve)},
                             last=done == end)
             tokens, dt = done * per_step, time.perf_counter() - t0

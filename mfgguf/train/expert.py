@@ -28,6 +28,7 @@ from ..model import SEED_FFN, Transformer, trunk_name_map
 from ..options import TrainOptions
 from ..plots import loss_curve
 from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
+from . import branch as br
 from . import checkpoint as ckpt_io
 from . import complement as cx
 from . import shared as sh
@@ -176,7 +177,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     trunk = load_trunk_meta(rd)
     cfg = ModelConfig.from_dict(trunk["config"])
     preset = trunk.get("preset", "small")
-    tc = options.train_config(get_preset(preset).expert)
+    tc = br.at_branch_lr(options.train_config(get_preset(preset).expert), trunk, options)
     sh.check_shared(tc)
     rnd = _round(rd, trunk, tc, i)
     dev = resolve_device(device)
@@ -205,6 +206,9 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     steps = schedule_steps(tc, cfg.ctx_len)
     keep, resume_from = frozenset(), None
     state = ckpt_io.peek(ckpt_dir)
+    start_state = None  # a fresh wsd expert of a wsd trunk: continue from its branch point (a checkpoint supersedes it)
+    if rnd == 1 and state is None and "branch" in trunk and tc.schedule == "wsd":
+        start_state = br.start_from_branch(br.read_branch(rd, trunk), named, br.branch_names(cfg, tc))
     if rnd > 1 and state and state.get("trunk_sha256") == trunk.get("synced_from"):
         # the previous round's state, trained against the trunk before this sync: continue with its
         # FFN and AdamW moments, but from the merged shared tensors just loaded from the new trunk
@@ -221,7 +225,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=i, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=_label(i, rnd, tc.rounds),
                    heldout=curve, lr_scale=sh.lr_scales(model, tc), until=until, keep=keep,
-                   resume_from=resume_from)
+                   resume_from=resume_from, start_state=start_state)
     if rnd < tc.rounds:
         return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
 
@@ -239,7 +243,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         "trunk_heldout_loss": trunk.get("heldout_loss", {}),
         "router_stats_count": stats.n,
         **sh.shared_meta(cfg, tc.shared),
-        "round": rnd, "rounds": tc.rounds,
+        "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
         **({"complement": True, **extra} if tc.complement else {}),
     }
     ffn = cx.complement_tensors(model) if tc.complement else model.expert_tensors(0)
@@ -282,7 +286,7 @@ def _write_round(rd: RunDir, i: int, model, res, tc, cfg, info, trunk, dev, prec
                       recompute=rec, heldout=heldout, t_start=t_start),
         "index": i, "trunk_sha256": trunk["sha256"], "shard": i, "shard_domains": _shard_domains(info, i),
         "trunk_heldout_loss": trunk.get("heldout_loss", {}), "router_stats_count": 0,
-        **sh.shared_meta(cfg, tc.shared), "round": rnd, "rounds": tc.rounds,
+        **sh.shared_meta(cfg, tc.shared), "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
     }
     return write_module(rd, i, {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared)}, meta)
 

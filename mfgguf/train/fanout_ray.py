@@ -210,7 +210,10 @@ class _Board:
 def _common_paths(rd: RunDir) -> list[Path]:
     """What every job needs besides its shard: run files, tokenizer, trunk, held-out split."""
     tok = [rd.tokenizer] if rd.tokenizer.is_file() else []  # a GGUF-only imported base has none (RUN/base/ holds its vocab)
-    return [rd.run_json, *tok, rd.module_file(0), rd.module_meta(0), *_tree(rd.heldout_dir)]
+    from .branch import branch_files
+
+    branch = [f for f in branch_files(rd) if f.is_file()]  # a wsd trunk's branch point: wsd experts start from it
+    return [rd.run_json, *tok, rd.module_file(0), rd.module_meta(0), *branch, *_tree(rd.heldout_dir)]
 
 
 def _tree(d: Path) -> list[Path]:

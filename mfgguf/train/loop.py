@@ -217,7 +217,8 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
              recompute: bool = False, progress: bool = True, label: str = "train",
              heldout: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None,
              until: int | None = None, keep: frozenset[str] = frozenset(),
-             resume_from: dict | None = None) -> LoopResult:
+             resume_from: dict | None = None, branch_path: Path | None = None,
+             start_state: dict[str, dict] | None = None) -> LoopResult:
     """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
@@ -227,11 +228,14 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     schedule's steps (a sync round: the LR schedule still spans the whole run) and checkpoints
     there; `keep` names parameters a resumed checkpoint must not overwrite (checkpoint.load), and
     `resume_from` is what that checkpoint must match instead of `ckpt_meta` (the previous round's).
+    `branch_path` (a wsd trunk) is where the branch point is kept when the cooldown begins (branch.py);
+    `start_state` {name: {"exp_avg", "exp_avg_sq", "step"}} gives parameters AdamW moments to start
+    from (an expert continuing from the branch point), unless a checkpoint is resumed.
     Returns the loss and held-out histories and token counts.
     """
     impl = InMemorySteps(model, named_params, tc, dev=dev, precision=precision, route=route, recompute=recompute,
                          ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, lr_scale=lr_scale, keep=keep, resume_from=resume_from,
-                         until=until)
+                         until=until, branch_path=branch_path, start_state=start_state)
     def curve() -> dict:
         out = heldout()
         model.train()  # heldout() leaves the model in eval mode
@@ -251,12 +255,18 @@ class InMemorySteps:
     def __init__(self, model: Transformer, named_params: dict[str, torch.nn.Parameter], tc: TrainConfig, *, dev,
                  precision: str, route: str, recompute: bool, ckpt_dir: Path, ckpt_meta: dict,
                  lr_scale: dict[str, float] | None, keep: frozenset[str], resume_from: dict | None,
-                 until: int | None = None):
+                 until: int | None = None, branch_path: Path | None = None, start_state: dict | None = None):
         self.model, self.named, self.tc, self.dev, self.prec, self.route = model, named_params, tc, dev, precision, route
         self.recompute, self.ckpt_dir, self.ckpt_meta = recompute, ckpt_dir, ckpt_meta
         self.keep, self.expect = keep, resume_from or ckpt_meta
         self.params = list(named_params.values())
         self.opt = make_optimizer(named_params, tc, lr_scale)
+        for name, st in (start_state or {}).items():  # a checkpoint, when resumed, replaces these
+            p = named_params[name]
+            self.opt.state[p] = {"step": torch.tensor(float(st["step"]), dtype=torch.float32, device=p.device),
+                                 "exp_avg": st["exp_avg"].to(p.device, p.dtype).reshape(p.shape).clone(),
+                                 "exp_avg_sq": st["exp_avg_sq"].to(p.device, p.dtype).reshape(p.shape).clone()}
+        self.branch_path = branch_path
         self.steps = schedule_steps(tc, model.cfg.ctx_len)
         self.end = self.steps if until is None else min(self.steps, until)
         self.compiled = False
@@ -304,6 +314,12 @@ class InMemorySteps:
         # a round that ends before the schedule does keeps its state: the next round resumes from it after `sync`
         if (last and step < self.steps) or (not last and step % self.tc.ckpt_every == 0):
             ckpt_io.save(self.ckpt_dir, self.named, self.opt, {**self.ckpt_meta, **state})
+
+    def branch(self, step: int, state: dict) -> None:
+        if self.branch_path is not None:
+            from .branch import save_in_memory
+
+            save_in_memory(self.branch_path, self.named, self.opt, {**self.ckpt_meta, **state})
 
     def finish(self) -> None:
         pass

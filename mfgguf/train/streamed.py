@@ -402,10 +402,10 @@ def init_from_seed(cfg: ModelConfig, seed: int) -> Callable[[Slot], torch.Tensor
 
 
 def streamed_loop(trunk: StreamedTrunk, data: np.ndarray, tc: TrainConfig, *, stream: int, ckpt_meta: dict,
-                  progress: bool, label: str, heldout: Callable[[], dict] | None) -> LoopResult:
+                  progress: bool, label: str, heldout: Callable[[], dict] | None, branch_path=None) -> LoopResult:
     """`run_loop` for a StreamedTrunk: the same driver, batches, schedule and held-out curve; every step
-    is a checkpoint."""
-    impl = StreamedSteps(trunk, tc, ckpt_meta)
+    is a checkpoint. `branch_path`: where a wsd run keeps its branch point (branch.py)."""
+    impl = StreamedSteps(trunk, tc, ckpt_meta, branch_path)
     res = train_steps(impl, data, tc, ctx_len=trunk.cfg.ctx_len, stream=stream, label=label, progress=progress,
                       heldout=heldout)
     res.io_per_step = impl.io or [0, 0]
@@ -416,8 +416,9 @@ class StreamedSteps:
     """A StreamedTrunk's step for the driver (driver.Steps): forward and backward, then the update on its
     own thread, overlapped with the next step's forward, and committed as the checkpoint once written."""
 
-    def __init__(self, trunk: StreamedTrunk, tc: TrainConfig, ckpt_meta: dict):
+    def __init__(self, trunk: StreamedTrunk, tc: TrainConfig, ckpt_meta: dict, branch_path=None):
         self.trunk, self.store, self.tc, self.ckpt_meta = trunk, trunk.store, tc, ckpt_meta
+        self.branch_path = branch_path
         self.io: list[int] | None = None  # [bytes read, bytes written] by the last step
         self._issued = False  # this step's update was started by settle()
         self._bytes = (0, 0)
@@ -451,6 +452,24 @@ class StreamedSteps:
         else:
             self.trunk.update(commit=state)  # overlaps the next step's forward
         self.io = [self.store.bytes_read - self._bytes[0], self.store.bytes_written - self._bytes[1]]
+
+    def branch(self, step: int, state: dict) -> None:
+        """The branch point from the store's current set, one tensor at a time (P, M, V = weight and moments)."""
+        if self.branch_path is None:
+            return
+        if step and not self._issued:
+            self.settle()
+        from .branch import save_branch
+
+        where = {s.name: (u, s) for u in self.trunk.units for s in u.slots}
+        region = {"param": "P", "exp_avg": "M", "exp_avg_sq": "V"}
+
+        def read(part: str, name: str) -> np.ndarray:
+            u, s = where[name]
+            return self.store.read(u.name, self.trunk.set, region[part], s)
+
+        save_branch(self.branch_path, {n: s.shape for n, (u, s) in where.items()}, read,
+                    {**self.ckpt_meta, **state, "adam_step": step})
 
     def finish(self) -> None:
         self.trunk.join()

@@ -28,7 +28,9 @@ from ..model import seed_name_map, trunk_model, trunk_name_map
 from ..options import TrainOptions
 from ..plots import loss_curve
 from ..run import RunDir, module_name, write_module, write_module_streamed
+from . import branch as br
 from . import checkpoint as ckpt_io
+from .driver import cooldown_start, schedule_steps
 from .loop import (check_token_range, heldout_losses, limit_heap_retention, load_tokens, resolve_device,
                    resolve_precision, result_meta, run_loop)
 
@@ -145,7 +147,8 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
     ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
     curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=ckpt_dir,
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", heldout=curve)
+                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", heldout=curve,
+                   branch_path=_branch_path(tc, ckpt_dir))
 
     heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
     if not heldout:
@@ -154,7 +157,9 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
                        recompute=rec, heldout=heldout, t_start=t_start)
     meta["flops_per_token"] = trunk_step_flops(cfg).total  # mfgguf/flops.py conventions
     meta["train_flops"] = meta["flops_per_token"] * res.tokens_seen
+    meta.update(schedule_meta(tc, cfg.ctx_len))
     meta = write_module(rd, 0, model.trunk_tensors(), meta)
+    _publish_branch(rd, tc, ckpt_dir, meta)
     loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout, curve=res.heldout_history,
                title=f"trunk ({preset}, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
@@ -181,7 +186,8 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
     ckpt_meta = json.loads(json.dumps(ckpt_meta))  # as state.json will hold it (tuples -> lists)
     try:
         res = streamed_loop(trunk, data, tc, stream=0, ckpt_meta=ckpt_meta, progress=progress, label="trunk (streamed)",
-                            heldout=lambda: streamed_heldout(trunk, rd.heldout_dir, tc.curve_tokens, group))
+                            heldout=lambda: streamed_heldout(trunk, rd.heldout_dir, tc.curve_tokens, group),
+                            branch_path=_branch_path(tc, ckpt_dir))
         heldout = streamed_heldout(trunk, rd.heldout_dir, tc.eval_tokens, group)
         if not heldout:
             raise MfggufError(f"no held-out tokens in {rd.heldout_dir}; re-create the run with `mfgguf prepare`")
@@ -189,6 +195,7 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
                            recompute=True, heldout=heldout, t_start=t_start)
         meta["flops_per_token"] = trunk_step_flops(cfg).total
         meta["train_flops"] = meta["flops_per_token"] * res.tokens_seen
+        meta.update(schedule_meta(tc, cfg.ctx_len))
         meta["streamed"] = {"memory_budget": budget, "accum": accum, "micro_batch": micro, "spill_activations": spill,
                             "estimated_peak_bytes": streamed_bytes(cfg, units, tc.batch_size, micro, spill),
                             "disk_bytes": store.disk_bytes(), "read_bytes_per_step": res.io_per_step[0],
@@ -198,9 +205,37 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
         meta = write_module_streamed(rd, 0, {g: s.shape for g, (u, s) in where.items()},
                                      lambda g: store.read(where[g][0].name, trunk.set, "P", where[g][1]).reshape(where[g][1].shape),
                                      meta)
+        _publish_branch(rd, tc, ckpt_dir, meta)
     finally:
         store.close()
     loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout, curve=res.heldout_history,
                title=f"trunk ({preset}, streamed, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
+
+
+# ---- wsd: the branch point beside the cooled-down trunk (branch.py) ---------------------------------
+
+
+def _branch_path(tc, ckpt_dir: Path) -> Path | None:
+    return ckpt_dir / br.BRANCH_FILE if tc.schedule == "wsd" else None
+
+
+def schedule_meta(tc, ctx_len: int) -> dict:
+    """The module JSON's record of a wsd schedule: the branch point and the cooldown's tokens (their FLOPs
+    count in `mfgguf eval` like every other step's). Empty for cosine."""
+    steps = schedule_steps(tc, ctx_len)
+    start = cooldown_start(steps, tc)
+    if start is None:
+        return {}
+    per_step = tc.batch_size * ctx_len
+    return {"branch": {"step": start, "tokens": start * per_step, "lr": tc.lr},
+            "cooldown_tokens": (steps - start) * per_step}
+
+
+def _publish_branch(rd: RunDir, tc, ckpt_dir: Path, meta: dict) -> None:
+    """After the trunk is written: its branch point beside it (wsd), or no stale one of an earlier trunk."""
+    if tc.schedule == "wsd":
+        br.publish(rd, ckpt_dir, meta)
+    else:
+        br.clear(rd)
