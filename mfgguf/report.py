@@ -64,14 +64,14 @@ def recipe(metas: dict) -> dict:
     sync = trunk.get("sync") or {}
     cfg = ModelConfig.from_dict(trunk.get("config") or {})
     seen = trunk.get("tokens_seen")
-    return {"trunk_tokens_per_param": round(seen / cfg.non_embedding_params(), 1) if seen else None,
-            "experts": len(experts), "seed_expert": bool((trunk.get("config") or {}).get("seed_expert")),
+    return {"experts": len(experts), "seed_expert": bool((trunk.get("config") or {}).get("seed_expert")),
             "shared": t.get("shared", "none"), "shared_lr_scale": t.get("shared_lr_scale", 1.0),
             "rounds": rounds_of(metas), "expert_tokens": t.get("tokens"), "merge": sync.get("merge"),
             "trunk_schedule": (trunk.get("train") or {}).get("schedule", "cosine"),
             "expert_schedule": t.get("schedule", "cosine") if experts else None,
             "outer_lr": sync.get("outer_lr", 1.0) if sync else None,
-            "outer_momentum": sync.get("outer_momentum", 0.0) if sync else None}
+            "outer_momentum": sync.get("outer_momentum", 0.0) if sync else None,
+            "trunk_tokens_per_param": round(seen / cfg.non_embedding_params(), 1) if seen else None}
 
 
 def report_markdown(r: dict, target: Goals = Goals()) -> str:

@@ -122,6 +122,7 @@ class RayBackend:
             _log(job, {"event": "failed", "error": job.error, "detail": str(e)})
             return
         job.wall_s, job.peak_rss_mb, job.where = out["wall_s"], out["peak_rss_mb"], out["where"]
+        job.retries = max(job.retries, out["attempts"] - 1)
         if out["mode"] == "copy":
             _receive(self.rd, job.expert, out)
         job.state = "done"
@@ -145,14 +146,15 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
 
     import torch
 
-    board.started.remote(i, socket.gethostname(), os.getpid())
+    import ray
+
+    # waited for: the count is this attempt's own, whatever the driver's last poll saw
+    attempt = ray.get(board.started.remote(i, socket.gethostname(), os.getpid()))
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     shared = transfer == "shared" or (transfer == "auto" and _sees_run(Path(root), trunk_sha))
     if shared:
         rd = RunDir(Path(root))
     else:
-        import ray
-
         key = hashlib.sha256(json.dumps([trunk_sha, opts], sort_keys=True).encode()).hexdigest()[:16]
         rd = _materialize(key, ray.get(common) if isinstance(common, ray.ObjectRef) else common,
                           ray.get(own) if isinstance(own, ray.ObjectRef) else own, i)
@@ -174,7 +176,7 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
     finally:
         stop.set()
         os.environ.pop(STATUS_ENV, None)
-    out = {"mode": "shared" if shared else "copy", "wall_s": round(time.perf_counter() - t0, 2),
+    out = {"attempts": attempt, "mode": "shared" if shared else "copy", "wall_s": round(time.perf_counter() - t0, 2),
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "where": f"{socket.gethostname()} pid {os.getpid()}"}
     if not shared:
@@ -192,9 +194,10 @@ class _Board:
     def __init__(self):
         self.jobs: dict[int, dict] = {}
 
-    def started(self, i: int, host: str, pid: int) -> None:
+    def started(self, i: int, host: str, pid: int) -> int:
         j = self.jobs.setdefault(i, {"attempts": 0, "status": {}})
         j.update(attempts=j["attempts"] + 1, where=f"{host} pid {pid}", status={})
+        return j["attempts"]
 
     def update(self, i: int, status: dict) -> None:
         if i in self.jobs and status:
