@@ -25,15 +25,15 @@ from .layout import PooledStatsNeeded
 T = TypeVar("T")
 
 
-def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool) -> T:
+def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool, verb: str = "assemble") -> T:
     """`make_plan()`; where it stops for missing or stale pooled statistics, run the pass and plan again."""
     try:
         return make_plan()
     except PooledStatsNeeded as e:
         source = _recorded_source(rd)
         if (blocked := cannot_pool(rd, source)) is not None:
-            raise MfggufError(f"{e} (assemble cannot compute them here: {blocked})") from None
-        print(f"assemble: the pooled router statistics {e.why}; computing them first (`mfgguf router-stats"
+            raise MfggufError(f"{e} ({verb} cannot compute them here: {blocked})") from None
+        print(f"{verb}: the pooled router statistics {e.why}; computing them first (`mfgguf router-stats"
               f" {rd.root}`{' --source trunk' if source == 'trunk' else ''})", file=sys.stderr, flush=True)
         from ..train.pooled import pool_router_stats  # torch: only when the pass runs
 
