@@ -208,7 +208,8 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     state = ckpt_io.peek(ckpt_dir)
     start_state = None  # a fresh wsd expert of a wsd trunk: continue from its branch point (a checkpoint supersedes it)
     if rnd == 1 and state is None and "branch" in trunk and tc.schedule == "wsd":
-        start_state = br.start_from_branch(br.read_branch(rd, trunk), named, br.branch_names(cfg, tc))
+        start_state = br.start_from_branch(br.read_branch(rd, trunk), named, br.branch_names(cfg, tc),
+                                          ffn_slot=1 if tc.complement else 0)
     if rnd > 1 and state and state.get("trunk_sha256") == trunk.get("synced_from"):
         # the previous round's state, trained against the trunk before this sync: continue with its
         # FFN and AdamW moments, but from the merged shared tensors just loaded from the new trunk
