@@ -11,6 +11,7 @@ Prints one JSON line per (T, R) and writes OUT/sweep.md (table) and OUT/sweep.pn
 against T, one line per baseline and R).
 
     python scripts/sweep_regime.py --out sweep --tpp 10,30,100
+    python scripts/sweep_regime.py --replot docs/results/sweep-regime.jsonl   # its .md table and .png plot
 """
 
 from __future__ import annotations
@@ -35,12 +36,18 @@ def non_embedding_params(preset: str, seed_expert: bool) -> int:
     return replace(get_preset(preset).model, seed_expert=seed_expert).non_embedding_params()
 
 
+def _series(r: dict) -> str:
+    """A row's recipe beside the regime: N, R, and what the experts train besides their FFN."""
+    return f"N={r['experts']}, R={r['rounds']}" + ("" if r.get("shared", "all") == "all" else f", --shared {r['shared']}")
+
+
 def table(rows: list[dict]) -> str:
-    out = ["| trunk tokens / param | trunk tokens | R | MoE | trunk alone | oracle | dense, wall-clock | dense, FLOP |"
+    rows = sorted(rows, key=lambda r: (r["tpp"], r["experts"], r.get("shared", "all") != "all", r["rounds"]))
+    out = ["| trunk tokens / param | trunk tokens | experts | MoE | trunk alone | oracle | dense, wall-clock | dense, FLOP |"
            " MoE / wall-clock | MoE / FLOP |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['tpp']} | {r['trunk_tokens']:,} | {r['rounds']} | {r['moe']:.2f} | {r['trunk_synced']:.2f} |"
+        out.append(f"| {r['tpp']} | {r['trunk_tokens']:,} | {_series(r)} | {r['moe']:.2f} | {r['trunk_synced']:.2f} |"
                    f" {r['oracle']:.2f} | {r['wallclock_dense']:.2f} | {r['flop_dense']:.2f} |"
                    f" {r['moe_over_wallclock_dense_mixed']:.3f} | {r['moe_over_flop_dense_mixed']:.3f} |")
     return "\n".join(out) + "\n"
@@ -53,11 +60,12 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for r in sorted({x["rounds"] for x in rows}):
-        pts = sorted((x["tpp"], x) for x in rows if x["rounds"] == r)
+    for k in sorted({_series(x) for x in rows}):
+        pts = sorted(((x["tpp"], x) for x in rows if _series(x) == k), key=lambda p: p[0])
         xs = [p[0] for p in pts]
-        ax.plot(xs, [p[1]["moe_over_wallclock_dense_mixed"] for p in pts], "o-", label=f"MoE / wall-clock dense, R={r}")
-        ax.plot(xs, [p[1]["moe_over_flop_dense_mixed"] for p in pts], "s--", label=f"MoE / FLOP dense, R={r}")
+        line, = ax.plot(xs, [p[1]["moe_over_wallclock_dense_mixed"] for p in pts], "o-", label=f"MoE / wall-clock dense, {k}")
+        ax.plot(xs, [p[1]["moe_over_flop_dense_mixed"] for p in pts], "s--", color=line.get_color(),
+                label=f"MoE / FLOP dense, {k}")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("trunk tokens per non-embedding parameter")
@@ -84,7 +92,18 @@ def main() -> None:
                     help="more options for train-trunk and train-expert, quoted (the preset's curve and checkpoint"
                          " every 10 steps cost more than the training at these sizes)")
     ap.add_argument("--eval-args", default="--max-tokens 8192", help="more options for `mfgguf eval`, quoted")
+    ap.add_argument("--replot", type=Path, default=None, metavar="JSONL",
+                    help="train nothing: rebuild the table and plot from rows this script printed, written beside"
+                         " JSONL (.md, .png)")
     a = ap.parse_args()
+    if a.replot:
+        rows = [json.loads(x) for x in a.replot.read_text().splitlines() if x.strip()]
+        rows = [r for r in rows if "experts" in r and "tpp" in r]
+        md, png = a.replot.with_suffix(".md"), a.replot.with_suffix(".png")
+        md.write_text(table(rows))
+        plot(rows, png)
+        print(json.dumps({"table": str(md), "plot": str(png), "rows": len(rows)}))
+        return
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     seed = not a.no_seed_expert
@@ -113,7 +132,7 @@ def main() -> None:
         for line in proc.stdout.splitlines():
             d = json.loads(line)
             if "experts" in d and "rounds" in d:
-                d.update(tpp=tpp, trunk_tokens=trunk_tokens, non_embedding_params=params)
+                d.update(tpp=tpp, trunk_tokens=trunk_tokens, non_embedding_params=params, shared=a.shared)
                 rows.append(d)
                 print(json.dumps(d), flush=True)
     (out / "sweep.md").write_text(table(rows))
