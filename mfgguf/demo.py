@@ -42,8 +42,14 @@ class DemoConfig:
     shared: str = "all"  # trunk tensors each expert also trains a private copy of (merged by `sync`);
     #                      all + 4 rounds measured best (docs/results/README.md: 95.2 vs 109.0 at R=1); none = FFN only
     shared_lr_scale: float = 1.0  # peak LR of the shared copies = the expert LR x this (0.1 is best at R=1)
+    schedule: str = "wsd"  # LR schedule of trunk and experts: experts branch from the trunk's stable phase
+    #                        (docs/regime.md: built-in corpus, R=4, 70.40 -> 60.88 mixed at top-1, against
+    #                        dense baselines that also got their better schedule)
     rounds: int = 4  # sync rounds (R syncs, the last one final: router statistics on the merged trunk)
     quant: str = "q8_0"  # quantization of the assembled GGUF
+    top_k: int = 2  # experts per token in the assembled GGUF: top-2 beat top-1 at every point of the regime
+    #                 sweep and `mfgguf calibrate` chose it on the demo's model (docs/regime.md; 1 = the exact
+    #                 function each expert trained, assemble's own default)
     minutes: float = 13.0  # wall-clock budget: trunk and expert tokens are scaled down (never up) to fit it, from
     #                        the training speed measured on this CPU first (budget.py); 0 = the tokens as asked
     prompt: str = "def main():"  # the sample generation's prompt
@@ -84,10 +90,10 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     plan = _fit_budget(out, run, cfg, results, trunk_tokens, expert_tokens, eval_tokens, time.perf_counter() - t_start)
     if plan:
         trunk_tokens, expert_tokens = plan["trunk_tokens"], plan["expert_tokens"]
-    tok = ["--tokens", trunk_tokens, *ev]
+    tok = ["--tokens", trunk_tokens, "--schedule", cfg.schedule, *ev]
     seed = ["--seed-expert"] if cfg.seed_expert else []
     stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok, *seed])
-    etok = ["--tokens", expert_tokens, *ev]
+    etok = ["--tokens", expert_tokens, "--schedule", cfg.schedule, *ev]
     shared = ["--shared", cfg.shared, "--shared-lr-scale", cfg.shared_lr_scale, "--rounds", cfg.rounds]
     for r in range(1, cfg.rounds + 1):
         for i in range(1, n + 1):
@@ -98,7 +104,8 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     stage("router-stats", router_stats_current(run), ["router-stats", run.root, "--no-progress"])  # the last sync did it
     stamp = run.manifest.stat().st_mtime
     fresh = lambda p: p.is_file() and p.stat().st_mtime >= stamp  # noqa: E731  (stale after retraining)
-    stage("assemble", fresh(moe), ["assemble", run.root, "-o", moe, "--quant", cfg.quant, "--force"])
+    stage("assemble", fresh(moe), ["assemble", run.root, "-o", moe, "--quant", cfg.quant, "--top-k",
+                                   min(cfg.top_k, n), "--force"])
     stage("assemble trunk", fresh(trunk_gguf), ["assemble", run.root, "-o", trunk_gguf, "--quant", cfg.quant,
                                                  "--experts", "none", "--force"])
 

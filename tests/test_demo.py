@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from gguf import GGUFReader
 from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
@@ -29,12 +30,17 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
         [x for r in range(cfg["rounds"]) for x in experts[3 * r: 3 * r + 3] + [syncs[r]]]
     trunk = json.loads((out / "run" / "modules" / "trunk.json").read_text())
     assert trunk["final"] and trunk["round"] == cfg["rounds"] and trunk["config"]["seed_expert"]
+    assert cfg["schedule"] == trunk["train"]["schedule"] == "wsd" and trunk["branch"]["step"] > 0  # experts branch
+    e1 = json.loads((out / "run" / "modules" / "expert_001.json").read_text())  # from the stable phase
+    assert e1["train"]["schedule"] == "wsd" and e1["branch_start"]["step"] == trunk["branch"]["step"]
     assert all(st["peak_rss_mb"] > 50 for st in s["stages"] if st["stage"].startswith("train"))
     ppl = s["perplexity"]
     assert set(ppl) == {"trunk alone", "assembled MoE"}
     # Experts train on top of the trunk and start as a no-op: the assembled model must not be worse.
     assert ppl["assembled MoE"]["overall"]["ppl"] < ppl["trunk alone"]["overall"]["ppl"]
     assert s["files"]["model-q8_0.gguf"] > s["files"]["trunk-q8_0.gguf"]
+    moe = GGUFReader(out / "model-q8_0.gguf")  # the measured best, not assemble's exact-function default of 1
+    assert int(moe.fields["granitemoe.expert_used_count"].contents()) == cfg["top_k"] == 2
     assert "mfgguf chat" in r.output and "mfgguf eval" in r.output
     assert (out / "summary.md").read_text().count("|") > 20
 
