@@ -150,7 +150,7 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
 
     # waited for: the count is this attempt's own, whatever the driver's last poll saw
     attempt = ray.get(board.started.remote(i, socket.gethostname(), os.getpid()))
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
     shared = transfer == "shared" or (transfer == "auto" and _sees_run(Path(root), trunk_sha))
     if shared:
         rd = RunDir(Path(root))

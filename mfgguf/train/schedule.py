@@ -51,8 +51,14 @@ MEMORY_HEADROOM = 0.85  # share of available memory the local scheduler may fill
 
 
 def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
-    """(jobs at once, torch threads per job) for the local scheduler on this machine."""
+    """(jobs at once, torch threads per job) for the local scheduler on this machine.
+
+    OMP_NUM_THREADS, when set, caps the cores it spreads jobs over: the caller's limit holds for the
+    jobs it starts too (a study sharing the machine with another keeps to its share).
+    """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    cores = min(cores, int(cap)) if cap.isdigit() and int(cap) > 0 else cores
     if workers is None:
         avail_mb = mem_available(fallback=8 << 30) / (1 << 20)  # unknown: assume an 8 GB laptop
         fit = int(avail_mb * MEMORY_HEADROOM // JOB_MB.get(preset, max(JOB_MB.values())))

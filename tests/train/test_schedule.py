@@ -23,7 +23,7 @@ from mfgguf.cli.app import app
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_module_meta, router_stats_current
 from mfgguf.options import JobOptions, TrainOptions, parse_experts
-from mfgguf.train.schedule import train_experts
+from mfgguf.train.schedule import plan_workers, train_experts
 from tests.conftest import TINY_CHARS, copy_run
 
 N = 4
@@ -194,3 +194,14 @@ def _wait_for_checkpoint(run: Path, i: int, timeout: float = 240) -> int:
                 pass
         time.sleep(0.05)
     raise AssertionError(f"expert {i} wrote no checkpoint in {timeout} s")
+
+
+def test_omp_num_threads_caps_the_local_plan(monkeypatch):
+    """A caller's OMP_NUM_THREADS holds for the jobs train-experts starts (it overrode it with every core)."""
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert plan_workers("small", 1) == (1, cores)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert plan_workers("small", 1) == (1, 1) and plan_workers("small") == (1, 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # empty or not a number: no cap
+    assert plan_workers("small", 1) == (1, cores)
