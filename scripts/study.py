@@ -115,13 +115,25 @@ def summarize(run: Path, n: int, r: int) -> dict:
     return row
 
 
+def figure_cells(r: dict) -> str:
+    """A row's figures as the last Markdown cells of a study table (this one's and sweep_regime.py's):
+    MoE, trunk, oracle, the two dense models, then MoE / wall-clock and MoE / FLOP."""
+    return (f" {r['moe']:.2f} | {r['trunk_synced']:.2f} | {r['oracle']:.2f} | {r['wallclock_dense']:.2f} |"
+            f" {r['flop_dense']:.2f} | {r['moe_over_wallclock_dense_mixed']:.3f} | {r['moe_over_flop_dense_mixed']:.3f} |")
+
+
+def plot_ratios(ax, pts: list[tuple[float, dict]], label: str) -> None:
+    """MoE / wall-clock dense (solid) and MoE / FLOP dense (dashed) against x, in one colour; pts: [(x, row)]."""
+    xs = [p[0] for p in pts]
+    line, = ax.plot(xs, [p[1]["moe_over_wallclock_dense_mixed"] for p in pts], "o-", label=f"MoE / wall-clock dense, {label}")
+    ax.plot(xs, [p[1]["moe_over_flop_dense_mixed"] for p in pts], "s--", color=line.get_color(),
+            label=f"MoE / FLOP dense, {label}")
+
+
 def table(rows: list[dict]) -> str:
     out = ["| N | R | MoE | trunk (synced) | oracle | dense, wall-clock | dense, FLOP | MoE/wall-clock | MoE/FLOP |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        out.append(f"| {r['experts']} | {r['rounds']} | {r['moe']:.2f} | {r['trunk_synced']:.2f} | {r['oracle']:.2f} |"
-                   f" {r['wallclock_dense']:.2f} | {r['flop_dense']:.2f} | {r['moe_over_wallclock_dense_mixed']:.3f} |"
-                   f" {r['moe_over_flop_dense_mixed']:.3f} |")
+    out += [f"| {r['experts']} | {r['rounds']} |" + figure_cells(r) for r in rows]
     return "\n".join(out) + "\n"
 
 
@@ -134,12 +146,10 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, fixed, label in ((axes[0], "experts", "rounds", "N experts"), (axes[1], "rounds", "experts", "R rounds")):
         for f in sorted({r[fixed] for r in rows}):
-            pts = sorted((r[key], r) for r in rows if r[fixed] == f)
+            pts = sorted(((r[key], r) for r in rows if r[fixed] == f), key=lambda p: p[0])
             if len(pts) < 2:
                 continue
-            xs = [p[0] for p in pts]
-            ax.plot(xs, [p[1]["moe_over_wallclock_dense_mixed"] for p in pts], "o-", label=f"/ wall-clock dense ({fixed}={f})")
-            ax.plot(xs, [p[1]["moe_over_flop_dense_mixed"] for p in pts], "s--", label=f"/ FLOP dense ({fixed}={f})")
+            plot_ratios(ax, pts, f"{fixed}={f}")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel(label)

@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from study import figure_cells, plot_ratios  # noqa: E402  (scripts/ is on sys.path when run as a script)
+
 
 def non_embedding_params(preset: str, seed_expert: bool) -> int:
     """Trunk parameters outside the token embedding and the output head (what the regime counts)."""
@@ -46,10 +48,7 @@ def table(rows: list[dict]) -> str:
     out = ["| trunk tokens / param | trunk tokens | experts | MoE | trunk alone | oracle | dense, wall-clock | dense, FLOP |"
            " MoE / wall-clock | MoE / FLOP |",
            "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        out.append(f"| {r['tpp']} | {r['trunk_tokens']:,} | {_series(r)} | {r['moe']:.2f} | {r['trunk_synced']:.2f} |"
-                   f" {r['oracle']:.2f} | {r['wallclock_dense']:.2f} | {r['flop_dense']:.2f} |"
-                   f" {r['moe_over_wallclock_dense_mixed']:.3f} | {r['moe_over_flop_dense_mixed']:.3f} |")
+    out += [f"| {r['tpp']} | {r['trunk_tokens']:,} | {_series(r)} |" + figure_cells(r) for r in rows]
     return "\n".join(out) + "\n"
 
 
@@ -61,11 +60,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for k in sorted({_series(x) for x in rows}):
-        pts = sorted(((x["tpp"], x) for x in rows if _series(x) == k), key=lambda p: p[0])
-        xs = [p[0] for p in pts]
-        line, = ax.plot(xs, [p[1]["moe_over_wallclock_dense_mixed"] for p in pts], "o-", label=f"MoE / wall-clock dense, {k}")
-        ax.plot(xs, [p[1]["moe_over_flop_dense_mixed"] for p in pts], "s--", color=line.get_color(),
-                label=f"MoE / FLOP dense, {k}")
+        plot_ratios(ax, sorted(((x["tpp"], x) for x in rows if _series(x) == k), key=lambda p: p[0]), k)
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("trunk tokens per non-embedding parameter")
