@@ -70,6 +70,14 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def write(points: list[dict], stem: Path, **extra) -> None:
+    """STEM.md (the table) and STEM.png (the plot) of the rows `points`; prints where, with `extra`, as one JSON line."""
+    md, png = stem.with_suffix(".md"), stem.with_suffix(".png")
+    md.write_text(table(points))
+    plot(points, png)
+    print(json.dumps({"table": str(md), "plot": str(png), **extra}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("sweep"))
@@ -94,10 +102,7 @@ def main() -> None:
     if a.replot:
         rows = [json.loads(x) for x in a.replot.read_text().splitlines() if x.strip()]
         rows = [r for r in rows if "experts" in r and "tpp" in r]
-        md, png = a.replot.with_suffix(".md"), a.replot.with_suffix(".png")
-        md.write_text(table(rows))
-        plot(rows, png)
-        print(json.dumps({"table": str(md), "plot": str(png), "rows": len(rows)}))
+        write(rows, a.replot, rows=len(rows))
         return
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -130,10 +135,7 @@ def main() -> None:
                 d.update(tpp=tpp, trunk_tokens=trunk_tokens, non_embedding_params=params, shared=a.shared)
                 rows.append(d)
                 print(json.dumps(d), flush=True)
-    (out / "sweep.md").write_text(table(rows))
-    plot(rows, out / "sweep.png")
-    print(json.dumps({"table": str(out / "sweep.md"), "plot": str(out / "sweep.png"),
-                      "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
+    write(rows, out / "sweep", wall_s=round(time.perf_counter() - t0, 1))
 
 
 if __name__ == "__main__":
