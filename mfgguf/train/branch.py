@@ -188,7 +188,7 @@ def start_from_branch(branch: dict, named: dict[str, torch.nn.Parameter], names:
     the trunk's seed, slot 0.
     """
     start = load_branch_state(branch, names)
-    slot = (lambda n: n.replace(".experts.0.", f".experts.{ffn_slot}.")) if ffn_slot else (lambda n: n)  # noqa: E731
+    slot = lambda n: n.replace(".experts.0.", f".experts.{ffn_slot}.")  # noqa: E731  (shared names pass unchanged)
     with torch.no_grad():
         for n, st in start.items():
             p = named[slot(n)]
