@@ -65,7 +65,8 @@ def perplexity_cmd(
     model: Path = _MODEL,
     data: list[Path] = typer.Option(None, "--data", help="UTF-8 text file to score (repeat for several domains)."),
     run: Path = typer.Option(None, "--run", help="A RUN directory: score each held-out domain."),
-    ctx: int = _CTX,
+    ctx: int = typer.Option(None, "--ctx", help="Window in tokens (default 1024, or the model's trained context where"
+                            " shorter; at most the trained context)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
 ):
     r = perplexity_files(model, data=data or None, run=run, ctx=ctx, progress=not as_json and sys.stderr.isatty())

@@ -4,7 +4,10 @@ The tokens are cut into consecutive windows of `ctx` tokens (a tail shorter than
 dropped). Each window is evaluated from an empty KV cache, and only its second half is scored:
 the logits at positions ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1, so every scored token
 sees at least ctx/2 tokens of context. As in llama.cpp, the first token of a window is replaced
-by BOS when the model's tokenizer adds one. NLL is accumulated in float64.
+by BOS when the model's tokenizer adds one. NLL is accumulated in float64. Only the scored
+positions' logits are asked of llama.cpp, one batch of at most 512 at a time, so memory stays near
+the model's own size at any window (an 8,192-token window at vocabulary 49,152 would otherwise hold
+1.6 GB of logits).
 
 Example:
     >>> from mfgguf.runtime.perplexity import perplexity
@@ -22,6 +25,11 @@ import numpy as np
 from ..errors import MfggufError
 from ..run import RunDir
 from .llm import check_ctx, loaded
+
+
+BATCH = 512  # tokens per llama_decode call: llama.cpp's default batch; at most this many rows of logits exist
+WINDOW = 1024  # default window (--ctx), or the model's trained context where that is shorter: an imported
+# base's 8,192 would cost ~1.3x per token in attention and score nothing on a domain of fewer tokens
 
 
 def windows(n_tokens: int, ctx: int) -> list[tuple[int, int]]:
@@ -49,18 +57,38 @@ def _as_tokens(tokens, n_vocab: int, what: str) -> np.ndarray:
 
 
 def _nll_of_window(llm, window: np.ndarray, bos: int | None) -> tuple[float, int]:
-    """Sum of -log p over the scored half of one window, and how many tokens that is."""
+    """Sum of -log p over the scored half of one window, and how many tokens that is.
+
+    The window goes through llama.cpp in batches of the context's n_batch tokens, and each batch asks
+    for the logits of its scored positions only; they are reduced to NLL before the next batch runs.
+    So at most n_batch x n_vocab logits exist at a time, whatever the window (all logits of one
+    8,192-token window at vocabulary 49,152 would be 1.6 GB).
+    """
     ids = window.tolist()
     if bos is not None:
         ids[0] = bos  # what llama-perplexity does when the vocab adds a BOS
-    llm.reset()  # n_tokens=0: eval() then clears the whole KV cache, so the window starts fresh
-    llm.eval(ids)
     first, last = scored_span(len(ids))
-    logits = llm.scores[first:last]  # (ctx-1-first, V) float32, a view of llama.cpp's output
-    targets = window[first + 1 : last + 1]  # (ctx-1-first,)
-    m = logits.max(axis=1, keepdims=True)  # (n, 1)
-    logz = m[:, 0].astype(np.float64) + np.log(np.exp(logits - m).sum(axis=1, dtype=np.float64))  # (n,)
-    return float((logz - logits[np.arange(len(targets)), targets]).sum()), len(targets)
+    ctx, batch, V = llm._ctx, llm._batch, llm.n_vocab()
+    llm.reset()
+    ctx.kv_cache_clear()  # the window starts from an empty KV cache
+    nll, n = 0.0, 0
+    for b0 in range(0, len(ids), llm.n_batch):
+        chunk = ids[b0 : b0 + llm.n_batch]
+        lo, hi = max(first - b0, 0), min(last - b0, len(chunk))  # this batch's scored positions: [lo, hi)
+        batch.set_batch(batch=chunk, n_past=b0, logits_all=False)
+        for j in range(lo, hi):
+            batch.batch.logits[j] = True  # set_batch flags only the last token; its row comes after these
+        ctx.decode(batch)
+        if hi <= lo:
+            continue
+        logits = np.ctypeslib.as_array(ctx.get_logits(), shape=((hi - lo) * V,)).reshape(hi - lo, V)  # (k, V)
+        targets = window[b0 + lo + 1 : b0 + hi + 1]  # (k,)
+        m = logits.max(axis=1, keepdims=True)  # (k, 1)
+        logz = m[:, 0].astype(np.float64) + np.log(np.exp(logits - m).sum(axis=1, dtype=np.float64))  # (k,)
+        nll += float((logz - logits[np.arange(hi - lo), targets]).sum())
+        n += hi - lo
+    llm.reset()
+    return nll, n
 
 
 def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None) -> dict:
@@ -88,16 +116,15 @@ def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None
 
 
 def _open(model, ctx: int | None, batch: int | None, threads: int | None):
-    """(context manager, ctx) for a path; an open Llama is used as is (it needs logits_all=True)."""
+    """(context manager, ctx) for a path; an open Llama is used as is."""
     from contextlib import nullcontext
 
     if isinstance(model, (str, Path)):
         from .llm import read_header
 
-        ctx = check_ctx(read_header(model), ctx)
-        return loaded(model, n_ctx=ctx, logits_all=True, n_batch=min(batch or ctx, ctx), threads=threads), ctx
-    if not getattr(model, "_logits_all", False):
-        raise MfggufError("perplexity needs a model opened with logits_all=True; pass the GGUF path instead")
+        header = read_header(model)
+        ctx = check_ctx(header, ctx or min(WINDOW, header["context_length"]))
+        return loaded(model, n_ctx=ctx, n_batch=min(batch or BATCH, ctx), threads=threads), ctx
     ctx = check_ctx(model.mfgguf_header, ctx or getattr(model, "mfgguf_n_ctx", None))
     if ctx > model.n_ctx():
         raise MfggufError(f"--ctx {ctx} is longer than the open model's context {model.n_ctx()}; reopen it with n_ctx={ctx}")
@@ -107,8 +134,8 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None):
 def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = None, threads: int | None = None) -> dict:
     """Perplexity of a token sequence under a GGUF, computed by llama.cpp.
 
-    MODEL is a GGUF path (or a Llama opened with logits_all=True). ctx defaults to the model's
-    trained context. Returns {"ppl", "nll" (mean nats per scored token), "n_tokens" (scored),
+    MODEL is a GGUF path (or an open Llama). ctx defaults to 1,024 tokens, or the
+    model's trained context where that is shorter. Returns {"ppl", "nll" (mean nats per scored token), "n_tokens" (scored),
     "n_windows", "ctx", "n_input_tokens", "tokens_per_s"}.
 
     Example:
@@ -160,7 +187,8 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
 
     With --data FILE (repeatable) each file is UTF-8 text tokenized by the GGUF's own tokenizer
     and scored as one domain named after the file. With --run RUN each RUN/data/heldout/<domain>.npy
-    is one domain. Windows of --ctx tokens (default: the model's trained context), each evaluated
+    is one domain. Windows of --ctx tokens (default 1,024, or the model's trained context where
+    that is shorter; at most the trained context), each evaluated
     fresh with its second half scored, as llama.cpp's perplexity tool does. Reports every domain
     with its token counts and the token-weighted overall figure.
 

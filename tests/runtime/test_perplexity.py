@@ -51,6 +51,15 @@ def test_windowing_matches_numpy_recomputation(tiny_gguf, trained_run):
     assert r["ppl"] < read_header(tiny_gguf)["n_vocab"]  # a trained model beats uniform guessing
 
 
+def test_a_window_longer_than_the_batch_scores_the_same(tiny_gguf, trained_run):
+    """Windows go through llama.cpp in batches, each asking only for its scored positions' logits."""
+    toks = next(iter(_heldout(trained_run).values()))[: 2 * 64]
+    whole = perplexity(tiny_gguf, toks, ctx=64)  # one batch a window
+    for batch in (8, 24, 40):  # batch edges before, at and across the scored half's start (32)
+        r = perplexity(tiny_gguf, toks, ctx=64, batch=batch)
+        assert r["n_tokens"] == whole["n_tokens"] and r["nll"] == pytest.approx(whole["nll"], rel=1e-4)
+
+
 def test_by_domain_is_token_weighted(tiny_gguf, trained_run):
     doms = _heldout(trained_run, 400)
     r = perplexity_by_domain(tiny_gguf, doms, ctx=64)
