@@ -174,10 +174,14 @@ def router_stats_cmd(
                                " (cheaper, measured worse)."),
     tokens: int = typer.Option(None, "--tokens", help="Tokens per expert (source experts) or in all (source trunk);"
                                " default: 4 x the eval tokens, as each expert's own statistics."),
+    experts: str = typer.Option(None, "--experts", help="Experts to pool over, e.g. 1,3 or 1-4 (default all; the ones"
+                                " `assemble --experts` takes)."),
     device: str = _DEVICE, progress: bool = _PROGRESS,
 ):
+    from ..options import parse_experts
     from ..train.pooled import pool_router_stats
 
-    m = pool_router_stats(run, source=source, tokens=tokens, device=device, progress=progress)
+    m = pool_router_stats(run, source=source, tokens=tokens, device=device, progress=progress,
+                          experts=parse_experts(experts))
     typer.echo(f"router statistics: second moments over {m['router_stats_count']:,} tokens ({m['router_stats_on']}),"
                f" {Path(run) / 'modules' / m['file']}, {m['seconds']:.1f} s")

@@ -105,7 +105,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     if out.exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to overwrite it")
     p = plan_with_stats(lambda: plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts,
-                                     merge=merge, density=merge_density), rd, progress=progress)
+                                     merge=merge, density=merge_density), rd, progress=progress, experts=experts)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
     threads = threads or Q.default_threads()

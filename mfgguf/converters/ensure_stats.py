@@ -25,28 +25,34 @@ from .layout import PooledStatsNeeded
 T = TypeVar("T")
 
 
-def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool, verb: str = "assemble") -> T:
-    """`make_plan()`; where it stops for missing or stale pooled statistics, run the pass and plan again."""
+def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool, verb: str = "assemble",
+                    experts: list[int] | None = None) -> T:
+    """`make_plan()`; where it stops for missing or stale pooled statistics, run the pass and plan again.
+
+    `experts` are the ones the plan takes (None: every expert of the run): the pass pools over
+    those only, so a run whose other experts are not trained yet still assembles the trained ones."""
     try:
         return make_plan()
     except PooledStatsNeeded as e:
         source = _recorded_source(rd)
-        if (blocked := cannot_pool(rd, source)) is not None:
+        if (blocked := cannot_pool(rd, source, experts)) is not None:
             raise MfggufError(f"{e} ({verb} cannot compute them here: {blocked})") from None
+        some = "" if experts is None else " --experts " + ",".join(map(str, experts))
         print(f"{verb}: the pooled router statistics {e.why}; computing them first (`mfgguf router-stats"
-              f" {rd.root}`{' --source trunk' if source == 'trunk' else ''})", file=sys.stderr, flush=True)
+              f" {rd.root}{' --source trunk' if source == 'trunk' else some}`)", file=sys.stderr, flush=True)
         from ..train.pooled import pool_router_stats  # torch: only when the pass runs
 
-        pool_router_stats(rd.root, source=source, progress=progress)
+        pool_router_stats(rd.root, source=source, progress=progress, experts=experts)
     return make_plan()
 
 
-def cannot_pool(rd: RunDir, source: str = "experts") -> str | None:
-    """Why the router-stats pass cannot run on this machine (modules or shards absent), or None."""
+def cannot_pool(rd: RunDir, source: str = "experts", experts: list[int] | None = None) -> str | None:
+    """Why the router-stats pass over `experts` (None: all) cannot run on this machine (modules or shards
+    absent), or None."""
     if source == "trunk":
         return None if rd.train_tokens.is_file() else f"the training tokens data/{rd.train_tokens.name} are absent"
     trunk_sha = read_module_meta(rd, 0).get("sha256")
-    for i in range(1, int(rd.info()["n_experts"]) + 1):
+    for i in range(1, int(rd.info()["n_experts"]) + 1) if experts is None else experts:
         if not rd.module_file(i).is_file() or not rd.module_meta(i).is_file():
             return f"{module_name(i)} is not trained on this machine"
         if not finished_against(read_module_meta(rd, i), trunk_sha):

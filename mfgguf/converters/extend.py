@@ -96,7 +96,7 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
     src = _Source.read(model)
     keep = src.kept(remove or [])
     adds = plan_with_stats(lambda: _additions(Path(add), experts, src), RunDir(add), progress=False,
-                           verb="extend") if add else None
+                           verb="extend", experts=experts) if add else None
     p = _plan(src, keep, adds)
     with open(model, "rb") as fin:
         with atomic_path(out, suffix=f".{os.getpid()}") as tmp:

@@ -6,7 +6,7 @@ and G, the second moment of the FFN inputs over the union of the shards (dim x d
 expert's weights, read and hashed at every assembly. `pool_router_stats` computes
 G = sum_i n_i M_i / sum_i n_i once, with the statistics pass restat.py uses: trunk + one expert in
 memory, forward only, over the same sample of each expert's shard that its training measured
-(4 x eval_tokens, windows spread over the shard), experts one after another. With that sample it
+(4 x that expert's eval_tokens, windows spread over the shard), experts one after another. With that sample it
 is the very G that format 1 pooled at assembly, so the router is unchanged.
 
 Experts that complement the seed (train/complement.py) are measured with their own forward, the
@@ -39,7 +39,8 @@ from ..run import RunDir, finished_against, module_name, read_module_meta, write
 from .complement import ROUTE, load_module, two_way
 from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, load_tokens, resolve_device
-from .restat import precision_of, trunk_alone
+from .restat import precision_of
+from .weights import trunk_alone
 from .stats import RouterStats
 from .weights import read_safetensors
 
@@ -48,13 +49,14 @@ SOURCES = ("experts", "trunk")
 
 @torch.no_grad()
 def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None = None, device: str = "cpu",
-                      progress: bool = True) -> dict:
+                      progress: bool = True, experts: list[int] | None = None) -> dict:
     """Compute the router's pooled statistics of RUN (modules/router_stats.safetensors), which assembly
     needs for the ridge router: the second moment of the FFN inputs over every expert's shard, from
     trunk + that expert (forward only, one expert in memory at a time). Run it after the experts are
     trained, and again after retraining one (`train-experts`, the final `sync` and `assemble`, where
     they are missing or stale, do it for you).
     --source trunk uses the trunk alone over the mixed data (no experts needed; a worse router).
+    --experts I,J pools over those experts only (the ones an assembly of a subset takes).
 
     Example:
         >>> pool_router_stats(Path("RUN"))["experts"]
@@ -75,8 +77,11 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
         evaluate(model, load_tokens(rd.train_tokens, "the trunk's training tokens"), per, route, dev,
                  precision_of(trunk), hook=stats.hook)
     else:
-        metas = {i: _expert_meta(rd, trunk, i) for i in range(1, info["n_experts"] + 1)}
-        prec = precision_of(metas[1])
+        ids = range(1, info["n_experts"] + 1) if experts is None else [rd.check_expert_index(int(i)) for i in experts]
+        if not ids:
+            raise MfggufError("no experts to pool router statistics over; pass --experts with at least one")
+        metas = {i: _expert_meta(rd, trunk, i) for i in ids}
+        prec = precision_of(next(iter(metas.values())))
         comp = any(m.get("complement") for m in metas.values())  # complementing experts: their own forward
         if comp and not all(m.get("complement") for m in metas.values()):
             raise MfggufError("some experts complement the seed and some do not; retrain them alike (all with or all"
@@ -89,8 +94,10 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
                 bar.update(module_name(i))
                 tensors = dict(read_safetensors(rd.module_file(i)))
                 load_module(model, tensors) if comp else model.load_expert(tensors)
-                evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), per, route, dev, prec, hook=stats.hook)
+                n = int(tokens or _stats_tokens(metas[i]))  # the sample the expert's own statistics measured
+                evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), n, route, dev, prec, hook=stats.hook)
                 bar.advance()
+        per = int(tokens or max(_stats_tokens(m) for m in metas.values()))
         return _write(rd, stats, trunk, "experts", {module_name(i): m["sha256"] for i, m in metas.items()}, per,
                       "trunk + each expert over its shard", t0)
     return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
@@ -102,7 +109,7 @@ def write_pooled(rd: RunDir, stats: RouterStats, *, t0: float, tokens: int | Non
     trunk = read_module_meta(rd, 0)
     n = int(rd.info()["n_experts"])
     experts = {module_name(i): read_module_meta(rd, i)["sha256"] for i in range(1, n + 1)}
-    per = tokens or 4 * int(read_module_meta(rd, 1).get("train", {}).get("eval_tokens", 65_536))
+    per = tokens or _stats_tokens(read_module_meta(rd, 1))
     return _write(rd, stats, trunk, "experts", experts, per, "trunk + each expert over its shard", t0)
 
 
@@ -112,6 +119,11 @@ def _write(rd: RunDir, stats: RouterStats, trunk: dict, source: str, experts: di
         "trunk_sha256": trunk["sha256"], "source": source, "experts": experts, "tokens_per_source": per,
         "router_stats_count": stats.n, "router_stats_on": on, "seconds": round(time.perf_counter() - t0, 3),
     })
+
+
+def _stats_tokens(meta: dict) -> int:
+    """Tokens of its shard an expert's own statistics measured: 4 x its eval_tokens (train/expert.py)."""
+    return 4 * int(meta.get("train", {}).get("eval_tokens", 65_536))
 
 
 def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:

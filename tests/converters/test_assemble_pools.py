@@ -52,17 +52,30 @@ def test_assemble_computes_missing_router_stats(trained_run, tmp_path, capsys):
 def test_missing_router_stats_stay_an_error_where_the_pass_cannot_run(trained_run, tmp_path, absent):
     run = _without_pooled(trained_run, tmp_path / "run")
     rd = RunDir(run)
-    if absent == "shard":
+    if absent == "shard":  # a shard of an expert the assembly takes
         rd.shard(2).unlink()
-        why = "shard 2 (data/shard_002.npy) is absent"
-    else:  # assembling the others: the pass pools over every expert of the run
+        why, take = "shard 2 (data/shard_002.npy) is absent", [1, 2]
+        pattern = "no pooled router statistics.*`mfgguf router-stats .*" + re.escape(why)
+    else:  # every expert is asked for, one is not trained here: the plan names it before any pass
         rd.module_file(3).unlink()
         rd.module_meta(3).unlink()
-        why = "expert_003 is not trained on this machine"
+        why, take = "train it with `mfgguf train-expert RUN --expert 3`", None
+        pattern = "module expert_003 is missing.*" + re.escape(why)
     out = tmp_path / "m.gguf"
-    with pytest.raises(MfggufError, match="no pooled router statistics.*`mfgguf router-stats .*" + re.escape(why)):
-        assemble(run, out, quant="f32", experts=[1, 2], progress=False)
-    r = CliRunner().invoke(app, ["assemble", str(run), "-o", str(out), "-q", "--experts", "1,2"])
+    with pytest.raises(MfggufError, match=pattern):
+        assemble(run, out, quant="f32", experts=take, progress=False)
+    r = CliRunner().invoke(app, ["assemble", str(run), "-o", str(out), "-q", *(["--experts", "1,2"] if take else [])])
     lines = r.output.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and why in lines[0], r.output
     assert not out.exists() and not rd.router_stats.exists()
+
+
+def test_a_subset_assembles_while_other_experts_are_untrained(trained_run, tmp_path, capsys):
+    """`--experts 1,2` with expert 3 not trained here: the pass pools over the two taken, and the file has them."""
+    run = _without_pooled(trained_run, tmp_path / "run")
+    rd = RunDir(run)
+    rd.module_file(3).unlink()
+    rd.module_meta(3).unlink()
+    r = assemble(run, tmp_path / "m.gguf", quant="f32", experts=[1, 2], progress=False)
+    assert r["experts"] == [1, 2] and "--experts 1,2" in capsys.readouterr().err
+    assert set(json.loads(rd.router_stats_meta.read_text())["experts"]) == {"expert_001", "expert_002"}
