@@ -32,6 +32,7 @@ from . import branch as br
 from . import checkpoint as ckpt_io
 from . import complement as cx
 from . import shared as sh
+from .base_score import reference_heldout
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
                    resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
 from .rounds import round_end
@@ -231,6 +232,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
 
     heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
+    before = reference_heldout(rd, trunk, tc.eval_tokens, dev, prec)
     stats = RouterStats(cfg.n_layers, cfg.dim)
     shard_loss, _ = evaluate(model, data, 4 * tc.eval_tokens, route, dev, prec, hook=stats.hook)
     meta = {
@@ -241,7 +243,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         "shard": i,
         "shard_domains": _shard_domains(info, i),
         "shard_loss": shard_loss,
-        "trunk_heldout_loss": trunk.get("heldout_loss", {}),
+        "trunk_heldout_loss": before,
         "router_stats_count": stats.n,
         **sh.shared_meta(cfg, tc.shared),
         "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
@@ -251,7 +253,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     tensors = {**ffn, **sh.shared_module_tensors(model, tc.shared), **stats.tensors()}
     meta = write_module(rd, i, tensors, meta)
     loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout, curve=res.heldout_history,
-               reference=trunk.get("heldout_loss"), title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
+               reference=before or None, title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
 

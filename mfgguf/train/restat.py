@@ -21,12 +21,11 @@ import time
 
 from ..config import ModelConfig
 from ..errors import MfggufError
-from ..model import Transformer, seed_name_map, trunk_model, trunk_name_map
 from ..run import RunDir, module_name, read_module_meta, write_module
 from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, heldout_losses, load_tokens, mean, resolve_device
 from .stats import RouterStats
-from .weights import read_safetensors
+from .weights import read_safetensors, trunk_alone
 
 
 def needs_restat(rd: RunDir, trunk: dict, i: int) -> bool:
@@ -99,14 +98,6 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
     }
     means = {k: v for k, v in stats.tensors().items() if k.endswith(".mean")}  # the module keeps its means only
     return {**model.expert_tensors(0), **means}, extra
-
-
-def trunk_alone(trunk_path: Path, cfg: ModelConfig, dev) -> tuple[Transformer, str]:
-    """(the trunk as it runs alone: anchor, + its seed FFN if it has one, read from `trunk_path`, its route)."""
-    model, route = trunk_model(cfg)
-    by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
-    model.load_state_dict({by_gguf[g]: t for g, t in read_safetensors(trunk_path) if g in by_gguf}, strict=False)
-    return model.to(dev), route
 
 
 @torch.no_grad()

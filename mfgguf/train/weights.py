@@ -16,6 +16,9 @@ from typing import Iterator
 
 import torch
 
+from ..config import ModelConfig
+from ..model import Transformer, seed_name_map, trunk_model, trunk_name_map
+
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}  # safetensors dtype -> torch
 
 
@@ -37,3 +40,11 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
             buf = bytearray(e - b)
             f.readinto(buf)
             yield name, torch.frombuffer(buf, dtype=dtype).reshape(h["shape"])
+
+
+def trunk_alone(trunk_path: Path, cfg: ModelConfig, dev) -> tuple[Transformer, str]:
+    """(the trunk as it runs alone: anchor, + its seed FFN if it has one, read from `trunk_path`, its route)."""
+    model, route = trunk_model(cfg)
+    by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
+    model.load_state_dict({by_gguf[g]: t for g, t in read_safetensors(trunk_path) if g in by_gguf}, strict=False)
+    return model.to(dev), route
