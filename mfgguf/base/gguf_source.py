@@ -1,7 +1,9 @@
 """A llama-architecture GGUF as a base model: its shape from the key-values, its tensors read one by one.
 
-Weights may be f32, f16, bf16 or q8_0 (dequantized tensor by tensor with gguf-py); attn_q and
-attn_k are already in llama.cpp's RoPE row order. What mfgguf's model cannot compute exactly is
+Weights may be of any type gguf-py dequantizes (f32, f16, bf16, q4_0 ... q8_0, the K-quants, the
+i-quants; tensor by tensor, into f32); attn_q and attn_k are already in llama.cpp's RoPE row order.
+A quantized base imports as the function its file computes: the trunk holds the dequantized
+weights, so an f32 assembly of it matches the quantized file up to llama.cpp's activation rounding. What mfgguf's model cannot compute exactly is
 refused with one line naming it: another architecture, rope scaling (or a `rope_freqs` tensor),
 biases or any other extra tensor, a mixture of experts, a head_dim other than dim / n_heads.
 """
@@ -16,7 +18,21 @@ import numpy as np
 from ..errors import MfggufError
 from .source import BaseShape, bf16_to_f32, pread_exact
 
-WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")  # gguf.GGMLQuantizationType names this importer reads
+PLAIN_TYPES = ("F32", "F16", "BF16")  # read as they are; every other type goes through gguf-py's dequantizer
+
+
+def readable(qtype) -> bool:
+    """Whether gguf-py dequantizes this gguf.GGMLQuantizationType (its public API has no list: ask it)."""
+    import gguf
+
+    if qtype.name in PLAIN_TYPES:
+        return True
+    try:
+        block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+        gguf.quants.dequantize(np.zeros((1, nbytes), np.uint8), qtype)
+    except (KeyError, NotImplementedError, TypeError, ValueError):
+        return False
+    return True
 
 
 class GGUFBase:
@@ -32,7 +48,8 @@ class GGUFBase:
         try:
             self.reader = gguf.GGUFReader(self.path)
         except Exception as e:  # gguf-py raises ValueError/struct errors on a damaged or foreign file
-            raise MfggufError(f"{self.path} is not a readable GGUF file ({e})") from None
+            raise MfggufError(f"{self.path} is not a readable GGUF file, damaged or truncated ({e}); fetch or copy it"
+                              " again") from None
         arch = self._kv("general.architecture", what)
         if arch != "llama":
             raise MfggufError(f"{what} has architecture {arch!r}; import-base reads dense `llama` GGUFs only")
@@ -45,6 +62,7 @@ class GGUFBase:
         n_heads = int(self._kv(f"{a}.attention.head_count", what))
         dim = int(self._kv(f"{a}.embedding_length", what))
         self.tensors = {t.name: t for t in self.reader.tensors}
+        verdict: dict[str, bool] = {}
         tied = "output.weight" not in self.tensors
         emb = self.tensors.get("token_embd.weight")
         if emb is None:
@@ -69,14 +87,19 @@ class GGUFBase:
             shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # ggml dims are fastest first
             if shape != want[name]:
                 raise MfggufError(f"{what}: tensor {name} has shape {list(shape)}, expected {list(want[name])}")
-            if t.tensor_type.name not in WEIGHT_TYPES:
-                raise MfggufError(f"{what}: tensor {name} is {t.tensor_type.name}; import-base reads"
-                                  f" {', '.join(w.lower() for w in WEIGHT_TYPES)} weights")
+            kind = t.tensor_type.name
+            if kind not in verdict:
+                verdict[kind] = readable(t.tensor_type)
+            if not verdict[kind]:
+                raise MfggufError(f"{what}: tensor {name} is {kind}, which gguf-py {gguf_version()} cannot dequantize;"
+                                  f" convert the base to f16 or q8_0 with llama.cpp's llama-quantize first")
+
         missing = [n for n in want if n not in self.tensors and not (n == "output.weight" and tied)]
         if missing:
             raise MfggufError(f"{what} has no tensor {missing[0]}")
 
     def _kv(self, key: str, what: str, default=MfggufError):
+        """A key's value; a missing key is `default`, or one line naming it when there is none."""
         f = self.reader.get_field(key)
         if f is None:
             if default is MfggufError:
@@ -125,3 +148,12 @@ class GGUFBase:
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         w.close()
+
+
+def gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(unknown version)"

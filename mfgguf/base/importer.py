@@ -33,14 +33,16 @@ from ..errors import MfggufError
 from ..run import RunDir, swap_dir_into_place, write_json, write_module_streamed
 from .gguf_source import GGUFBase
 from .hf_source import HFBase
+from .known import resolve_base
 from .runbase import BASE_FORMAT, BaseFiles
 
 SEED_SHARE = 8  # default seed width: the base's FFN width / this, rounded down to a multiple of 32
 
 
 def open_base(src: Path) -> GGUFBase | HFBase:
-    """The reader for SRC: a directory is a Hugging Face checkpoint, a file must be a GGUF."""
-    p = Path(src)
+    """The reader for SRC: a directory is a Hugging Face checkpoint, a file must be a GGUF, and a known
+    base's name (`smollm2`, fetched by `make smollm2`) is its cached GGUF."""
+    p = resolve_base(src)
     if p.is_dir():
         return HFBase(p)
     if not p.is_file():
@@ -59,8 +61,10 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
                 ctx_len: int | None = None, force: bool = False) -> dict:
     """Import a pretrained llama-family model as the trunk of a new RUN directory.
 
-    SRC is a GGUF (llama architecture; f32, f16, bf16 or q8_0 weights) or a Hugging Face
-    LlamaForCausalLM directory (config.json, safetensors, tokenizer.json). The base's FFN is split
+    SRC is a GGUF (llama architecture; any weight type gguf-py dequantizes: f32, f16, bf16,
+    q4_0 ... q8_0, K-quants), a Hugging Face LlamaForCausalLM directory (config.json,
+    safetensors, tokenizer.json), or the name of a base fetched into the cache (`smollm2`,
+    by `make smollm2`). The base's FFN is split
     by hidden units into the anchor and a seed FFN of `expert_ff` units that experts start from
     (default: an eighth of the FFN), so the trunk alone computes the base exactly. Then run
     `mfgguf prepare CORPUS --out RUN --experts N`: it tokenizes the corpus with the base's tokenizer.
@@ -105,8 +109,8 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
             shutil.copyfile(base.tokenizer_json, files.tokenizer_json)
         eos = files.special_id("eos")
         if eos is None:
-            raise MfggufError(f"base {Path(src).name} names no EOS token; mfgguf ends every document with it")
-        info = {"format": BASE_FORMAT, "source": str(Path(src).resolve()), "kind": base.kind, "shape": asdict(s),
+            raise MfggufError(f"base {base.path.name} names no EOS token; mfgguf ends every document with it")
+        info = {"format": BASE_FORMAT, "source": str(base.path.resolve()), "kind": base.kind, "shape": asdict(s),
                 "eos_id": eos, "eos_token": files.token(eos), "tokenizer": "tokenizer.json" if base.tokenizer_json else "vocab.gguf",
                 "seed": {"split": "hidden units", "anchor_units": [0, cfg.anchor_ff], "seed_units": [cfg.anchor_ff, s.ff]}
                 if seed else None}

@@ -50,6 +50,7 @@ QTYPES: dict[str, QType] = {q.name: q for q in (
     QType("f32", 0, 1, 4),
     QType("f16", 1, 1, 2),
     QType("q4_0", 2, 32, 18),
+    QType("q4_1", 3, 32, 20),
     QType("q5_0", 6, 32, 22),
     QType("q5_1", 7, 32, 24),
     QType("q8_0", 8, 32, 34),
@@ -59,11 +60,11 @@ QTYPES: dict[str, QType] = {q.name: q for q in (
     QType("bf16", 30, 1, 2),
 )}
 QTYPE_BY_ID = {q.ggml: q for q in QTYPES.values()}
-USER_QUANTS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k")  # what --quant accepts
+USER_QUANTS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k")  # what --quant accepts
 K_QUANTS = ("q4_k", "q5_k", "q6_k")
-FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q4_0": "f16", "q5_0": "f16", "q5_1": "f16", "q8_0": "f16"}
+FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q4_0": "f16", "q4_1": "f16", "q5_0": "f16", "q5_1": "f16", "q8_0": "f16"}
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* for general.file_type (informational)
-FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q4_k": 14, "q5_k": 16, "q6_k": 18, "bf16": 32}
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k": 14, "q5_k": 16, "q6_k": 18, "bf16": 32}
 LAYOUTS = ("granitemoe", "mixtral")
 ROUTERS = ("ridge", "centroid", "uniform", "random")
 

@@ -246,9 +246,10 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     assert r.exit_code == 0, r.output
     hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=True)
     (hf / "tokenizer.json").unlink()
-    q4 = tmp_path / "q4.gguf"
-    r = cli("assemble", src, "-o", q4, "--experts", "none", "--quant", "q4_0", "-q")
-    assert r.exit_code == 0, r.output
+    f32 = trunk_gguf(src, tmp_path / "f32.gguf")
+    f64 = retyped(f32, tmp_path / "f64.gguf", "blk.0.ffn_down.weight", np.float64)  # a type gguf-py cannot dequantize
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(f32.read_bytes()[:-1000])
 
     def variant(name: str, **config) -> Path:
         d = save_hf_llama(tmp_path / name, tokenizer_json, tied=True)
@@ -262,7 +263,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     spm = variant("spm")
     tj = json.loads((spm / "tokenizer.json").read_text())
     (spm / "tokenizer.json").write_text(json.dumps({**tj, "decoder": {"type": "ByteFallback"}}))
-    cases = [(moe, "architecture 'granitemoe'"), (q4, "is Q4_0"), (hf, "no tokenizer.json"),
+    cases = [(moe, "architecture 'granitemoe'"), (f64, "is F64, which gguf-py"), (cut, "damaged or truncated"),
+             (hf, "no tokenizer.json"),
              (scaled, "rope scaling 'llama3'"), (biased, "attention_bias"), (wide, "head_dim 32"),
              (spm, "not byte-level BPE"), (tmp_path / "nothing", "does not exist")]
     for src_, what in cases:
@@ -277,6 +279,44 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     r = cli("import-base", base, "--out", taken)
     assert r.exit_code == 1 and "--force" in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert [p.name for p in taken.iterdir()] == ["mine.txt"]
+
+
+def retyped(src: Path, dst: Path, name: str, dtype) -> Path:
+    """A copy of GGUF `src` whose tensor `name` is stored as numpy `dtype` (every key-value kept)."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), r.get_field("general.architecture").contents())
+    for key, f in r.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            vt = f.types[0]
+            w.add_key_value(key, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        data = np.asarray(t.data).reshape([int(x) for x in reversed(t.shape.tolist())])
+        w.add_tensor(t.name, data.astype(dtype) if t.name == name else data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_quantized_base_imports_as_the_function_its_file_computes(tmp_path):
+    """A q4_0 base (any type gguf-py dequantizes) imports; re-quantized as q4_0 its trunk is the same bytes."""
+    import gguf
+
+    src = synthetic_run(tmp_path / "syn", n_experts=1, max_chars=200_000)
+    q4 = trunk_gguf(src, tmp_path / "q4.gguf", "q4_0")
+    run = tmp_path / "run"
+    r = cli("import-base", q4, "--out", run, "--preset", "tiny")
+    assert r.exit_code == 0, r.output
+    r = cli("prepare", "builtin", "--out", run, "--experts", "1", "--max-chars-per-domain", "20000", "--no-progress")
+    assert r.exit_code == 0, r.output
+    again = trunk_gguf(run, tmp_path / "again.gguf", "q4_0")
+    a = {t.name: t for t in gguf.GGUFReader(q4).tensors}
+    b = {t.name: t for t in gguf.GGUFReader(again).tensors}
+    assert a.keys() == b.keys() and any(t.tensor_type.name == "Q4_0" for t in a.values())
+    assert all(a[k].tensor_type == b[k].tensor_type and np.array_equal(a[k].data, b[k].data) for k in a)
 
 
 def test_llama3_style_tokenizer_tokenizes_the_same_in_llama_cpp(tmp_path):
