@@ -28,6 +28,7 @@ from .llm import check_ctx, loaded
 
 
 BATCH = 512  # tokens per llama_decode call: llama.cpp's default batch; at most this many rows of logits exist
+ROWS = 64  # logits rows reduced at a time (a row is n_vocab floats: 192 KB at 49,152)
 WINDOW = 1024  # default window (--ctx), or the model's trained context where that is shorter: an imported
 # base's 8,192 would cost ~1.3x per token in attention and score nothing on a domain of fewer tokens
 
@@ -81,11 +82,13 @@ def _nll_of_window(llm, window: np.ndarray, bos: int | None) -> tuple[float, int
         ctx.decode(batch)
         if hi <= lo:
             continue
-        logits = np.ctypeslib.as_array(ctx.get_logits(), shape=((hi - lo) * V,)).reshape(hi - lo, V)  # (k, V)
+        logits = np.ctypeslib.as_array(ctx.get_logits(), shape=((hi - lo) * V,)).reshape(hi - lo, V)  # (k, V), no copy
         targets = window[b0 + lo + 1 : b0 + hi + 1]  # (k,)
-        m = logits.max(axis=1, keepdims=True)  # (k, 1)
-        logz = m[:, 0].astype(np.float64) + np.log(np.exp(logits - m).sum(axis=1, dtype=np.float64))  # (k,)
-        nll += float((logz - logits[np.arange(hi - lo), targets]).sum())
+        for r in range(0, hi - lo, ROWS):  # numpy's temporaries stay at ROWS x V
+            x, t = logits[r : r + ROWS], targets[r : r + ROWS]  # (rows, V), (rows,)
+            m = x.max(axis=1, keepdims=True)  # (rows, 1)
+            logz = m[:, 0].astype(np.float64) + np.log(np.exp(x - m).sum(axis=1, dtype=np.float64))  # (rows,)
+            nll += float((logz - x[np.arange(len(t)), t]).sum())
         n += hi - lo
     llm.reset()
     return nll, n

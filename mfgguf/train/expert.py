@@ -185,6 +185,8 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     prec = resolve_precision(precision, dev)
     data = load_tokens(rd.shard(i), f"shard {i}")
     check_token_range(data, cfg.vocab_size, str(rd.shard(i)))
+    # before the expert's model exists: an imported base is scored by a model of its own, freed here
+    before = reference_heldout(rd, trunk, tc.eval_tokens, dev, prec) if rnd == tc.rounds else {}
     ckpt_dir = rd.checkpoint_dir(i)
     if restart:
         ckpt_io.remove(ckpt_dir)
@@ -232,7 +234,6 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
 
     heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
-    before = reference_heldout(rd, trunk, tc.eval_tokens, dev, prec)
     stats = RouterStats(cfg.n_layers, cfg.dim)
     shard_loss, _ = evaluate(model, data, 4 * tc.eval_tokens, route, dev, prec, hook=stats.hook)
     meta = {

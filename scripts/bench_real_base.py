@@ -1,0 +1,239 @@
+"""The design card's 1B on a real base: 100 experts of ~10M parameters on SmolLM2-135M-Instruct.
+
+Prints JSON lines (one per measurement) and appends them to OUT/bench_real_base.jsonl:
+  - import-base of the Q4_1 file (wall, peak RSS); one expert really trained (wall, peak RSS);
+  - the other experts are the seed plus a small Gaussian perturbation (--perturb x each tensor's
+    std), with expert 1's recorded means perturbed alike: this measures the system (files, memory,
+    speed), not model quality, which docs/regime.md and `mfgguf eval` measure;
+  - assembly of all experts, q8_0 and q4_k: wall time against the same run's plain I/O (read
+    every module, write as many bytes as the GGUF, fsync), peak RSS, file size, total and active
+    parameters per token;
+  - llama-cpp-python on the MoE (q8_0, q4_k) and on the base itself (the Q4_1 file, and the
+    imported trunk as q8_0): load seconds, prompt and decode tokens/s (greedy, one token at a
+    time), peak RSS; the design card's budget is 8 GB;
+  - `extend` adding a 101st expert trained against the same base in another RUN (wall, RSS,
+    against plain I/O of the file it copies).
+
+    make smollm2 && python scripts/bench_real_base.py             # ~15 minutes on 2 cores
+    python scripts/bench_real_base.py --experts 8 --out /tmp/rb8   # a quicker look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_assemble import io_reference, module_inputs  # noqa: E402
+
+from mfgguf.base.known import resolve_base  # noqa: E402
+from mfgguf.run import RunDir, read_module_meta, write_module  # noqa: E402
+from mfgguf.stages import run_stage  # noqa: E402
+
+INFER = r"""
+import json, sys, time
+from mfgguf.runtime.llm import loaded
+path, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t0 = time.perf_counter()
+with loaded(path, n_ctx=n_prompt + n_gen) as llm:
+    t_load = time.perf_counter() - t0
+    prompt = (llm.tokenize(open(sys.argv[4]).read().encode(), add_bos=False) * 50)[:n_prompt]
+    t0 = time.perf_counter(); llm.eval(prompt); t_prompt = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(n_gen):  # greedy decode, one token at a time: the chat/generate hot path
+        llm.eval([int(llm.sample(temp=0.0))])
+    t_gen = time.perf_counter() - t0
+print(json.dumps({"load_s": round(t_load, 3), "prompt_tps": round(n_prompt / t_prompt, 1),
+                  "decode_tps": round(n_gen / t_gen, 1), "n_prompt": n_prompt, "n_gen": n_gen}))
+"""
+
+
+PARITY = r"""
+import json, sys
+import gguf, numpy as np
+from mfgguf.runtime.llm import loaded
+f32, q41, base, text = sys.argv[1:5]
+def logits(path, ids):
+    with loaded(path, n_ctx=len(ids), n_batch=len(ids), logits_all=True) as llm:
+        llm.eval(ids)
+        return np.array(llm.scores[: len(ids)])
+with loaded(base, n_ctx=64) as llm:
+    ids = llm.tokenize(open(text).read().encode(), add_bos=False)[:512]
+a, b = logits(f32, ids), logits(base, ids)  # (T, V) each
+d = np.abs(a - b)
+ours = {t.name: t for t in gguf.GGUFReader(q41).tensors}
+same = [t.name for t in gguf.GGUFReader(base).tensors
+        if ours[t.name].tensor_type == t.tensor_type and np.array_equal(ours[t.name].data, t.data)]
+theirs = gguf.GGUFReader(base)
+keys = lambda r: {k: f.contents() for k, f in r.fields.items() if k.startswith("tokenizer.")}
+print(json.dumps({"tokens": len(ids), "max_abs_diff": float(d.max()), "max_abs_logit": float(np.abs(b).max()),
+                  "max_rel_diff": float(d.max() / np.abs(b).max()),
+                  "worst_row_rel_diff": float((d.max(1) / np.abs(b).max(1)).max()),
+                  "argmax_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
+                  "q4_1_tensors_identical": len(same), "base_tensors": len(theirs.tensors),
+                  "differing": sorted(set(t.name for t in theirs.tensors) - set(same)),
+                  "tokenizer_keys_identical": keys(gguf.GGUFReader(q41)) == keys(theirs)}))
+"""
+
+
+def cpu() -> dict:
+    """The CPU's model and the flags that decide llama.cpp's and torch's kernels."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        text = ""
+    model = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("Model name")), platform.processor())
+    flags = set(next((l.split(":", 1)[1].split() for l in text.splitlines() if l.startswith("Flags")), []))
+    keep = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+    return {"cpu": model, "flags": [f for f in keep if f in flags], "cores": os.cpu_count()}
+
+
+class Bench:
+    def __init__(self, out: Path):
+        self.out = out
+
+    def emit(self, **rec) -> None:
+        line = json.dumps(rec)
+        print(line, flush=True)
+        with open(self.out / "bench_real_base.jsonl", "a") as f:
+            f.write(line + "\n")
+
+    def plain_io(self, inputs: list[Path], out_bytes: int) -> float:
+        tmp = self.out / ".plain-io.tmp"
+        r, _ = run_stage("plain I/O", [sys.executable, "-c", io_reference(inputs, out_bytes, tmp)])
+        tmp.unlink()
+        return r.wall_s
+
+
+def perturbed_experts(run: RunDir, n: int, scale: float, seed: int = 0) -> None:
+    """Experts 2..n: the seed FFN + N(0, (scale x tensor std)^2), means of expert 1's statistics alike."""
+    from safetensors.numpy import load_file
+
+    trunk = load_file(run.module_file(0))
+    first = load_file(run.module_file(1))
+    meta = {k: v for k, v in read_module_meta(run, 1).items() if k not in ("sha256", "blake3", "bytes", "file", "name")}
+    rng = np.random.default_rng(seed)
+    for i in range(2, n + 1):
+        if run.module_meta(i).is_file():
+            continue
+        tensors = {}
+        for k, v in first.items():
+            src = trunk[k.replace(".weight", "_seed.weight")] if k.startswith("blk.") and "ffn_" in k else v
+            tensors[k] = (src + rng.normal(0.0, scale * float(src.std()), src.shape)).astype(np.float32)
+        write_module(run, i, tensors, {**meta, "index": i, "shard": i, "synthetic": f"seed + N(0, ({scale} std)^2)"})
+
+
+def parity(b: Bench, run: RunDir, base: Path, out: Path) -> None:
+    """llama.cpp's logits of the imported trunk (f32) against the Q4_1 file on real text; the trunk
+    re-quantized as q4_1 against the file's bytes; the tokenizer keys."""
+    files = {q: out / f"trunk-{q}.gguf" for q in ("f32", "q4_1")}
+    for q, path in files.items():
+        run_stage(f"assemble trunk {q}", ["assemble", run.root, "-o", path, "--experts", "none", "--quant", q, "-q",
+                                          "--force"])
+    _, text = run_stage("parity", [sys.executable, "-c", PARITY, str(files["f32"]), str(files["q4_1"]), str(base),
+                                   str(ROOT / "docs" / "assembly.md")], capture=True)
+    b.emit(metric="parity", against=base.name, **json.loads(text.strip().splitlines()[-1]))
+    for path in files.values():
+        path.unlink()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "real-base")
+    ap.add_argument("--experts", type=int, default=100)
+    ap.add_argument("--expert-tokens", type=int, default=4096, help="training tokens of the one real expert")
+    ap.add_argument("--perturb", type=float, default=0.01, help="the other experts: seed + this x std noise")
+    ap.add_argument("--fresh", action="store_true", help="delete OUT first instead of resuming")
+    a = ap.parse_args()
+
+    out: Path = a.out
+    if a.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    b = Bench(out)
+    base = resolve_base("smollm2")
+    b.emit(bench="real_base", event="start", rss_note="each stage's own process (os.wait4)", experts=a.experts, base=base.name, **cpu(),
+           note="one expert trains; the others are the seed perturbed: this measures the system, not quality")
+    run = RunDir(out / "run")
+    if not run.module_meta(0).is_file():
+        r, _ = run_stage("import-base", ["import-base", "smollm2", "--out", run.root, "--force"])
+        b.emit(stage="import-base", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb, base_bytes=base.stat().st_size)
+    if not run.run_json.is_file():
+        r, _ = run_stage("prepare", ["prepare", "builtin", "--out", run.root, "--experts", a.experts, "--partition",
+                                     "random", "--max-chars-per-domain", 1_500_000, "--no-progress"])
+        b.emit(stage="prepare", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
+    parity(b, run, base, out)
+    if not run.module_meta(1).is_file():
+        r, _ = run_stage("train-expert 1", ["train-expert", run.root, "--expert", 1, "--tokens", a.expert_tokens,
+                                            "--eval-tokens", 1024, "--no-progress"])
+        b.emit(stage="train-expert", expert=1, tokens=a.expert_tokens, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
+    # in a child: the trunk it reads would raise this process's RSS, which Linux folds into every later child's peak
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from pathlib import Path; from mfgguf.run import"
+            f" RunDir; from bench_real_base import perturbed_experts; perturbed_experts(RunDir(Path({str(run.root)!r})),"
+            f" {a.experts}, {a.perturb})")
+    r, _ = run_stage("perturbed experts", [sys.executable, "-c", code])
+    b.emit(stage="perturbed experts", experts=a.experts - 1, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
+    if not run.router_stats_meta.is_file():
+        r, _ = run_stage("router-stats", ["router-stats", run.root, "--source", "trunk", "--tokens", 8192, "--no-progress"])
+        b.emit(stage="router-stats", source="trunk", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
+
+    from mfgguf.converters.inspect import inspect_gguf
+
+    in_bytes = sum(p.stat().st_size for p in module_inputs(run, a.experts))
+    for quant in ("q8_0", "q4_k"):
+        gguf = out / f"moe-{quant}.gguf"
+        r, _ = run_stage(f"assemble {quant}", ["assemble", run.root, "-o", gguf, "--quant", quant, "--force", "-q"])
+        ref = b.plain_io(module_inputs(run, a.experts), gguf.stat().st_size)
+        info = inspect_gguf(gguf)
+        b.emit(metric="assemble", quant=quant, experts=a.experts, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb,
+               plain_io_s=ref, ratio_to_plain_io=round(r.wall_s / ref, 2), input_bytes=in_bytes,
+               gguf_bytes=gguf.stat().st_size, gguf_gib=round(gguf.stat().st_size / 2**30, 3),
+               params_total=info["params_total"], params_active=info["params_active"])
+    trunk = out / "trunk-q8_0.gguf"
+    if not trunk.is_file():
+        run_stage("assemble trunk", ["assemble", run.root, "-o", trunk, "--experts", "none", "--quant", "q8_0", "-q"])
+
+    res = {}
+    for name, path in (("moe_q8_0", out / "moe-q8_0.gguf"), ("moe_q4_k", out / "moe-q4_k.gguf"),
+                       ("base_q4_1_file", base), ("base_trunk_q8_0", trunk)):
+        r, text = run_stage(f"infer {name}", [sys.executable, "-c", INFER, str(path), "256", "128",
+                                               str(ROOT / "README.md")], capture=True)
+        res[name] = json.loads(text.strip().splitlines()[-1])
+        b.emit(metric="inference", model=name, file_bytes=path.stat().st_size, peak_rss_mb=r.peak_rss_mb,
+               goal_rss_mb="<= 8192", **res[name])
+    for name in ("moe_q8_0", "moe_q4_k"):
+        b.emit(metric="decode_vs_base", model=name, vs="base_trunk_q8_0",
+               decode_ratio=round(res[name]["decode_tps"] / res["base_trunk_q8_0"]["decode_tps"], 3),
+               prompt_ratio=round(res[name]["prompt_tps"] / res["base_trunk_q8_0"]["prompt_tps"], 3))
+
+    more = RunDir(out / "more")  # later: the same base, another corpus, one more expert
+    if not more.module_meta(1).is_file():
+        run_stage("import-base (more)", ["import-base", "smollm2", "--out", more.root, "--force"])
+        run_stage("prepare (more)", ["prepare", f"tests={ROOT / 'tests'}", "--out", more.root, "--experts", 1,
+                                     "--no-progress"])
+        run_stage("train-expert (more)", ["train-expert", more.root, "--expert", 1, "--tokens", a.expert_tokens,
+                                          "--eval-tokens", 1024, "--no-progress"])
+    src, dst = out / "moe-q8_0.gguf", out / f"moe{a.experts + 1}-q8_0.gguf"
+    r, _ = run_stage("extend", ["extend", src, "--add", more.root, "-o", dst, "--force"])
+    ref = b.plain_io([src, more.module_file(0), more.module_file(1)], dst.stat().st_size)
+    b.emit(metric="extend", added=1, experts_after=a.experts + 1, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb,
+           plain_io_s=ref, ratio_to_plain_io=round(r.wall_s / ref, 2), gguf_bytes=dst.stat().st_size)
+    r, text = run_stage("infer extended", [sys.executable, "-c", INFER, str(dst), "256", "64", str(ROOT / "README.md")],
+                        capture=True)
+    b.emit(metric="inference", model=f"moe{a.experts + 1}_q8_0", peak_rss_mb=r.peak_rss_mb,
+           **json.loads(text.strip().splitlines()[-1]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""The expert step on the real base's shape against what a laptop user runs instead, in one run.
+
+At SmolLM2-135M-Instruct's shape (30 x 576, heads 9/3, FFN 1536 = anchor 1344 + seed 192,
+vocabulary 49,152, tied head), same precision (bf16 autocast where the CPU has it natively, else
+fp32), same batch and context, each configuration in its own process (its own peak RSS):
+
+  - mfgguf's expert step (train/loop.py's InMemorySteps on the imported base, real tokens), with and
+    without activation recompute;
+  - transformers' LlamaForCausalLM full fine-tune (AdamW on every parameter), with and without
+    gradient checkpointing;
+  - peft LoRA, rank 16 on every linear (q, k, v, o, gate, up, down), with and without it;
+  - the matmul peak of the precision in use (2048 x 2048, this run).
+
+Prints JSON lines: tokens/s, FLOPs per token counted honestly (mfgguf/flops.py: matmuls only; a
+frozen tensor gets no weight gradient; recompute's second forward is not counted as work), the
+fraction of the peak, peak RSS, and at the end the expert step's ratio to the fastest full
+fine-tune and the fastest LoRA.
+
+    make smollm2 && python scripts/bench_train_real.py                # ~10 minutes on 2 cores
+    python scripts/bench_train_real.py --batch 8 --ctx 256 --steps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+CONFIGS = ("expert", "expert-recompute", "full", "full-ckpt", "lora", "lora-ckpt")
+LORA_RANK = 16
+
+
+def hwm_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def smol_cfg(ctx: int):
+    """mfgguf's ModelConfig of the imported base (anchor + seed) and the dense one (the whole FFN)."""
+    from mfgguf.config import ModelConfig
+
+    kw = dict(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ctx_len=ctx, rope_theta=1e5, norm_eps=1e-5)
+    return ModelConfig(anchor_ff=1344, expert_ff=192, seed_expert=True, **kw), ModelConfig(anchor_ff=1536, expert_ff=192, **kw)
+
+
+def flops(kind: str, ctx: int) -> float:
+    """Matmul FLOPs per training token (mfgguf/flops.py's conventions)."""
+    from mfgguf.flops import _step, expert_step_flops, trunk_step_flops
+
+    ours, dense = smol_cfg(ctx)
+    if kind.startswith("expert"):
+        return expert_step_flops(ours).total
+    if kind.startswith("full"):
+        return trunk_step_flops(dense).total
+    # LoRA: the forward, activation gradients everywhere (adapters in layer 0 too), no frozen weight gradients,
+    # plus the adapters' own A and B (forward, input and weight gradients: 6 FLOPs per weight)
+    frozen = _step(dense, {"token_embd.weight"}, False, True).total
+    C, H, KV, hd, ff = 576, 9, 3, 64, 1536
+    shapes = [(C, H * hd), (C, KV * hd), (C, KV * hd), (H * hd, C), (C, ff), (C, ff), (ff, C)]
+    return frozen + 30 * sum(6 * LORA_RANK * (i + o) for i, o in shapes)
+
+
+def batches(tokens, batch: int, ctx: int, n: int):
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        starts = rng.integers(0, len(tokens) - ctx - 1, batch)
+        w = torch.from_numpy(np.stack([np.asarray(tokens[s : s + ctx + 1], dtype=np.int64) for s in starts]))
+        yield w[:, :-1], w[:, 1:]
+
+
+def child(kind: str, run: Path, batch: int, ctx: int, steps: int, warm: int) -> dict:
+    import numpy as np
+    import torch
+
+    from mfgguf.run import RunDir
+    from mfgguf.train.loop import resolve_precision
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    prec = resolve_precision("auto", torch.device("cpu"))
+    data = np.load(RunDir(run).shard(1), mmap_mode="r")
+    if kind.startswith("expert"):
+        step = _ours(run, kind == "expert-recompute", batch, ctx, prec)
+    else:
+        step = _peer(kind, prec)
+    it = batches(data, batch, ctx, warm + steps)
+    for _ in range(warm):
+        step(*next(it))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step(*next(it))
+    dt = (time.perf_counter() - t0) / steps
+    return {"config": kind, "precision": prec, "batch": batch, "ctx": ctx, "steps": steps, "s_per_step": round(dt, 3),
+            "tokens_per_s": round(batch * ctx / dt, 1), "peak_rss_mb": round(hwm_mb(), 1)}
+
+
+def _ours(run: Path, recompute: bool, batch: int, ctx: int, prec: str):
+    from dataclasses import replace
+
+    import torch
+
+    from mfgguf.config import ModelConfig, get_preset
+    from mfgguf.run import RunDir, read_module_meta
+    from mfgguf.train.expert import build_expert_model, expert_params
+    from mfgguf.train.loop import InMemorySteps
+
+    rd = RunDir(run)
+    cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
+    tc = replace(get_preset("small").expert, batch_size=batch, compile="off")
+    dev = torch.device("cpu")
+    model = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="seed")
+    impl = InMemorySteps(model, expert_params(model), tc, dev=dev, precision=prec, route="single", recompute=recompute,
+                         ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None)
+    impl.resume()
+    model.train()
+    state = {"s": 0}
+
+    def step(x, y):
+        impl.step(state["s"], x, y, lr=tc.lr)
+        state["s"] += 1
+
+    return step
+
+
+def _peer(kind: str, prec: str):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                      rope_theta=1e5, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    if kind.endswith("ckpt"):
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if kind.startswith("lora"):
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules=[
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        if kind.endswith("ckpt"):
+            model.enable_input_require_grads()
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
+    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+
+    def step(x, y):
+        with torch.autocast("cpu", dtype=dtype, enabled=prec == "bf16"):
+            loss = model(input_ids=x, labels=x).loss  # labels shift inside: the same next-token loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warm", type=int, default=1)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--work", type=Path, default=ROOT / "bench-out" / "train-real")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    run = a.work / "run"
+    if a.child:
+        print(json.dumps(child(a.child, run, a.batch, a.ctx, a.steps, a.warm)))
+        return
+
+    from bench_real_base import cpu
+    from bench_train import matmul_peak
+
+    from mfgguf.stages import run_stage
+
+    if not (run / "run.json").is_file():
+        run_stage("import-base", ["import-base", "smollm2", "--out", run, "--force", "--ctx-len", a.ctx])
+        run_stage("prepare", ["prepare", "builtin", "--out", run, "--experts", 1, "--max-chars-per-domain", 400_000,
+                              "--no-progress", "--force"])
+    peak = matmul_peak()
+    head = {"bench": "train_real", **cpu(), **peak}
+    print(json.dumps(head), flush=True)
+    rows = {}
+    for kind in a.configs.split(","):
+        out = subprocess.run([sys.executable, __file__, "--child", kind, "--batch", str(a.batch), "--ctx", str(a.ctx),
+                              "--steps", str(a.steps), "--warm", str(a.warm), "--work", str(a.work)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            print(json.dumps({"config": kind, "error": out.stderr.strip().splitlines()[-1:]}), flush=True)
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        fpt = flops(kind, a.ctx)
+        pk = peak["bf16_gflops" if r["precision"] == "bf16" else "fp32_gflops"]
+        r.update(flops_per_token=round(fpt), gflops=round(fpt * r["tokens_per_s"] / 1e9, 1), peak_gflops=pk,
+                 frac_of_peak=round(fpt * r["tokens_per_s"] / 1e9 / pk, 3))
+        rows[kind] = r
+        print(json.dumps(r), flush=True)
+    ours = max((rows[k]["tokens_per_s"] for k in rows if k.startswith("expert")), default=None)
+    for peer in ("full", "lora"):
+        best = max((rows[k]["tokens_per_s"] for k in rows if k.startswith(peer)), default=None)
+        if ours and best:
+            print(json.dumps({"ratio": f"expert / fastest {peer}", "value": round(ours / best, 3),
+                              "goal": ">= 1.5" if peer == "full" else ">= 1.0 (stretch 1.3)"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
