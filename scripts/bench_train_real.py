@@ -4,8 +4,10 @@ At SmolLM2-135M-Instruct's shape (30 x 576, heads 9/3, FFN 1536 = anchor 1344 + 
 vocabulary 49,152, tied head), same precision (bf16 autocast where the CPU has it natively, else
 fp32), same batch and context, each configuration in its own process (its own peak RSS):
 
-  - mfgguf's expert step (train/loop.py's InMemorySteps on the imported base, real tokens), with and
-    without activation recompute;
+  - mfgguf's expert step (train/loop.py's InMemorySteps on the imported base, real tokens): as
+    `train-expert` runs it (train/trunk.py's plan_activations: micro-batches of 2 sequences, no
+    recompute), the whole batch at once, and recompute with the heap limit it needs (what
+    `train-expert` ran before micro-batches);
   - transformers' LlamaForCausalLM full fine-tune (AdamW on every parameter), with and without
     gradient checkpointing;
   - peft LoRA, rank 16 on every linear (q, k, v, o, gate, up, down), with and without it;
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-CONFIGS = ("expert", "expert-recompute", "full", "full-ckpt", "lora", "lora-ckpt")
+CONFIGS = ("expert", "expert-whole-batch", "expert-recompute", "full", "full-ckpt", "lora", "lora-ckpt")
 LORA_RANK = 16
 
 
@@ -92,7 +94,7 @@ def child(kind: str, run: Path, batch: int, ctx: int, steps: int, warm: int) -> 
     prec = resolve_precision("auto", torch.device("cpu"))
     data = np.load(RunDir(run).shard(1), mmap_mode="r")
     if kind.startswith("expert"):
-        step = _ours(run, kind == "expert-recompute", batch, ctx, prec)
+        step = _ours(run, kind, batch, ctx, prec)
     else:
         step = _peer(kind, prec)
     it = batches(data, batch, ctx, warm + steps)
@@ -106,7 +108,7 @@ def child(kind: str, run: Path, batch: int, ctx: int, steps: int, warm: int) -> 
             "tokens_per_s": round(batch * ctx / dt, 1), "peak_rss_mb": round(hwm_mb(), 1)}
 
 
-def _ours(run: Path, recompute: bool, batch: int, ctx: int, prec: str):
+def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     from dataclasses import replace
 
     import torch
@@ -114,15 +116,21 @@ def _ours(run: Path, recompute: bool, batch: int, ctx: int, prec: str):
     from mfgguf.config import ModelConfig, get_preset
     from mfgguf.run import RunDir, read_module_meta
     from mfgguf.train.expert import build_expert_model, expert_params
-    from mfgguf.train.loop import InMemorySteps
+    from mfgguf.train.loop import InMemorySteps, limit_heap_retention
+    from mfgguf.train.trunk import plan_activations
 
     rd = RunDir(run)
     cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
     tc = replace(get_preset("small").expert, batch_size=batch, compile="off")
     dev = torch.device("cpu")
+    recompute, micro = {"expert": plan_activations(cfg, batch), "expert-whole-batch": (False, batch),
+                        "expert-recompute": (True, batch)}[kind]
+    if recompute:
+        limit_heap_retention()  # as train-expert does when it recomputes
     model = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="seed")
     impl = InMemorySteps(model, expert_params(model), tc, dev=dev, precision=prec, route="single", recompute=recompute,
-                         ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None)
+                         ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None,
+                         micro=micro)
     impl.resume()
     model.train()
     state = {"s": 0}

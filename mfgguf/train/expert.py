@@ -37,7 +37,7 @@ from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_reten
                    resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
 from .rounds import round_end
 from .stats import RouterStats
-from .trunk import wants_recompute
+from .trunk import plan_activations
 from .weights import read_safetensors
 
 EXPERT_INITS = ("auto", "seed", "random", "anchor")  # TrainConfig.expert_init
@@ -191,7 +191,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     if restart:
         ckpt_io.remove(ckpt_dir)
 
-    rec = wants_recompute(cfg, tc.batch_size) if recompute is None else recompute
+    rec, micro = plan_activations(cfg, tc.batch_size) if recompute is None else (recompute, tc.batch_size)
     if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
         limit_heap_retention()
     if tc.complement:
@@ -229,7 +229,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=i, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=_label(i, rnd, tc.rounds),
                    heldout=curve, lr_scale=sh.lr_scales(model, tc), until=until, keep=keep,
-                   resume_from=resume_from, start_state=start_state)
+                   resume_from=resume_from, start_state=start_state, micro=micro)
     if rnd < tc.rounds:
         return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
 
@@ -240,6 +240,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
                       recompute=rec, heldout=heldout, t_start=t_start),
         "index": i,
+        "micro_batch": micro,
         "trunk_sha256": trunk["sha256"],
         "shard": i,
         "shard_domains": _shard_domains(info, i),

@@ -218,7 +218,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
              heldout: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None,
              until: int | None = None, keep: frozenset[str] = frozenset(),
              resume_from: dict | None = None, branch_path: Path | None = None,
-             start_state: dict[str, dict] | None = None) -> LoopResult:
+             start_state: dict[str, dict] | None = None, micro: int | None = None) -> LoopResult:
     """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
@@ -235,7 +235,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     """
     impl = InMemorySteps(model, named_params, tc, dev=dev, precision=precision, route=route, recompute=recompute,
                          ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, lr_scale=lr_scale, keep=keep, resume_from=resume_from,
-                         until=until, branch_path=branch_path, start_state=start_state)
+                         until=until, branch_path=branch_path, start_state=start_state, micro=micro)
     def curve() -> dict:
         out = heldout()
         model.train()  # heldout() leaves the model in eval mode
@@ -255,8 +255,10 @@ class InMemorySteps:
     def __init__(self, model: Transformer, named_params: dict[str, torch.nn.Parameter], tc: TrainConfig, *, dev,
                  precision: str, route: str, recompute: bool, ckpt_dir: Path, ckpt_meta: dict,
                  lr_scale: dict[str, float] | None, keep: frozenset[str], resume_from: dict | None,
-                 until: int | None = None, branch_path: Path | None = None, start_state: dict | None = None):
+                 until: int | None = None, branch_path: Path | None = None, start_state: dict | None = None,
+                 micro: int | None = None):
         self.model, self.named, self.tc, self.dev, self.prec, self.route = model, named_params, tc, dev, precision, route
+        self.micro = micro or tc.batch_size  # sequences per forward/backward; the step accumulates batch_size / micro
         self.recompute, self.ckpt_dir, self.ckpt_meta = recompute, ckpt_dir, ckpt_meta
         self.keep, self.expect = keep, resume_from or ckpt_meta
         self.params = list(named_params.values())
@@ -299,13 +301,19 @@ class InMemorySteps:
         return float(loss.detach())
 
     def _forward_backward(self, x, y) -> torch.Tensor:
-        with autocast(self.prec, self.dev):
-            if self.recompute:
-                loss = forward_loss(self.model, x, y, self.route, recompute=True)
-            else:
-                loss = self._fwd(x, y, route=self.route)
-        loss.backward()
-        return loss
+        """Mean loss of the batch; its gradient accumulated over micro-batches of `micro` sequences
+        (x: (B, T), B a multiple of micro), so activations are held for one micro-batch at a time."""
+        total = 0.0
+        for s in range(0, x.shape[0], self.micro):
+            xm, ym = x[s : s + self.micro], y[s : s + self.micro]  # (micro, T)
+            with autocast(self.prec, self.dev):
+                if self.recompute:
+                    loss = forward_loss(self.model, xm, ym, self.route, recompute=True)
+                else:
+                    loss = self._fwd(xm, ym, route=self.route)
+            (loss * (xm.shape[0] / x.shape[0])).backward()
+            total = total + loss.detach() * (xm.shape[0] / x.shape[0])
+        return total
 
     def settle(self) -> None:
         pass  # the optimizer step already ran

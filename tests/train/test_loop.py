@@ -81,3 +81,32 @@ def test_checkpoint_roundtrip_and_rejections(tmp_path):
     with pytest.raises(MfggufError, match="corrupted or unreadable.*--restart"):
         ckpt_io.load(tmp_path, q, opt2, meta)
     assert ckpt_io.load(tmp_path / "none", q, opt2, meta) is None
+
+
+def test_micro_batches_take_the_whole_batch_step(tmp_path):
+    """Gradients accumulated over micro-batches of 2 sequences: the whole batch's gradient (8 sequences)."""
+    from mfgguf.config import get_preset
+    from mfgguf.model import Transformer
+    from mfgguf.train.loop import InMemorySteps
+    from mfgguf.train.trunk import plan_activations
+
+    cfg = get_preset("tiny").model
+    tc = TrainConfig(batch_size=8, compile="off")
+    x = torch.randint(0, cfg.vocab_size, (8, cfg.ctx_len + 1))
+    after = []
+    for micro in (None, 2):
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+        named = {k: v for k, v in model.named_parameters() if v.requires_grad}
+        impl = InMemorySteps(model, named, tc, dev=torch.device("cpu"), precision="fp32", route="anchor", recompute=False,
+                             ckpt_dir=tmp_path / str(micro), ckpt_meta={}, lr_scale=None, keep=frozenset(),
+                             resume_from=None, micro=micro)
+        impl.resume()
+        loss = impl._forward_backward(x[:, :-1], x[:, 1:])  # the step's gradient, before clipping and AdamW
+        after.append((float(loss), {k: v.grad.clone() for k, v in named.items()}))
+    assert after[0][0] == pytest.approx(after[1][0], rel=1e-5)
+    assert all(torch.allclose(after[0][1][k], after[1][1][k], rtol=1e-4, atol=1e-7) for k in after[0][1])
+    smol = cfg.__class__(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, anchor_ff=1344, expert_ff=192,
+                         ctx_len=256, seed_expert=True)
+    assert plan_activations(smol, 16) == (False, 2) and plan_activations(cfg, 8) == (False, 8)
+    assert plan_activations(get_preset("1b").model, get_preset("1b").expert.batch_size)[0]  # recompute keeps 1b small
