@@ -21,7 +21,7 @@ routing), report.py writes the report against its goals (`Goals`), plots.py draw
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from .baselines import flops_section, pick_schedule, plan_baselines, train_baseline
@@ -65,8 +65,11 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     rd = RunDir(run)
     info = rd.info()
     n = info["n_experts"]
-    schedules = _schedules(cfg) if cfg.dense else ()
     metas = {i: read_module_meta(rd, i) for i in range(0, n + 1)}
+    if cfg.dense and metas[0].get("source") == "base":  # its pretraining is sunk cost that no dense model here repeats
+        _say("the trunk is an imported base: no dense baselines trained from scratch (as with --no-dense)")
+        cfg = replace(cfg, dense=False)
+    schedules = _schedules(cfg) if cfg.dense else ()
     if "ridge" in cfg.routers and not router_stats_current(rd) and any(int(metas[i].get("version", 1)) > 1 for i in metas if i):
         from .train.pooled import pool_router_stats
 

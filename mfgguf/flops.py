@@ -125,6 +125,13 @@ def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True) -> StepFlo
     return _step(_cfg(cfg), set(shared_tensors or ()), True, causal)
 
 
+def adapter_base_flops(cfg, *, causal: bool = True) -> StepFlops:
+    """FLOPs per token of the frozen base under adapters in every layer (a LoRA): the forward, and
+    activation gradients from the loss down to layer 0, but no weight gradient. The adapters' own
+    FLOPs are the caller's to add."""
+    return _step(_cfg(cfg), {"token_embd.weight"}, False, causal)  # a trained embedding: every activation is live
+
+
 def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
     """Per-token step FLOPs of a trained module from its metadata (kind, config, shared_tensors)."""
     if meta.get("kind") == "expert":

@@ -57,7 +57,7 @@ def smol_cfg(ctx: int):
 
 def flops(kind: str, ctx: int) -> float:
     """Matmul FLOPs per training token (mfgguf/flops.py's conventions)."""
-    from mfgguf.flops import _step, expert_step_flops, trunk_step_flops
+    from mfgguf.flops import adapter_base_flops, expert_step_flops, trunk_step_flops
 
     ours, dense = smol_cfg(ctx)
     if kind.startswith("expert"):
@@ -66,7 +66,7 @@ def flops(kind: str, ctx: int) -> float:
         return trunk_step_flops(dense).total
     # LoRA: the forward, activation gradients everywhere (adapters in layer 0 too), no frozen weight gradients,
     # plus the adapters' own A and B (forward, input and weight gradients: 6 FLOPs per weight)
-    frozen = _step(dense, {"token_embd.weight"}, False, True).total
+    frozen = adapter_base_flops(dense).total
     C, H, KV, hd, ff = 576, 9, 3, 64, 1536
     shapes = [(C, H * hd), (C, KV * hd), (C, KV * hd), (H * hd, C), (C, ff), (C, ff), (ff, C)]
     return frozen + 30 * sum(6 * LORA_RANK * (i + o) for i, o in shapes)
