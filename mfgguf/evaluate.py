@@ -47,7 +47,7 @@ class EvalConfig:
     dense_schedules: tuple[str, ...] = ("cosine", "wsd")  # LR schedules each dense baseline trains with; the
     #                                                        better held-out loss is kept (one: half the dense time)
     max_tokens_per_domain: int = 32768  # held-out tokens scored per domain (bounds the run time)
-    ctx: int | None = None  # perplexity window; None = the model's training context
+    ctx: int | None = None  # perplexity window; None = 1,024 or the model's context where shorter (runtime/perplexity.py)
     decode_tokens: int = 64  # tokens generated to measure decode speed
 
 

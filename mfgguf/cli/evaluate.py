@@ -58,7 +58,7 @@ def eval_cmd(
     quants: str = typer.Option(",".join(EvalConfig.quants), "--quants", help="Quantized copies of the best MoE compared"
                                " with the base type, comma-separated (empty: none)."),
     max_tokens: int = typer.Option(EvalConfig.max_tokens_per_domain, help="Held-out tokens scored per domain."),
-    ctx: int = typer.Option(None, help="Perplexity window (default: the model's context)."),
+    ctx: int = typer.Option(None, help="Perplexity window (default 1024, or the model's context where shorter)."),
     force: bool = typer.Option(False, "--force", help="Rebuild every model and retrain the dense baselines."),
 ):
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
