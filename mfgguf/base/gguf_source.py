@@ -3,8 +3,8 @@
 Weights may be of any type gguf-py dequantizes (f32, f16, bf16, q4_0 ... q8_0, the K-quants, the
 i-quants; tensor by tensor, into f32); attn_q and attn_k are already in llama.cpp's RoPE row order.
 A quantized base imports as the function its file computes: the trunk holds the dequantized
-weights, so an f32 assembly of it matches the quantized file up to llama.cpp's activation rounding. What mfgguf's model cannot compute exactly is
-refused with one line naming it: another architecture, rope scaling (or a `rope_freqs` tensor),
+weights, so an f32 assembly of it matches the quantized file up to llama.cpp's activation
+rounding. What mfgguf's model cannot compute exactly is refused with one line naming it: another architecture, rope scaling (or a `rope_freqs` tensor),
 biases or any other extra tensor, a mixture of experts, a head_dim other than dim / n_heads.
 """
 
@@ -28,7 +28,7 @@ def readable(qtype) -> bool:
     if qtype.name in PLAIN_TYPES:
         return True
     try:
-        block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+        _, nbytes = gguf.GGML_QUANT_SIZES[qtype]  # (elements, bytes) of one block
         gguf.quants.dequantize(np.zeros((1, nbytes), np.uint8), qtype)
     except (KeyError, NotImplementedError, TypeError, ValueError):
         return False
@@ -93,7 +93,6 @@ class GGUFBase:
             if not verdict[kind]:
                 raise MfggufError(f"{what}: tensor {name} is {kind}, which gguf-py {gguf_version()} cannot dequantize;"
                                   f" convert the base to f16 or q8_0 with llama.cpp's llama-quantize first")
-
         missing = [n for n in want if n not in self.tensors and not (n == "output.weight" and tied)]
         if missing:
             raise MfggufError(f"{what} has no tensor {missing[0]}")

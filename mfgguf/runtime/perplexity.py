@@ -82,7 +82,7 @@ def _nll_of_window(llm, window: np.ndarray, bos: int | None) -> tuple[float, int
         ctx.decode(batch)
         if hi <= lo:
             continue
-        logits = np.ctypeslib.as_array(ctx.get_logits(), shape=((hi - lo) * V,)).reshape(hi - lo, V)  # (k, V), no copy
+        logits = np.ctypeslib.as_array(ctx.get_logits(), shape=((hi - lo) * V,)).reshape(hi - lo, V)  # (k, V) no copy
         targets = window[b0 + lo + 1 : b0 + hi + 1]  # (k,)
         for r in range(0, hi - lo, ROWS):  # numpy's temporaries stay at ROWS x V
             x, t = logits[r : r + ROWS], targets[r : r + ROWS]  # (rows, V), (rows,)
@@ -137,9 +137,9 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None):
 def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = None, threads: int | None = None) -> dict:
     """Perplexity of a token sequence under a GGUF, computed by llama.cpp.
 
-    MODEL is a GGUF path (or an open Llama). ctx defaults to 1,024 tokens, or the
-    model's trained context where that is shorter. Returns {"ppl", "nll" (mean nats per scored token), "n_tokens" (scored),
-    "n_windows", "ctx", "n_input_tokens", "tokens_per_s"}.
+    MODEL is a GGUF path (or an open Llama). ctx defaults to 1,024 tokens, or the model's trained
+    context where that is shorter. Returns {"ppl", "nll" (mean nats per scored token), "n_tokens"
+    (scored), "n_windows", "ctx", "n_input_tokens", "tokens_per_s"}.
 
     Example:
         >>> perplexity("model.gguf", np.load("RUN/data/heldout/code.npy"), ctx=128)
@@ -191,9 +191,9 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
     With --data FILE (repeatable) each file is UTF-8 text tokenized by the GGUF's own tokenizer
     and scored as one domain named after the file. With --run RUN each RUN/data/heldout/<domain>.npy
     is one domain. Windows of --ctx tokens (default 1,024, or the model's trained context where
-    that is shorter; at most the trained context), each evaluated
-    fresh with its second half scored, as llama.cpp's perplexity tool does. Reports every domain
-    with its token counts and the token-weighted overall figure.
+    that is shorter; at most the trained context), each evaluated fresh with its second half
+    scored, as llama.cpp's perplexity tool does. Reports every domain with its token counts and
+    the token-weighted overall figure.
 
     Example:
         >>> perplexity_files("model.gguf", run="RUN", ctx=128)["overall"]["ppl"]

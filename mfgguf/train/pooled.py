@@ -6,8 +6,8 @@ and G, the second moment of the FFN inputs over the union of the shards (dim x d
 expert's weights, read and hashed at every assembly. `pool_router_stats` computes
 G = sum_i n_i M_i / sum_i n_i once, with the statistics pass restat.py uses: trunk + one expert in
 memory, forward only, over the same sample of each expert's shard that its training measured
-(4 x that expert's eval_tokens, windows spread over the shard), experts one after another. With that sample it
-is the very G that format 1 pooled at assembly, so the router is unchanged.
+(4 x that expert's eval_tokens, windows spread over the shard), experts one after another. With
+that sample it is the very G that format 1 pooled at assembly, so the router is unchanged.
 
 Experts that complement the seed (train/complement.py) are measured with their own forward, the
 two-way MoE of [seed, expert] they trained as.
@@ -40,9 +40,8 @@ from .complement import ROUTE, load_module, two_way
 from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, load_tokens, resolve_device
 from .restat import precision_of
-from .weights import trunk_alone
 from .stats import RouterStats
-from .weights import read_safetensors
+from .weights import read_safetensors, trunk_alone
 
 SOURCES = ("experts", "trunk")
 

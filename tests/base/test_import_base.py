@@ -248,6 +248,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     (hf / "tokenizer.json").unlink()
     f32 = trunk_gguf(src, tmp_path / "f32.gguf")
     f64 = retyped(f32, tmp_path / "f64.gguf", "blk.0.ffn_down.weight", np.float64)  # a type gguf-py cannot dequantize
+    no_eos = retyped(f32, tmp_path / "no-eos.gguf", "", None, drop=("tokenizer.ggml.eos_token_id",))
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(f32.read_bytes()[:-1000])
 
@@ -264,6 +265,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     tj = json.loads((spm / "tokenizer.json").read_text())
     (spm / "tokenizer.json").write_text(json.dumps({**tj, "decoder": {"type": "ByteFallback"}}))
     cases = [(moe, "architecture 'granitemoe'"), (f64, "is F64, which gguf-py"), (cut, "damaged or truncated"),
+             (no_eos, "names no EOS token"),
              (hf, "no tokenizer.json"),
              (scaled, "rope scaling 'llama3'"), (biased, "attention_bias"), (wide, "head_dim 32"),
              (spm, "not byte-level BPE"), (tmp_path / "nothing", "does not exist")]
@@ -281,14 +283,14 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     assert [p.name for p in taken.iterdir()] == ["mine.txt"]
 
 
-def retyped(src: Path, dst: Path, name: str, dtype) -> Path:
-    """A copy of GGUF `src` whose tensor `name` is stored as numpy `dtype` (every key-value kept)."""
+def retyped(src: Path, dst: Path, name: str, dtype, drop: tuple[str, ...] = ()) -> Path:
+    """A copy of GGUF `src` whose tensor `name` is stored as numpy `dtype`, without the key-values `drop`."""
     import gguf
 
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(str(dst), r.get_field("general.architecture").contents())
     for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
+        if not key.startswith("GGUF.") and key != "general.architecture" and key not in drop:
             vt = f.types[0]
             w.add_key_value(key, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
     for t in r.tensors:
