@@ -345,3 +345,10 @@ def test_llama3_style_tokenizer_tokenizes_the_same_in_llama_cpp(tmp_path):
     assert json.loads((run / "run.json").read_text())["eos_id"] == 1
     text = "Don'T stop: 1234567 dogs' TOYS\r\n\n\t  x=1+2;  ünïcödé 日本語 -- " + text_sample(2000)
     assert llama_tokenize(g, text) == tok.encode(text).ids
+
+
+def test_a_known_base_not_fetched_says_how_to_fetch_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MFGGUF_CACHE", str(tmp_path / "cache"))
+    r = cli("import-base", "smollm2", "--out", tmp_path / "run")
+    assert r.exit_code == 1 and "`make smollm2`" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "run").exists()
