@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,29 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_assemble import io_reference, module_inputs  # noqa: E402
+from bench_assemble import module_inputs  # noqa: E402
+from bench_scale import INFER, plain_io_seconds  # noqa: E402
+from bench_train import cpu_flags  # noqa: E402
 
 from mfgguf.base.known import resolve_base  # noqa: E402
 from mfgguf.run import RunDir, read_module_meta, write_module  # noqa: E402
 from mfgguf.stages import run_stage  # noqa: E402
-
-INFER = r"""
-import json, sys, time
-from mfgguf.runtime.llm import loaded
-path, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-t0 = time.perf_counter()
-with loaded(path, n_ctx=n_prompt + n_gen) as llm:
-    t_load = time.perf_counter() - t0
-    prompt = (llm.tokenize(open(sys.argv[4]).read().encode(), add_bos=False) * 50)[:n_prompt]
-    t0 = time.perf_counter(); llm.eval(prompt); t_prompt = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(n_gen):  # greedy decode, one token at a time: the chat/generate hot path
-        llm.eval([int(llm.sample(temp=0.0))])
-    t_gen = time.perf_counter() - t0
-print(json.dumps({"load_s": round(t_load, 3), "prompt_tps": round(n_prompt / t_prompt, 1),
-                  "decode_tps": round(n_gen / t_gen, 1), "n_prompt": n_prompt, "n_gen": n_gen}))
-"""
-
 
 PARITY = r"""
 import json, sys
@@ -72,10 +53,9 @@ with loaded(base, n_ctx=64) as llm:
     ids = llm.tokenize(open(text).read().encode(), add_bos=False)[:512]
 a, b = logits(f32, ids), logits(base, ids)  # (T, V) each
 d = np.abs(a - b)
-ours = {t.name: t for t in gguf.GGUFReader(q41).tensors}
-same = [t.name for t in gguf.GGUFReader(base).tensors
-        if ours[t.name].tensor_type == t.tensor_type and np.array_equal(ours[t.name].data, t.data)]
-theirs = gguf.GGUFReader(base)
+ours, theirs = gguf.GGUFReader(q41), gguf.GGUFReader(base)
+mine = {t.name: t for t in ours.tensors}
+same = [t.name for t in theirs.tensors if mine[t.name].tensor_type == t.tensor_type and np.array_equal(mine[t.name].data, t.data)]
 keys = lambda r: {k: f.contents() for k, f in r.fields.items() if k.startswith("tokenizer.")}
 print(json.dumps({"tokens": len(ids), "max_abs_diff": float(d.max()), "max_abs_logit": float(np.abs(b).max()),
                   "max_rel_diff": float(d.max() / np.abs(b).max()),
@@ -83,23 +63,13 @@ print(json.dumps({"tokens": len(ids), "max_abs_diff": float(d.max()), "max_abs_l
                   "argmax_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
                   "q4_1_tensors_identical": len(same), "base_tensors": len(theirs.tensors),
                   "differing": sorted(set(t.name for t in theirs.tensors) - set(same)),
-                  "tokenizer_keys_identical": keys(gguf.GGUFReader(q41)) == keys(theirs)}))
+                  "tokenizer_keys_identical": keys(ours) == keys(theirs)}))
 """
 
 
-def cpu() -> dict:
-    """The CPU's model and the flags that decide llama.cpp's and torch's kernels."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        text = ""
-    model = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("Model name")), platform.processor())
-    flags = set(next((l.split(":", 1)[1].split() for l in text.splitlines() if l.startswith("Flags")), []))
-    keep = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
-    return {"cpu": model, "flags": [f for f in keep if f in flags], "cores": os.cpu_count()}
-
-
 class Bench:
+    """The JSON lines of one run: printed and appended to OUT/bench_real_base.jsonl."""
+
     def __init__(self, out: Path):
         self.out = out
 
@@ -110,10 +80,7 @@ class Bench:
             f.write(line + "\n")
 
     def plain_io(self, inputs: list[Path], out_bytes: int) -> float:
-        tmp = self.out / ".plain-io.tmp"
-        r, _ = run_stage("plain I/O", [sys.executable, "-c", io_reference(inputs, out_bytes, tmp)])
-        tmp.unlink()
-        return r.wall_s
+        return plain_io_seconds(inputs, out_bytes, self.out)
 
 
 def perturbed_experts(run: RunDir, n: int, scale: float, seed: int = 0) -> None:
@@ -163,7 +130,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     b = Bench(out)
     base = resolve_base("smollm2")
-    b.emit(bench="real_base", event="start", rss_note="each stage's own process (os.wait4)", experts=a.experts, base=base.name, **cpu(),
+    b.emit(bench="real_base", event="start", rss_note="each stage's own process (os.wait4)", experts=a.experts, base=base.name, **cpu_flags(),
            note="one expert trains; the others are the seed perturbed: this measures the system, not quality")
     run = RunDir(out / "run")
     if not run.module_meta(0).is_file():

@@ -37,14 +37,17 @@ INFER = r"""
 import json, sys, time
 from mfgguf.runtime.llm import loaded
 path, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t0 = time.perf_counter()
 with loaded(path, n_ctx=n_prompt + n_gen) as llm:
+    t_load = time.perf_counter() - t0
     prompt = (llm.tokenize(open(sys.argv[4]).read().encode(), add_bos=False) * 50)[:n_prompt]
     t0 = time.perf_counter(); llm.eval(prompt); t_prompt = time.perf_counter() - t0
     tok, t0 = prompt[-1], time.perf_counter()
     for _ in range(n_gen):  # greedy decode, one token at a time: the chat/generate hot path
         tok = int(llm.sample(temp=0.0)); llm.eval([tok])
     t_gen = time.perf_counter() - t0
-print(json.dumps({"prompt_tps": n_prompt / t_prompt, "decode_tps": n_gen / t_gen, "n_prompt": n_prompt, "n_gen": n_gen}))
+print(json.dumps({"load_s": t_load, "prompt_tps": n_prompt / t_prompt, "decode_tps": n_gen / t_gen, "n_prompt": n_prompt,
+                  "n_gen": n_gen}))
 """
 
 
@@ -115,7 +118,7 @@ def main() -> None:
     for quant in ("q8_0", "q4_k"):
         gguf = out / f"moe-{quant}.gguf"
         r, _ = run_stage(f"assemble {quant}", ["assemble", run.root, "-o", gguf, "--quant", quant, "--force"])
-        ref = plain_io_seconds(run, a.experts, gguf.stat().st_size, out)
+        ref = plain_io_seconds(module_inputs(run, a.experts), gguf.stat().st_size, out)
         emit(out, metric="assemble", quant=quant, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb, goal_rss_mb="<= 256",
              gguf_bytes=gguf.stat().st_size, input_bytes=in_bytes, plain_io_s=round(ref, 2),
              ratio_to_plain_io=round(r.wall_s / ref, 2))
@@ -161,11 +164,10 @@ def shared_expert_row(out: Path, run: RunDir, shared: str, tokens: int) -> None:
          goal="<= 2048")
 
 
-def plain_io_seconds(run: RunDir, n: int, out_bytes: int, out: Path) -> float:
-    """bench_assemble's reference: read every module file, write as many bytes as the GGUF, fsync."""
-    from bench_assemble import io_reference, module_inputs
+def plain_io_seconds(inputs: list[Path], out_bytes: int, out: Path) -> float:
+    """bench_assemble's reference: read every file of `inputs`, write `out_bytes` into OUT, fsync."""
+    from bench_assemble import io_reference
 
-    inputs = module_inputs(run, n)
     tmp = out / ".plain-io.tmp"
     r, _ = run_stage("plain I/O", [sys.executable, "-c", io_reference(inputs, out_bytes, tmp)])
     tmp.unlink()

@@ -206,10 +206,9 @@ def bench_1b(work: Path, steps: int, peak: float, shared: str = "none") -> None:
 # ---- (e) training steps of every preset ----------------------------------------------------------------
 
 
-def cpu_info() -> dict:
-    """The CPU's model name and the instruction sets training speed depends on (from /proc/cpuinfo)."""
-    import torch
-
+def cpu_flags() -> dict:
+    """The CPU's model name and the instruction sets speed depends on (from /proc/cpuinfo; no torch, so a
+    parent process that spawns measured children stays light)."""
     model, flags = "unknown", set()
     try:
         for line in open("/proc/cpuinfo"):
@@ -221,7 +220,14 @@ def cpu_info() -> dict:
     except OSError:
         pass
     return {"model": model, "avx2": "avx2" in flags, "avx512": "avx512f" in flags, "bf16_native": "avx512_bf16" in flags
-            or "amx_bf16" in flags, "amx": "amx_tile" in flags, "torch_capability": torch.backends.cpu.get_cpu_capability()}
+            or "amx_bf16" in flags, "amx": "amx_tile" in flags, "cores": os.cpu_count()}
+
+
+def cpu_info() -> dict:
+    """`cpu_flags()` and the kernels torch picks on this CPU."""
+    import torch
+
+    return {**cpu_flags(), "torch_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def _random_run(root: Path, preset: str, vocab: int, trunk: bool) -> "object":

@@ -190,8 +190,7 @@ def main() -> None:
         print(json.dumps(child(a.child, run, a.batch, a.ctx, a.steps, a.warm)))
         return
 
-    from bench_real_base import cpu
-    from bench_train import matmul_peak
+    from bench_train import cpu_flags, matmul_peak
 
     from mfgguf.stages import run_stage
 
@@ -200,7 +199,7 @@ def main() -> None:
         run_stage("prepare", ["prepare", "builtin", "--out", run, "--experts", 1, "--max-chars-per-domain", 400_000,
                               "--no-progress", "--force"])
     peak = matmul_peak()
-    head = {"bench": "train_real", **cpu(), **peak}
+    head = {"bench": "train_real", **cpu_flags(), **peak}
     print(json.dumps(head), flush=True)
     rows = {}
     for kind in a.configs.split(","):
