@@ -3,7 +3,10 @@
 Prints JSON lines:
   {"bench": "quantize", "type": ..., "mb_per_s": ...}            f32 input MB/s of the quantizer path
   {"bench": "assemble", "n_experts": N, "peak_rss_mb": ..., "wall_s": ..., "io_ref_s": ..., "ratio": ...,
-   "cpu_s": ..., "machine_busy": ...}                            child CPU seconds; busy fraction of all cores
+   "cpu_s": ..., "machine_busy": ..., "phases_s": {...}, "work_s": {...}, "model": CPU, "avx2": ...}
+      medians of --repeats runs, each assembly followed by its I/O reference; child CPU seconds; busy
+      fraction of all cores; the median run's seconds per phase and per kind of stream work
+      (reading, hashing, checking, quantizing, writing; summed over threads: converters/profile.py)
   {"bench": "summary", "rss_ratio_max_over_min_n": ..., ...}
   with --reference, for the largest N, on the same weights (scripts/hf_reference.py):
   {"bench": "reference", "path": "mfgguf q8_0" | "convert_hf_to_gguf q8_0" | "mfgguf q4_k" |
@@ -55,7 +58,7 @@ def _cpu_ticks() -> tuple[int, int]:
     return sum(v[:8]) - idle, idle
 
 
-def _child(code: str) -> tuple[float, float, str, float, float]:
+def run_child(code: str) -> tuple[float, float, str, float, float]:
     """Run python code in a subprocess; (wall s, rusage peak RSS MB, stdout, child CPU s, machine busy fraction).
 
     Linux carries the parent's RSS high-water mark across fork+exec into ru_maxrss, so the
@@ -114,6 +117,8 @@ os.close(fd)
 
 
 def main() -> None:
+    from bench_train import cpu_flags  # scripts/ is on sys.path when run as a script
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experts", default=None, help="comma-separated N values (default 8,32,100; --quick 8,32)")
     ap.add_argument("--quant", default="q8_0")
@@ -121,6 +126,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="N = 8,32 and 2048x2048 quantizer matrices")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/mfgguf-bench"))
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=3, help="assemblies (each followed by the I/O reference) per N: medians")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic RUN for the next time")
     ap.add_argument("--shared", default="none", help="experts hold perturbed copies of these trunk tensors: none|norms|attn|all")
     ap.add_argument("--merge", default="mean", help="how assembly merges them: none|mean|ties")
@@ -148,17 +154,23 @@ def main() -> None:
     from mfgguf.run import RunDir
 
     rd = RunDir(run)
+    os.sync()  # the synthetic run's dirty pages written now, not during the first measurement
     rss = {}
     for n in ns:
         out = a.dir / f"model-{n}.gguf"
-        code = _assemble_code(run, out, a.quant, list(range(1, n + 1)), a.threads, merge=a.merge, fast_quant=a.fast_quant)
-        wall, _, stdout, cpu, busy = _child(code)
-        r = json.loads(stdout.strip().splitlines()[-1])
-        peak = r["vm_hwm_kb"] / 1024
+        code = assemble_code(run, out, a.quant, list(range(1, n + 1)), a.threads, merge=a.merge, fast_quant=a.fast_quant)
         inputs = module_inputs(rd, n)
-        io_s, _, _, io_cpu, io_busy = _child(io_reference(inputs, r["bytes"], a.dir / "io-ref.bin"))
-        (a.dir / "io-ref.bin").unlink(missing_ok=True)
-        out.unlink(missing_ok=True)
+        runs, refs = [], []
+        for _ in range(a.repeats):  # alternated, so both see the same page cache and the same neighbours
+            wall, _, stdout, cpu, busy = run_child(code)
+            runs.append((wall, json.loads(stdout.strip().splitlines()[-1]), cpu, busy))
+            refs.append(run_child(io_reference(inputs, runs[-1][1]["bytes"], a.dir / "io-ref.bin")))
+            (a.dir / "io-ref.bin").unlink(missing_ok=True)
+            out.unlink(missing_ok=True)
+        walls, ios = [x[0] for x in runs], [x[0] for x in refs]
+        wall, r, cpu, busy = sorted(runs, key=lambda x: x[0])[len(runs) // 2]  # the median run, with its profile
+        io_s, _, _, io_cpu, io_busy = sorted(refs, key=lambda x: x[0])[len(refs) // 2]
+        peak = max(x[1]["vm_hwm_kb"] for x in runs) / 1024
         rss[n] = peak
         print(json.dumps({"bench": "assemble", "preset": a.preset, "n_experts": n, "quant": a.quant, "shared": a.shared,
                           "module_format": 1 if a.format1 else 2, "quantizer": r["quantizer"],
@@ -167,8 +179,11 @@ def main() -> None:
                           "input_mb": round(r["input_bytes"] / 1e6), "output_mb": round(r["bytes"] / 1e6),
                           "peak_rss_mb": round(peak, 1), "wall_s": round(wall, 2), "assemble_s": r["seconds"],
                           "io_ref_s": round(io_s, 2), "ratio": round(wall / io_s, 2), "threads": r["threads"],
+                          "repeats": a.repeats, "wall_s_all": [round(x, 2) for x in walls],
+                          "io_ref_s_all": [round(x, 2) for x in ios],
                           "cpu_s": round(cpu, 2), "io_ref_cpu_s": round(io_cpu, 2),
-                          "machine_busy": round(busy, 2), "io_ref_machine_busy": round(io_busy, 2)}), flush=True)
+                          "machine_busy": round(busy, 2), "io_ref_machine_busy": round(io_busy, 2),
+                          "phases_s": r["phases_s"], "work_s": r["work_s"], **cpu_flags()}), flush=True)
     lo, hi = min(ns), max(ns)
     print(json.dumps({"bench": "summary", "shared": a.shared, "merge": a.merge,
                       "rss_ratio": round(rss[hi] / rss[lo], 3), "n_lo": lo, "n_hi": hi,
@@ -191,7 +206,7 @@ def reference(rd, n: int, a) -> None:
     d.mkdir(parents=True)
     experts = list(range(1, n + 1))
     t0 = time.perf_counter()
-    _child(_assemble_code(rd.root, d / "f32.gguf", "f32", experts, a.threads))  # the weights, once, for the checkpoint
+    run_child(assemble_code(rd.root, d / "f32.gguf", "f32", experts, a.threads))  # the weights, once, for the checkpoint
     hf = write_hf_checkpoint(d / "f32.gguf", rd.tokenizer, d / "hf")
     (d / "f32.gguf").unlink()
     print(json.dumps({"bench": "reference_setup", "n_experts": n, "hf_checkpoint_mb": round(_du(hf) / 1e6),
@@ -201,10 +216,10 @@ def reference(rd, n: int, a) -> None:
     rows = {}
 
     def row(path: str, code: str, out: Path, io_inputs: list[Path]) -> dict:
-        wall, _, stdout, cpu, busy = _child(code)
+        wall, _, stdout, cpu, busy = run_child(code)
         last = stdout.strip().splitlines()[-1]  # mfgguf: its JSON result; the others: VmHWM in KB
         peak = (json.loads(last)["vm_hwm_kb"] if path.startswith("mfgguf") else int(last)) / 1024
-        io_s, *_ = _child(io_reference(io_inputs, out.stat().st_size, d / "io-ref.bin"))
+        io_s, *_ = run_child(io_reference(io_inputs, out.stat().st_size, d / "io-ref.bin"))
         (d / "io-ref.bin").unlink(missing_ok=True)
         r = {"bench": "reference", "n_experts": n, "path": path, "wall_s": round(wall, 2), "peak_rss_mb": round(peak, 1),
              "output_mb": round(out.stat().st_size / 1e6), "io_ref_s": round(io_s, 2), "over_io_ref": round(wall / io_s, 2),
@@ -214,7 +229,7 @@ def reference(rd, n: int, a) -> None:
         return r
 
     mod_inputs = module_inputs(rd, n)
-    row("mfgguf q8_0", _assemble_code(rd.root, d / "mfgguf-q8_0.gguf", "q8_0", experts, a.threads),
+    row("mfgguf q8_0", assemble_code(rd.root, d / "mfgguf-q8_0.gguf", "q8_0", experts, a.threads),
         d / "mfgguf-q8_0.gguf", mod_inputs)
     row("convert_hf_to_gguf q8_0", convert_code(conv, hf, d / "convert-q8_0.gguf", "q8_0"), d / "convert-q8_0.gguf", inputs)
     x = {t.name: t for t in gguf.GGUFReader(d / "mfgguf-q8_0.gguf").tensors}
@@ -224,7 +239,7 @@ def reference(rd, n: int, a) -> None:
     del x, y
     for f in ("mfgguf-q8_0.gguf", "convert-q8_0.gguf"):
         (d / f).unlink()
-    row("mfgguf q4_k", _assemble_code(rd.root, d / "mfgguf-q4_k.gguf", "q4_k", experts, a.threads),
+    row("mfgguf q4_k", assemble_code(rd.root, d / "mfgguf-q4_k.gguf", "q4_k", experts, a.threads),
         d / "mfgguf-q4_k.gguf", mod_inputs)
     (d / "mfgguf-q4_k.gguf").unlink()
     f16 = row("convert_hf_to_gguf f16", convert_code(conv, hf, d / "convert-f16.gguf", "f16"), d / "convert-f16.gguf", inputs)
@@ -239,7 +254,7 @@ def reference(rd, n: int, a) -> None:
                       "quantize_only_over_mfgguf_q4_k": round(q["wall_s"] / m4["wall_s"], 2)}), flush=True)
 
 
-def _assemble_code(run: Path, out: Path, quant: str, experts: list[int], threads, merge: str = "mean",
+def assemble_code(run: Path, out: Path, quant: str, experts: list[int], threads, merge: str = "mean",
                    fast_quant: bool = False) -> str:
     """Python source that assembles in a child process and prints its result with its own peak RSS (VmHWM)."""
     return (f"import sys, json; from pathlib import Path; from mfgguf.converters.assemble import assemble; "

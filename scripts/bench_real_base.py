@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_assemble import module_inputs  # noqa: E402
+from bench_assemble import assemble_code, module_inputs, run_child  # noqa: E402
 from bench_scale import INFER, plain_io_seconds  # noqa: E402
 from bench_train import cpu_flags  # noqa: E402
 
@@ -122,6 +122,8 @@ def main() -> None:
     ap.add_argument("--expert-tokens", type=int, default=4096, help="training tokens of the one real expert")
     ap.add_argument("--perturb", type=float, default=0.01, help="the other experts: seed + this x std noise")
     ap.add_argument("--fresh", action="store_true", help="delete OUT first instead of resuming")
+    ap.add_argument("--repeats", type=int, default=3, help="assemblies and extends (each followed by its plain I/O): medians")
+    ap.add_argument("--only", default="parity,assemble,inference,extend", help="which measurements (comma-separated)")
     a = ap.parse_args()
 
     out: Path = a.out
@@ -140,7 +142,9 @@ def main() -> None:
         r, _ = run_stage("prepare", ["prepare", "builtin", "--out", run.root, "--experts", a.experts, "--partition",
                                      "random", "--max-chars-per-domain", 1_500_000, "--no-progress"])
         b.emit(stage="prepare", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
-    parity(b, run, base, out)
+    only = set(a.only.split(","))
+    if "parity" in only:
+        parity(b, run, base, out)
     if not run.module_meta(1).is_file():
         r, _ = run_stage("train-expert 1", ["train-expert", run.root, "--expert", 1, "--tokens", a.expert_tokens,
                                             "--eval-tokens", 1024, "--no-progress"])
@@ -160,26 +164,38 @@ def main() -> None:
     in_bytes = sum(p.stat().st_size for p in module_inputs(run, a.experts))
     for quant in ("q8_0", "q4_k"):
         gguf = out / f"moe-{quant}.gguf"
-        r, _ = run_stage(f"assemble {quant}", ["assemble", run.root, "-o", gguf, "--quant", quant, "--force", "-q"])
-        ref = b.plain_io(module_inputs(run, a.experts), gguf.stat().st_size)
+        if "assemble" not in only and gguf.is_file():
+            continue
+        code = assemble_code(run.root, gguf, quant, list(range(1, a.experts + 1)), None)
+        walls, ios, runs = [], [], []
+        for _ in range(a.repeats if "assemble" in only else 1):  # alternated: the same page cache and neighbours
+            wall, _, stdout, _, _ = run_child(code)
+            walls.append(wall)
+            runs.append(json.loads(stdout.strip().splitlines()[-1]))
+            ios.append(b.plain_io(module_inputs(run, a.experts), gguf.stat().st_size))
+        r = runs[sorted(range(len(walls)), key=walls.__getitem__)[len(walls) // 2]]  # the median run's profile
+        wall, ref = float(np.median(walls)), float(np.median(ios))
         info = inspect_gguf(gguf)
-        b.emit(metric="assemble", quant=quant, experts=a.experts, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb,
-               plain_io_s=ref, ratio_to_plain_io=round(r.wall_s / ref, 2), input_bytes=in_bytes,
+        b.emit(metric="assemble", quant=quant, experts=a.experts, wall_s=round(wall, 2),
+               peak_rss_mb=round(max(x["vm_hwm_kb"] for x in runs) / 1024, 1), plain_io_s=round(ref, 2),
+               ratio_to_plain_io=round(wall / ref, 2), repeats=len(walls), wall_s_all=[round(x, 2) for x in walls],
+               plain_io_s_all=[round(x, 2) for x in ios], input_bytes=in_bytes,
                gguf_bytes=gguf.stat().st_size, gguf_gib=round(gguf.stat().st_size / 2**30, 3),
-               params_total=info["params_total"], params_active=info["params_active"])
+               params_total=info["params_total"], params_active=info["params_active"],
+               phases_s=r["phases_s"], work_s=r["work_s"])
     trunk = out / "trunk-q8_0.gguf"
     if not trunk.is_file():
         run_stage("assemble trunk", ["assemble", run.root, "-o", trunk, "--experts", "none", "--quant", "q8_0", "-q"])
 
     res = {}
     for name, path in (("moe_q8_0", out / "moe-q8_0.gguf"), ("moe_q4_k", out / "moe-q4_k.gguf"),
-                       ("base_q4_1_file", base), ("base_trunk_q8_0", trunk)):
+                       ("base_q4_1_file", base), ("base_trunk_q8_0", trunk)) if "inference" in only else ():
         r, text = run_stage(f"infer {name}", [sys.executable, "-c", INFER, str(path), "256", "128",
                                                str(ROOT / "README.md")], capture=True)
         res[name] = json.loads(text.strip().splitlines()[-1])
         b.emit(metric="inference", model=name, file_bytes=path.stat().st_size, peak_rss_mb=r.peak_rss_mb,
                goal_rss_mb="<= 8192", **res[name])
-    for name in ("moe_q8_0", "moe_q4_k"):
+    for name in ("moe_q8_0", "moe_q4_k") if "inference" in only else ():
         b.emit(metric="decode_vs_base", model=name, vs="base_trunk_q8_0",
                decode_ratio=round(res[name]["decode_tps"] / res["base_trunk_q8_0"]["decode_tps"], 3),
                prompt_ratio=round(res[name]["prompt_tps"] / res["base_trunk_q8_0"]["prompt_tps"], 3))
@@ -192,15 +208,28 @@ def main() -> None:
         run_stage("train-expert (more)", ["train-expert", more.root, "--expert", 1, "--tokens", a.expert_tokens,
                                           "--eval-tokens", 1024, "--no-progress"])
     src, dst = out / "moe-q8_0.gguf", out / f"moe{a.experts + 1}-q8_0.gguf"
-    r, _ = run_stage("extend", ["extend", src, "--add", more.root, "-o", dst, "--force"])
-    ref = b.plain_io([src, more.module_file(0), more.module_file(1)], dst.stat().st_size)
-    b.emit(metric="extend", added=1, experts_after=a.experts + 1, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb,
-           plain_io_s=ref, ratio_to_plain_io=round(r.wall_s / ref, 2), gguf_bytes=dst.stat().st_size)
-    r, text = run_stage("infer extended", [sys.executable, "-c", INFER, str(dst), "256", "64", str(ROOT / "README.md")],
-                        capture=True)
-    b.emit(metric="inference", model=f"moe{a.experts + 1}_q8_0", peak_rss_mb=r.peak_rss_mb,
-           **json.loads(text.strip().splitlines()[-1]))
-
+    if "extend" in only:
+        code = (f"import json; from pathlib import Path; from mfgguf.converters.extend import extend; "
+                f"r = extend(Path({str(src)!r}), Path({str(dst)!r}), add=Path({str(more.root)!r}), force=True); "
+                f"r['vm_hwm_kb'] = int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]); "
+                f"print(json.dumps(r))")
+        walls, ios, hwm = [], [], []
+        for _ in range(a.repeats):
+            wall, _, stdout, _, _ = run_child(code)
+            walls.append(wall)
+            hwm.append(json.loads(stdout.strip().splitlines()[-1])["vm_hwm_kb"] / 1024)
+            # what extend reads: the file, the added expert, its RUN's pooled statistics
+            ios.append(b.plain_io([src, more.module_file(1), more.router_stats], dst.stat().st_size))
+        wall, ref = float(np.median(walls)), float(np.median(ios))
+        b.emit(metric="extend", added=1, experts_after=a.experts + 1, wall_s=round(wall, 2), peak_rss_mb=round(max(hwm), 1),
+               plain_io_s=round(ref, 2), ratio_to_plain_io=round(wall / ref, 2), repeats=len(walls),
+               wall_s_all=[round(x, 2) for x in walls], plain_io_s_all=[round(x, 2) for x in ios],
+               gguf_bytes=dst.stat().st_size, added_bytes=dst.stat().st_size - src.stat().st_size)
+    if "inference" in only:
+        r, text = run_stage("infer extended", [sys.executable, "-c", INFER, str(dst), "256", "64",
+                                               str(ROOT / "README.md")], capture=True)
+        b.emit(metric="inference", model=f"moe{a.experts + 1}_q8_0", peak_rss_mb=r.peak_rss_mb,
+               **json.loads(text.strip().splitlines()[-1]))
 
 if __name__ == "__main__":
     main()

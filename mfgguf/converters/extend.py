@@ -12,19 +12,21 @@ statistics file (named by its sha256), and the G the router uses is their token-
 G = sum_s c_s G_s / sum_s c_s (one source: G_s itself). A source stays while any expert that came
 with it does. So removing what was added drops its source and gives back the very bytes the router
 was computed from: the router, and the whole file, come back bit for bit. The price is one
-layers x dim x dim f32 block per source in the header (`tiny` 32 KB, `small` 1 MB, `1b` 50 MB;
-base64 adds a third). Experts added from the RUN a source already came from share its G.
+layers x dim x dim f32 array per source in the statistics block after the tensor data
+(routerstats.py; `tiny` 32 KB, `small` 1 MB, `1b` 50 MB), which no GGUF reader loads. Experts
+added from the RUN a source already came from share its G.
 
 Streaming, as assembly: the output is preallocated beside the destination; every tensor of the
 trunk and every kept expert slot of the stacked `_exps` tensors is copied byte for byte
 (copy_file_range, no decode), only the new experts' tensors are quantized (ggml's reference
 quantizer, the type of the slot they join), row chunk by row chunk as their module files stream
 and are hashed (stream.py); the router rows and the statistics go in last, then the file is
-re-read (readback.py) and renamed over the destination. Memory holds the statistics (N means of
-layers x dim, one G per source) and a few chunks: not the experts.
+re-read (readback.py) and renamed over the destination. Memory holds the N means (layers x dim),
+one layer of G at a time and a few chunks: not the experts, not a whole G.
 
 Refused with one line, nothing written: a GGUF without the router statistics (not written by this
-mfgguf's assemble, or with a router that needs none), a layout other than granitemoe, a file whose
+mfgguf's assemble, or with a router that needs none, or rewritten by a tool that dropped the block
+after its tensors), a layout other than granitemoe, a file whose
 trunk was merged from experts' copies, an expert trained against another trunk (or unfinished, or
 with trunk copies of its own, or already in the file), a slot K out of range, and an existing
 destination without --force.
@@ -50,15 +52,16 @@ from ..errors import MfggufError
 from ..run import RunDir, atomic_path, finished_against, read_manifest, router_stats_stale
 from . import quant as Q
 from .ensure_stats import plan_with_stats
-from .fileio import pwrite_all
-from .ggufheader import Blob, Header, read_gguf_header
-from .layout import Module, PooledStatsNeeded, Slot, header_len, header_parts, load_module, read_header, \
-    run_tokenizer_kv, string_item_offsets, write_header
+from .fileio import pread_into, pwrite_all, truncated
+from .ggufheader import Header, read_gguf_header
+from .layout import Module, PooledStatsNeeded, Slot, header_bytes, load_module, read_header, run_tokenizer_kv, \
+    write_header
+from .merge import open_checked
 from .readback import verify
 from .router import RouterBuilder
-from .routerstats import hole, read_blob, write_blob
-from .schema import (ALIGNMENT, QTYPE_BY_ID, RS_COUNTS, RS_EXPERT_SOURCE, RS_MEANS, RS_SECOND_MOMENTS, RS_SOURCE_COUNTS,
-                     RS_SOURCES, blk)
+from .routerstats import StatsBlock, block_start, read_f32, with_offset
+from .schema import (ALIGNMENT, QTYPE_BY_ID, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS, RS_SOURCE_COUNTS, RS_SOURCES,
+                     blk)
 from .stream import stream_modules
 
 EXPS_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
@@ -129,6 +132,7 @@ class _Source:
     router: str
     top_k: int
     trunk_sha: str
+    stats: StatsBlock | None = None  # where its router statistics lie
 
     @classmethod
     def read(cls, path: Path) -> "_Source":
@@ -148,7 +152,11 @@ class _Source:
         if router not in ("ridge", "centroid"):
             raise MfggufError(f"{path}'s router is {router}: there are no router statistics to recompute it from;"
                               " re-assemble it with `--router ridge`")
-        if v(RS_COUNTS) is None or (router == "ridge") != (v(RS_SECOND_MOMENTS) is not None):
+        if v(RS_OLD_BLOBS[0]) is not None:
+            raise MfggufError(f"{path} was assembled by an earlier mfgguf, which kept the router statistics in the"
+                              " header; re-assemble it with this `mfgguf assemble` to extend it")
+        stats = StatsBlock.of_header(v, h.data_offset)
+        if v(RS_COUNTS) is None or stats is None or (router == "ridge") != stats.ridge:
             raise MfggufError(f"{path} carries no router statistics (assembled before mfgguf recorded them);"
                               " re-assemble it with `mfgguf assemble` to extend it")
         if v("mfgguf.merge") is not None:
@@ -156,13 +164,17 @@ class _Source:
                               " with `--merge none` (or from FFN-only experts)")
         n = int(v(f"{arch}.expert_count"))
         s = cls(path, h, arch, n, int(v(f"{arch}.block_count")), int(v(f"{arch}.embedding_length")),
-                int(v("mfgguf.expert_ff")), router, int(v(f"{arch}.expert_used_count")), v("mfgguf.trunk_sha256"))
-        want = {RS_COUNTS: n, RS_MEANS: n, RS_EXPERT_SOURCE: n, RS_SOURCE_COUNTS: len(v(RS_SOURCES) or [])}
+                int(v("mfgguf.expert_ff")), router, int(v(f"{arch}.expert_used_count")), v("mfgguf.trunk_sha256"), stats)
+        want = {RS_COUNTS: n, RS_EXPERT_SOURCE: n, RS_SOURCE_COUNTS: len(v(RS_SOURCES) or [])}
         if any(len(v(k) or []) != m for k, m in want.items()) or not v(RS_SOURCES):
             raise MfggufError(f"{path}'s router statistics are inconsistent (counts for {n} experts expected);"
                               " re-assemble it")
-        if max(t.offset + _nbytes(t) for t in h.tensors) + h.data_offset > h.size:
+        data_end = max(t.offset + _nbytes(t) for t in h.tensors) + h.data_offset
+        if data_end > h.size:
             raise MfggufError(f"{path} is shorter than its header says; it is truncated: re-assemble it")
+        if stats.offset != block_start(data_end) or stats.end != h.size:
+            raise MfggufError(f"{path} does not end with its router statistics (truncated, or rewritten by a tool"
+                              " that drops them); re-assemble it with `mfgguf assemble` to extend it")
         return s
 
     def kept(self, remove: list[int]) -> list[int]:
@@ -284,10 +296,10 @@ class _Plan:
     kv: list
     slots: list[Slot]
     arch: str
-    header: list = field(default_factory=list)  # layout.header_parts: runs of bytes, holes for the statistics
+    header: bytes = b""  # layout.header_bytes
     data_offset: int = 0
     total_size: int = 0
-    blobs: dict[str, list[int]] = field(default_factory=dict)
+    stats: StatsBlock | None = None  # the new file's statistics block
     old: dict[str, object] = field(default_factory=dict)  # old tensor infos by name
 
 
@@ -324,8 +336,6 @@ def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
         RS_EXPERT_SOURCE: ("UINT32", expert_source),
         RS_SOURCES: ("STRING", src_shas),
         RS_SOURCE_COUNTS: ("UINT64", src_counts),
-        RS_MEANS: ("STRING", [hole(4 * src.L * src.D)] * N),
-        RS_SECOND_MOMENTS: ("STRING", [hole(4 * src.L * src.D * src.D)] * len(sources)),
         "mfgguf.router_stats_sha256": src_shas[0],
     }
     part = v("mfgguf.partition", "")
@@ -348,17 +358,18 @@ def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
     for s in slots:
         s.offset = off
         off += (s.nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-    p.header = header_parts(kv, slots)
-    p.data_offset = (header_len(p.header) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-    p.total_size = p.data_offset + off
-    p.blobs = {k: string_item_offsets(kv, k) for k in (RS_MEANS, RS_SECOND_MOMENTS) if v(k) is not None}
+    p.data_offset = (len(header_bytes(kv, slots)) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+    p.stats = StatsBlock(p.data_offset + block_start(off), src.L, src.D, N, len(sources), src.stats.ridge)
+    p.kv = with_offset(kv, block_start(off))
+    p.header = header_bytes(p.kv, slots)
+    p.total_size = p.stats.end
     p.old = {t.name: t for t in src.h.tensors}
     return p
 
 
 def _write(p: _Plan, fin: int, fd: int, threads: int) -> None:
     src, N = p.src, len(p.slot_of)
-    write_header(fd, p.header, p.data_offset)  # the statistics' holes are copied or encoded below
+    write_header(fd, p.header, p.data_offset)
     _preallocate(fd, p.total_size)
     written = {s.name: 0 for s in p.slots}
     for s in p.slots:  # the trunk and the kept experts: their bytes as they are
@@ -373,20 +384,17 @@ def _write(p: _Plan, fin: int, fd: int, threads: int) -> None:
         elif not s.name.endswith("ffn_gate_inp.weight"):
             _copy(fin, fd, s.nbytes, base, p.data_offset + s.offset)
             written[s.name] += s.nbytes
-    # the added experts (and their RUN's G, when it is a new source), streamed and hashed
+    # the added experts (and their RUN's G, when it is a new source: hashed here, read a layer at a time below)
     first = len(p.slot_of) - len(p.new)
-    mods = ([p.adds.pooled] if p.adds and p.adds.pooled else []) + p.new
-    G_new = np.zeros((src.L, src.D, src.D), np.float32) if p.adds and p.adds.pooled else None
+    new_source = p.adds is not None and p.adds.pooled is not None
+    mods = ([p.adds.pooled] if new_source else []) + p.new
     mu_new = np.zeros((len(p.new), src.L, src.D), np.float32)
-    off = 1 if G_new is not None else 0
+    off = 1 if new_source else 0
     for pos, name, r0, x, release in stream_modules(mods, lanes=2):
         try:
             if (st := STAT_RE.fullmatch(name)) is not None:
-                l = int(st.group(1))
-                if pos < off and st.group(2) == "second_moment":
-                    G_new[l, r0:r0 + len(x)] = x
-                elif pos >= off and st.group(2) == "mean":
-                    mu_new[pos - off, l] = x.reshape(-1)
+                if pos >= off and st.group(2) == "mean":
+                    mu_new[pos - off, int(st.group(1))] = x.reshape(-1)
                 continue
             if pos < off or (m := FFN_RE.fullmatch(name)) is None:
                 continue
@@ -397,41 +405,29 @@ def _write(p: _Plan, fin: int, fd: int, threads: int) -> None:
             written[s.name] += q.nbytes
         finally:
             release()
-    # router statistics: kept blocks copied as they are, new ones encoded; then the router from them
-    old_means, old_G = src.h.value(RS_MEANS), src.h.value(RS_SECOND_MOMENTS) or []
+    # router statistics: kept arrays copied as they are, new ones written; then the router from them
+    old_at, at = src.stats, p.stats
     mu = np.zeros((N, src.L, src.D), np.float32)
     for q, old in enumerate(p.slot_of):
         if old is not None:
-            b: Blob = old_means[old]
-            mu[q] = read_blob(fin, b.offset, b.length, (src.L, src.D))
-            _copy(fin, fd, b.length, b.offset, p.blobs[RS_MEANS][q])
+            mu[q] = read_f32(fin, old_at.mean(old), (src.L, src.D))
         else:
             mu[q] = mu_new[q - first]
-            write_blob(fd, p.blobs[RS_MEANS][q], mu[q])
+        pwrite_all(fd, mu[q], at.mean(q))
     counts = _kv(p, RS_COUNTS)
-    rb = RouterBuilder(src.router, n_layers=src.L, dim=src.D, n_experts=N)
+    pooled = None
+    if at.ridge:
+        for j, old in enumerate(p.sources):
+            if old is not None:
+                _copy(fin, fd, src.L * at.layer_bytes, old_at.second_moment(old), at.second_moment(j))
+            else:
+                _copy_pooled(p.adds.pooled, fd, at, j)
+        weights = [float(c) for c in _kv(p, RS_SOURCE_COUNTS)]
+        pooled = lambda l: _pooled_layer(fd, at, weights, l)  # noqa: E731
+    rb = RouterBuilder(src.router, n_layers=src.L, dim=src.D, n_experts=N, pooled=pooled)
     for q in range(N):
         for l in range(src.L):
             rb.add_mean(q, l, mu[q, l], int(counts[q]))
-    if src.router == "ridge":
-        src_counts = _kv(p, RS_SOURCE_COUNTS)
-        acc = None
-        for j, old in enumerate(p.sources):
-            if old is not None:
-                b = old_G[old]
-                G = read_blob(fin, b.offset, b.length, (src.L, src.D, src.D))
-                _copy(fin, fd, b.length, b.offset, p.blobs[RS_SECOND_MOMENTS][j])
-            else:
-                G = G_new
-                write_blob(fd, p.blobs[RS_SECOND_MOMENTS][j], G)
-            if len(p.sources) == 1:
-                acc = G  # one source: G as recorded, as assembly used it
-            else:
-                acc = (0 if acc is None else acc) + G.astype(np.float64) * float(src_counts[j])
-        if len(p.sources) > 1:
-            acc = (acc / float(sum(src_counts))).astype(np.float32)
-        for l in range(src.L):
-            rb.add_pooled(l, 0, acc[l])
     for l, w in enumerate(rb.finish()):  # w: (N, dim) f32
         s = _slot(p, blk(l, "ffn_gate_inp"))
         pwrite_all(fd, Q.quantize(w, s.qtype), p.data_offset + s.offset)
@@ -440,6 +436,28 @@ def _write(p: _Plan, fin: int, fd: int, threads: int) -> None:
     if short:
         raise AssertionError(f"{len(short)} tensors incompletely written, e.g. {short[0]}")
     os.fsync(fd)
+
+
+def _copy_pooled(m: Module, fd: int, at: StatsBlock, j: int) -> None:
+    """The added RUN's pooled G, layer by layer, into source j of the new file's block (the file the stream
+    hashed: same size and mtime)."""
+    fin = open_checked(m)
+    try:
+        G = np.empty((at.dim, at.dim), np.float32)
+        for l in range(at.n_layers):
+            e = m.entries[f"router_stats.blk.{l}.second_moment"]
+            pwrite_all(fd, pread_into(fin, G, e.begin, truncated(m)), at.second_moment(j, l))
+    finally:
+        os.close(fin)
+
+
+def _pooled_layer(fd: int, at: StatsBlock, weights: list[float], l: int) -> np.ndarray:
+    """Layer l of the G the router uses, from the sources just written: one source's G as recorded (as assembly
+    used it), or their token-weighted mean."""
+    if len(weights) == 1:
+        return read_f32(fd, at.second_moment(0, l), (at.dim, at.dim))
+    acc = sum(read_f32(fd, at.second_moment(j, l), (at.dim, at.dim)).astype(np.float64) * w for j, w in enumerate(weights))
+    return (acc / sum(weights)).astype(np.float32)
 
 
 def _kv(p: _Plan, key: str):

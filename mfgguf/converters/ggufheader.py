@@ -2,8 +2,8 @@
 
 `mfgguf extend` rewrites a finished file's header: every key-value is read back in order, in the
 form `layout.header_parts` serializes, so that a header re-serialized unchanged is the same bytes.
-The router statistics' base64 blocks (schema.RS_BLOBS) are not decoded: their items come back as
-`Blob(offset, length)`, where they lie in the file, to be copied or decoded a piece at a time.
+The base64 blocks in which older files carried the router statistics (schema.RS_OLD_BLOBS) are not
+decoded: their items come back as `Blob(offset, length)`, where they lie in the file.
 
 Example:
     >>> h = read_gguf_header(Path("model.gguf"))
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MfggufError
-from .schema import ALIGNMENT, GGUF_MAGIC, RS_BLOBS, VType
+from .schema import ALIGNMENT, GGUF_MAGIC, RS_OLD_BLOBS, VType
 
 _FMT = {VType.UINT8: "<B", VType.INT8: "<b", VType.UINT16: "<H", VType.INT16: "<h", VType.UINT32: "<I",
         VType.INT32: "<i", VType.FLOAT32: "<f", VType.BOOL: "<?", VType.UINT64: "<Q", VType.INT64: "<q",
@@ -105,7 +105,7 @@ def _parse(r: _Reader, size: int) -> Header:
         if vt == VType.ARRAY:
             it = VType(r.scalar(VType.UINT32))
             n = r.scalar(VType.UINT64)
-            if it == VType.STRING and key in RS_BLOBS:
+            if it == VType.STRING and key in RS_OLD_BLOBS:
                 items = []
                 for _ in range(n):
                     ln = r.scalar(VType.UINT64)

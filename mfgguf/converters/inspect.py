@@ -44,7 +44,7 @@ def inspect_gguf(path: Path) -> dict:
         is_array = f.types and f.types[0] == gguf.GGUFValueType.ARRAY
         if is_array and k.startswith("tokenizer."):
             arrays[k] = len(f.data)  # tokens/merges: only their count
-        elif k in schema.RS_BLOBS:  # the router's statistics: base64 blocks, summarised
+        elif k in schema.RS_OLD_BLOBS:  # an older file's router statistics: base64 blocks, summarised
             kv[k] = f"{len(f.data)} base64 blocks, {sum(len(f.parts[i]) for i in f.data):,} characters"
         else:
             kv[k] = _value(f)
@@ -116,6 +116,9 @@ def format_inspect(info: dict) -> str:
             lo = min(a for _, a, _ in e["ranges"])
             hi = max(b for _, _, b in e["ranges"])
             L.append(f"  {e['slot']:>3}: expert {e['id']:<4} {e['bytes']:>12,} B in {len(e['ranges'])} ranges, {lo}..{hi}")
+    if (off := prov.get(schema.RS_OFFSET)) is not None:
+        L.append(f"router stats  {info['bytes'] - int(off):,} B after the tensor data, at byte {off}: the experts' means"
+                 f" and {len(prov.get(schema.RS_SOURCES) or [])} pooled second moment(s), for `mfgguf extend`")
     L.append("provenance:")
     for k, v in prov.items():
         if isinstance(v, list) and len(v) > 8:

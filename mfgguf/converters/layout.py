@@ -37,7 +37,7 @@ from . import routerstats, schema
 from .merge import DEFAULT_DENSITY, merge_plan
 from .router import needs_stats
 from .fileio import pwrite_all
-from .schema import ALIGNMENT, FFN, Hole, VType, blk
+from .schema import ALIGNMENT, FFN, VType, blk
 
 
 # ---- module files --------------------------------------------------------------------------------
@@ -224,11 +224,11 @@ class Plan:
     density: float = DEFAULT_DENSITY  # ties: share of each delta row kept
     merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
     complement: bool = False  # the experts complement the seed: it is routed slot 0 (converters/complement.py)
-    header: list[bytes | Hole] = field(default_factory=list)  # header_parts: runs of bytes, holes for write_blob
+    header: bytes = b""  # header_bytes: key-values and tensor infos, not padded
     data_offset: int = 0
     total_size: int = 0
     by_name: dict[str, Slot] = field(default_factory=dict)
-    blobs: dict[str, list[int]] = field(default_factory=dict)  # router statistics key -> header offset of each item
+    stats: routerstats.StatsBlock | None = None  # the router statistics' block after the tensor data, if any
 
     def slot(self, name: str) -> Slot:
         return self.by_name[name]
@@ -395,11 +395,20 @@ def _place(p: Plan) -> None:
     for s in p.slots:
         s.offset = off
         off += _pad(s.nbytes)
-    p.header = header_parts(p.kv, p.slots)
-    p.data_offset = _pad(header_len(p.header))
+    p.data_offset = _pad(len(header_bytes(p.kv, p.slots)))
     p.total_size = p.data_offset + off
+    if any(k == schema.RS_OFFSET for k, _, _ in p.kv):  # the statistics' block follows the tensor data
+        p.kv = routerstats.with_offset(p.kv, routerstats.block_start(off))
+        p.stats = routerstats.StatsBlock.of_header(lambda k: _kv_value(p.kv, k), p.data_offset)
+        p.total_size = p.stats.end
+    p.header = header_bytes(p.kv, p.slots)
+    assert _pad(len(p.header)) == p.data_offset
     p.by_name = {s.name: s for s in p.slots}
-    p.blobs = {k: string_item_offsets(p.kv, k) for k in schema.RS_BLOBS if any(e[0] == k for e in p.kv)}
+
+
+def _kv_value(kv: list[tuple[str, str, object]], key: str):
+    v = next((v for k, _, v in kv if k == key), None)
+    return v[1] if isinstance(v, tuple) else v
 
 
 # ---- GGUF header serialization -------------------------------------------------------------------
@@ -420,10 +429,8 @@ def _value(vt: VType, v) -> bytes:
     return struct.pack(_SCALAR[vt], v)
 
 
-def header_parts(kv: list[tuple[str, str, object]], slots: list[Slot]) -> list[bytes | Hole]:
-    """GGUF v3 header, key-values and tensor infos (not padded), as runs of bytes and the `Hole`s of string
-    items written later (each hole's length prefix ends the run before it). Array values are (item type, list)."""
-    parts: list[bytes | Hole] = []
+def header_bytes(kv: list[tuple[str, str, object]], slots: list[Slot]) -> bytes:
+    """GGUF v3 header: key-values and tensor infos (not padded). Array values are (item type, list)."""
     out = [schema.GGUF_MAGIC, struct.pack("<IQQ", schema.GGUF_VERSION, len(slots), len(kv))]
     for key, vt, v in kv:
         vt = VType[vt]
@@ -433,13 +440,7 @@ def header_parts(kv: list[tuple[str, str, object]], slots: list[Slot]) -> list[b
             it = VType[it]
             out.append(struct.pack("<IQ", it, len(items)))
             if it == VType.STRING:
-                for x in items:
-                    if isinstance(x, Hole):  # its length now, its bytes later: the run ends here
-                        out.append(struct.pack("<Q", x.nbytes))
-                        parts += [b"".join(out), x]
-                        out = []
-                    else:
-                        out.append(_str(x))
+                out += [_str(x) for x in items]
             else:
                 out.append(np.asarray(items, dtype=_SCALAR[it]).tobytes())
         else:
@@ -448,42 +449,13 @@ def header_parts(kv: list[tuple[str, str, object]], slots: list[Slot]) -> list[b
         dims = s.shape[::-1]  # ggml order: fastest first
         out += [_str(s.name), struct.pack("<I", len(dims)), struct.pack(f"<{len(dims)}Q", *dims),
                 struct.pack("<IQ", schema.QTYPES[s.qtype].ggml, s.offset)]
-    parts.append(b"".join(out))
-    return parts
+    return b"".join(out)
 
 
-def header_len(parts: list[bytes | Hole]) -> int:
-    return sum(x.nbytes if isinstance(x, Hole) else len(x) for x in parts)
-
-
-def header_bytes(kv: list[tuple[str, str, object]], slots: list[Slot]) -> bytes:
-    """GGUF v3 header of key-values without holes, as one bytes object (not padded)."""
-    parts = header_parts(kv, slots)
-    assert len(parts) == 1, "key-values with holes: write them with write_header"
-    return parts[0]
-
-
-def write_header(fd: int, parts: list[bytes | Hole], data_offset: int) -> None:
-    """The header's runs at their offsets of `fd`, zeros up to `data_offset`; the holes are left for write_blob."""
-    at = 0
-    for x in parts:
-        if isinstance(x, Hole):
-            at += x.nbytes
-        else:
-            at += pwrite_all(fd, np.frombuffer(x, np.uint8), at)
+def write_header(fd: int, header: bytes, data_offset: int) -> None:
+    """The header at offset 0 of `fd`, zeros up to `data_offset`."""
+    at = pwrite_all(fd, np.frombuffer(header, np.uint8), 0)
     pwrite_all(fd, np.zeros(data_offset - at, np.uint8), at)
-
-
-def string_item_offsets(kv: list[tuple[str, str, object]], key: str) -> list[int]:
-    """Header byte offset of each item's bytes (past its length) of string-array key `key`."""
-    i = next(j for j, e in enumerate(kv) if e[0] == key)
-    at = header_len(header_parts(kv[:i], [])) + len(_str(key)) + 4 + 4 + 8  # key, value type, item type, count
-    out = []
-    for item in kv[i][2][1]:
-        n = item.nbytes if isinstance(item, Hole) else len(item.encode("utf-8"))
-        out.append(at + 8)
-        at += 8 + n
-    return out
 
 
 # ---- tokenizer -----------------------------------------------------------------------------------

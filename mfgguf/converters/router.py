@@ -20,13 +20,17 @@ logit exceeds the average of the others by MARGIN_NATS = 4 on average (about 55x
 a typical other expert): confident for in-domain tokens, still mixing near the boundaries.
 
 Streaming: `RouterBuilder.add_*` is fed one expert's statistics at a time (even one row chunk of
-a second moment at a time); the only state is the pooled second moment (layers x dim x dim,
-f32) plus the N small means, so memory does not grow with the experts' sizes.
+a second moment at a time); the state is the N small means plus, for format-1 experts, the pooled
+second moment they add up (layers x dim x dim, f32). Where the pooled G is a file (format 2), a
+`pooled` reader hands it over one layer at a time when the router is solved: one layer in memory
+(4 MB at dim 1,024), not all of them (50 MB at the `1b` preset), so memory does not grow with the
+experts' sizes or the number of layers.
 
 Example:
     >>> rb = RouterBuilder("ridge", n_layers=2, dim=64, n_experts=3)
     >>> # for each expert p: rb.add_mean(p, l, mu, n); then per layer rb.add_pooled(l, row0, rows)
-    >>> # (format 1: rb.add_second_moment(p, l, row0, rows, n) for each expert instead)
+    >>> # (format 1: rb.add_second_moment(p, l, row0, rows, n) for each expert instead;
+    >>> #  or RouterBuilder(..., pooled=lambda l: G_of_layer(l)) and no add_pooled at all)
     >>> weights = rb.finish()  # list over layers of (3, 64) f32
 """
 
@@ -36,6 +40,7 @@ import ctypes
 import glob
 import os
 from contextlib import contextmanager
+from typing import Callable
 
 import numpy as np
 
@@ -51,15 +56,18 @@ def needs_stats(method: str) -> bool:
 
 
 class RouterBuilder:
-    def __init__(self, method: str, *, n_layers: int, dim: int, n_experts: int, seed: int = 0):
+    def __init__(self, method: str, *, n_layers: int, dim: int, n_experts: int, seed: int = 0,
+                 pooled: Callable[[int], np.ndarray] | None = None):
         if method not in ROUTERS:
             raise MfggufError(f"unknown router {method!r}; choose one of {', '.join(ROUTERS)}")
         self.method, self.L, self.dim, self.N, self.seed = method, n_layers, dim, n_experts, seed
         self.counts = np.zeros(n_experts)  # n_i
         self.mu = np.zeros((n_layers, n_experts, dim), np.float32)  # (L, N, dim)
         self.seen_mean = np.zeros((n_layers, n_experts), bool)
-        # pooled sum_i n_i M_i, only for ridge: (L, dim, dim) f32, filled row chunk by row chunk
-        self.G = np.zeros((n_layers, dim, dim), np.float32) if method == "ridge" else None
+        # layer l's pooled G (dim, dim), read when the router is solved; else (ridge only) the pooled
+        # sum_i n_i M_i: (L, dim, dim) f32, filled row chunk by row chunk
+        self.pooled = pooled if method == "ridge" else None
+        self.G = np.zeros((n_layers, dim, dim), np.float32) if method == "ridge" and pooled is None else None
         self.rows_seen = np.zeros((n_layers, n_experts), np.int64)
         self.pooled_rows = np.zeros(n_layers, np.int64)  # rows of G given already normalised (add_pooled)
 
@@ -105,7 +113,10 @@ class RouterBuilder:
         D = self.dim
         mu = self.mu[l].astype(np.float64)  # (N, D)
         if self.method == "ridge":
-            G = self.G[l].astype(np.float64) / (1.0 if self.pooled_rows[l] else n)  # (D, D) pooled second moment
+            if self.pooled is not None:
+                G = self.pooled(l).astype(np.float64)  # (D, D) pooled second moment
+            else:
+                G = self.G[l].astype(np.float64) / (1.0 if self.pooled_rows[l] else n)
             B = (self.counts[:, None] * mu).T / n  # (D, N)
             lam = RIDGE_REL_LAMBDA * np.trace(G) / D + 1e-12
             W = np.linalg.solve(G + lam * np.eye(D), B)  # (D, N)

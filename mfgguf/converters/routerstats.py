@@ -1,77 +1,111 @@
-"""The router's statistics inside the GGUF: key-values that let `mfgguf extend` recompute the router later.
+"""The router's statistics in the GGUF: a block after the tensor data that lets `mfgguf extend` recompute the router.
 
-llama.cpp refuses a file with tensors its architecture does not name, so the statistics travel as
-key-values under `mfgguf.router.` (schema.py declares the keys): per expert slot its FFN-input
-means (layers, dim) and token count, per source (one RUN's pooled statistics) its second moment G
-(layers, dim, dim) and token count, and which source each expert came with. Every front-end skips
-keys it does not know. Float blocks are base64 of little-endian f32 bytes, one string item per
-block, so any parser reads one block in one piece and the values round-trip bit for bit.
+What extend needs: per expert slot its FFN-input means (layers, dim) f32 and token count, per
+source (one RUN's pooled statistics) its second moment G (layers, dim, dim) f32 and token count,
+and which source each expert came with. The small items are key-values under `mfgguf.router.`
+(schema.py declares them). The float blocks are raw little-endian f32 in one block past the last
+tensor, at the offset `mfgguf.router.stats_offset` gives (relative to the data section, as tensor
+offsets are, so a tool that rewrites only the header and copies the rest, like `mfgguf calibrate`,
+keeps it valid):
 
-The writer knows the sizes when it plans the header and the values only after the modules have
-streamed: the plan holds `schema.Hole`s of the exact length (`kv_entries`), the header is written
-around them (layout.write_header), and `write_blob` fills them in place with os.pwrite,
-base64-encoding a few MB at a time. No placeholder string is ever built.
+    [header][tensor data][zeros to ALIGNMENT][means: N x (layers, dim)][G: S x (layers, dim, dim), ridge only]
+
+No GGUF reader looks there: llama.cpp and gguf-py read the tensors at their offsets, and llama.cpp
+maps the file without touching those pages. In the header, as base64 key-values (the format before
+this one), llama.cpp formatted every byte while it loaded: +2.5 s and +200 MB peak RSS for a `1b`
+block, and the same again in assembly's own re-read check. A tool that rewrites the file (llama.cpp's
+quantizer, gguf-py) drops the block: the file size then no longer equals offset + block length, and
+extend says so instead of reading foreign bytes.
 
 Example:
     >>> kv = kv_entries(n_layers=2, dim=64, counts=[10, 12], sources=["ab.."], source_counts=[22], ridge=True)
-    >>> write_blob(fd, offset, means_of_expert_0)  # offset: where the hole's bytes start
-    >>> read_blob(fd, offset, length, (2, 64))
+    >>> at = StatsBlock(offset, n_layers=2, dim=64, n_experts=2, n_sources=1, ridge=True)
+    >>> pwrite_all(fd, means_of_expert_0, at.mean(0)); pwrite_all(fd, G_of_layer_1, at.second_moment(0, 1))
 """
 
 from __future__ import annotations
 
-import base64
-import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import schema
-from .fileio import pwrite_all
-
-PIECE = 3 << 20  # raw bytes encoded at a time: a multiple of 3, so the pieces' base64 concatenates exactly
-
-
-def b64_len(nbytes: int) -> int:
-    return 4 * ((nbytes + 2) // 3)
-
-
-def hole(nbytes: int) -> schema.Hole:
-    """Room for the base64 of `nbytes` bytes: its length is planned now, its bytes written later."""
-    return schema.Hole(b64_len(nbytes))
+from .schema import ALIGNMENT
 
 
 def kv_entries(*, n_layers: int, dim: int, counts: list[int], sources: list[str], source_counts: list[int],
-               expert_source: list[int] | None = None, ridge: bool) -> list[tuple[str, str, object]]:
-    """The statistics' key-values, with holes for the float blocks (filled by `write_blob`)."""
-    mean_bytes, g_bytes = 4 * n_layers * dim, 4 * n_layers * dim * dim
-    kv = [
+               expert_source: list[int] | None = None, ridge: bool, offset: int = 0) -> list[tuple[str, str, object]]:
+    """The statistics' key-values; `offset` (where the block starts in the data section) is set once the
+    tensors are placed (`with_offset`): a UINT64, so the header's length does not depend on it."""
+    return [
         (schema.RS_COUNTS, "ARRAY", ("UINT64", [int(c) for c in counts])),
         (schema.RS_EXPERT_SOURCE, "ARRAY", ("UINT32", list(expert_source or [0] * len(counts)))),
         (schema.RS_SOURCES, "ARRAY", ("STRING", list(sources))),
         (schema.RS_SOURCE_COUNTS, "ARRAY", ("UINT64", [int(c) for c in source_counts])),
-        (schema.RS_MEANS, "ARRAY", ("STRING", [hole(mean_bytes)] * len(counts))),
+        (schema.RS_RIDGE, "BOOL", bool(ridge)),
+        (schema.RS_OFFSET, "UINT64", int(offset)),
     ]
-    if ridge:
-        kv.append((schema.RS_SECOND_MOMENTS, "ARRAY", ("STRING", [hole(g_bytes)] * len(sources))))
-    return kv
 
 
-def write_blob(fd: int, offset: int, x: np.ndarray) -> int:
-    """Write base64 of `x` as f32 at byte `offset` of `fd`, a few MB at a time; returns the length written."""
-    raw = memoryview(np.ascontiguousarray(x, dtype="<f4")).cast("B")
-    at = offset
-    for i in range(0, len(raw), PIECE):
-        at += pwrite_all(fd, np.frombuffer(base64.b64encode(raw[i:i + PIECE]), np.uint8), at)
-    return at - offset
+def with_offset(kv: list[tuple[str, str, object]], offset: int) -> list[tuple[str, str, object]]:
+    return [(k, t, offset if k == schema.RS_OFFSET else v) for k, t, v in kv]
 
 
-def read_blob(fd: int, offset: int, length: int, shape: tuple[int, ...]) -> np.ndarray:
-    """The f32 array of `shape` whose base64 (`length` bytes) starts at byte `offset` of `fd`."""
-    out = np.empty(shape, "<f4")
-    raw = memoryview(out).cast("B")
-    step = b64_len(PIECE)  # base64 of one whole piece: decodes to exactly PIECE bytes
-    for i, j in zip(range(0, length, step), range(0, len(raw), PIECE)):
-        b = os.pread(fd, min(step, length - i), offset + i)
-        chunk = base64.b64decode(b, validate=True)
-        raw[j:j + len(chunk)] = chunk
-    return out
+def block_start(data_end: int) -> int:
+    """Where the block starts for tensor data ending at byte `data_end` (of the file, or of the data section)."""
+    return (data_end + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+@dataclass(frozen=True)
+class StatsBlock:
+    """Byte offsets (absolute, in the file) of the block's arrays."""
+
+    offset: int  # in the file
+    n_layers: int
+    dim: int
+    n_experts: int
+    n_sources: int
+    ridge: bool
+
+    @property
+    def mean_bytes(self) -> int:
+        return 4 * self.n_layers * self.dim
+
+    @property
+    def layer_bytes(self) -> int:
+        return 4 * self.dim * self.dim
+
+    @property
+    def nbytes(self) -> int:
+        g = self.n_sources * self.n_layers * self.layer_bytes if self.ridge else 0
+        return self.n_experts * self.mean_bytes + g
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+    def mean(self, p: int) -> int:
+        """Expert slot p's means, (layers, dim) f32."""
+        return self.offset + p * self.mean_bytes
+
+    def second_moment(self, j: int, layer: int = 0) -> int:
+        """Source j's G of `layer`, (dim, dim) f32; its layers follow each other."""
+        return self.offset + self.n_experts * self.mean_bytes + (j * self.n_layers + layer) * self.layer_bytes
+
+    @classmethod
+    def of_header(cls, value, data_offset: int) -> "StatsBlock | None":
+        """The block a GGUF header (`value(key)`, data section at `data_offset`) describes, or None when it
+        has none."""
+        off = value(schema.RS_OFFSET)
+        if off is None:
+            return None
+        arch = value("general.architecture")
+        return cls(data_offset + int(off), int(value(f"{arch}.block_count")), int(value(f"{arch}.embedding_length")),
+                   len(value(schema.RS_COUNTS) or []), len(value(schema.RS_SOURCES) or []), bool(value(schema.RS_RIDGE)))
+
+
+def read_f32(fd: int, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The f32 array of `shape` at byte `offset` of `fd`."""
+    from .fileio import pread_into
+
+    return pread_into(fd, np.empty(shape, "<f4"), offset, "the file ends inside its router statistics; re-assemble it")

@@ -177,27 +177,18 @@ class VType(IntEnum):  # gguf_type; same numbers as gguf.GGUFValueType
     FLOAT64 = 12
 
 
-@dataclass(frozen=True)
-class Hole:
-    """A string item of a header key-value whose bytes are written later (routerstats.write_blob).
-
-    The header carries only its length prefix and leaves `nbytes` bytes for it, so a 67 MB
-    block never exists in memory as a placeholder string (layout.header_parts)."""
-
-    nbytes: int  # length of the string's bytes (base64: ASCII, one byte a character)
-
-
 # ---- router statistics carried in the file (routerstats.py writes them, extend.py reads them) ----------
 
 # What `mfgguf extend` needs to recompute the router in closed form without the modules. Per expert
 # slot: its FFN-input means (layers, dim) f32 and their token count; per source (one RUN's pooled
 # statistics): its second moment G (layers, dim, dim) f32 and the token count it is a mean over.
-# Float blocks are base64 strings (little-endian f32 bytes), one array item each: every GGUF
-# parser reads a string in one piece, where gguf-py builds one object per item of a numeric array.
+# The float arrays are one raw f32 block after the tensor data (routerstats.py), where no reader
+# looks; the key-values below say where it is and how many arrays it holds.
 RS_COUNTS = "mfgguf.router.counts"  # UINT64 [N]: tokens expert p's means are over
-RS_MEANS = "mfgguf.router.means"  # STRING [N]: base64 of expert p's means, (layers, dim) f32
 RS_EXPERT_SOURCE = "mfgguf.router.expert_source"  # UINT32 [N]: the source expert p came with
 RS_SOURCES = "mfgguf.router.sources"  # STRING [S]: sha256 of each source's pooled statistics file ("" if none)
 RS_SOURCE_COUNTS = "mfgguf.router.source_counts"  # UINT64 [S]: tokens each source's G is a mean over
-RS_SECOND_MOMENTS = "mfgguf.router.second_moments"  # STRING [S]: base64 of each source's G (ridge only)
-RS_BLOBS = (RS_MEANS, RS_SECOND_MOMENTS)  # the keys whose items are base64 float blocks
+RS_RIDGE = "mfgguf.router.has_second_moments"  # BOOL: the block holds each source's G after the means (ridge)
+RS_OFFSET = "mfgguf.router.stats_offset"  # UINT64: the block (means, then G), offset in the data section
+# files of mfgguf <= 0.1 carried the float arrays in the header instead, as base64 strings under these keys
+RS_OLD_BLOBS = ("mfgguf.router.means", "mfgguf.router.second_moments")

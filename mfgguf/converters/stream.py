@@ -32,6 +32,7 @@ import hashlib
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -41,6 +42,7 @@ from blake3 import blake3
 from ..errors import MfggufError
 from .fileio import pread_into, truncated
 from .layout import Module
+from .profile import Profile
 
 CHUNK_BYTES = 4 << 20  # f32 bytes per chunk: read, hashed, quantized and written per step
 LANE_BUFFERS = 4  # read-ahead per file, in chunks
@@ -56,13 +58,14 @@ class _Job:
     pos: int  # position of the module in the caller's list
     mod: Module
     pool: "queue.SimpleQueue[np.ndarray]"
+    prof: Profile
     out: "queue.SimpleQueue" = field(default_factory=queue.SimpleQueue)
     cancel: bool = False
     done: bool = False  # the lane put its last item (a _Done or an exception)
 
 
 def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHUNK_BYTES,
-                   on_bytes: Callable[[int], None] | None = None) -> Iterator[tuple]:
+                   on_bytes: Callable[[int], None] | None = None, profile: Profile | None = None) -> Iterator[tuple]:
     """Yield (module position, tensor name, first row, (rows, cols) f32 chunk, release) for every tensor of `mods`.
 
     Each file is read once, sequentially; every byte is hashed and the digest compared with the
@@ -71,7 +74,9 @@ def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHU
     A chunk is a view into a reused buffer, the consumer's until it calls `release()` (from any
     thread; exactly once): a chunk can be quantized and written while the next ones stream. The
     lane that read it reads no further than its few buffers allow, so release them promptly.
+    `profile` sums the lanes' seconds of reading, hashing and checking (profile.py).
     """
+    prof = profile if profile is not None else Profile()
     lanes = max(1, min(lanes, len(mods)))
     cols_max = max((_cols(e) for m in mods for e in m.entries.values()), default=1)
     n_elem = max(chunk_bytes // 4, cols_max)
@@ -93,7 +98,7 @@ def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHU
     def start(lane: int) -> None:
         nonlocal nxt
         if nxt < len(mods) and (not failed or nxt < min(failed)):
-            job = _Job(nxt, mods[nxt], pools[lane])
+            job = _Job(nxt, mods[nxt], pools[lane], prof)
             work[lane].put(job)
             active.append((lane, job))
             nxt += 1
@@ -187,7 +192,7 @@ def _lane(work: queue.SimpleQueue) -> None:
 
 
 def _read_file(job: _Job) -> None:
-    mod = job.mod
+    mod, prof = job.mod, job.prof
     h = blake3() if _recorded(mod.meta)[0] == "blake3" else hashlib.sha256()
     fd = os.open(mod.path, os.O_RDONLY)
     try:
@@ -206,9 +211,15 @@ def _read_file(job: _Job) -> None:
                     return
                 n = min(max(1, len(buf) // cols), rows - r0)
                 x = buf[: n * cols]
+                t0 = time.perf_counter()
                 pread_into(fd, x, e.begin + r0 * cols * 4, truncated(mod))
+                t1 = time.perf_counter()
                 h.update(x.view(np.uint8))
-                job.out.put((e.name, r0, x.reshape(n, cols), buf, _finite(x)))
+                t2 = time.perf_counter()
+                finite = _finite(x)
+                t3 = time.perf_counter()
+                prof.add("read", t1 - t0), prof.add("hash", t2 - t1), prof.add("check", t3 - t2)
+                job.out.put((e.name, r0, x.reshape(n, cols), buf, finite))
                 r0 += n
             pos = e.end
         while tail := os.pread(fd, 1 << 20, pos):  # bytes past the last tensor are part of the file too

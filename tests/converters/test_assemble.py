@@ -19,7 +19,7 @@ from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.converters.inspect import format_inspect, inspect_gguf
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, write_module, write_router_stats
+from mfgguf.run import RunDir, write_module
 
 from . import ROOT, flip_byte, repool, synthetic_run
 

@@ -168,6 +168,38 @@ def test_refuses_a_gguf_without_router_statistics(syn, tmp_path):
     _refused(tmp_path, [text, "--remove", "1"], ["not a GGUF"])
 
 
+def test_refuses_a_file_whose_statistics_block_is_gone(files, tmp_path):
+    """The block after the tensor data is dropped by tools that rewrite the file, or cut by a truncated copy."""
+    info = inspect_gguf(files["123"])
+    data = files["123"].read_bytes()
+    end = max(t["offset"] + t["bytes"] for t in info["tensors"])  # gguf-py: absolute offsets
+    for n, name in ((end, "dropped.gguf"), (len(data) - 4, "cut.gguf")):
+        bad = tmp_path / name
+        bad.write_bytes(data[:n])
+        _refused(tmp_path, [bad, "--remove", "1"], ["does not end with its router statistics", "re-assemble"])
+
+
+def test_a_rewritten_header_keeps_the_statistics_block(files, tmp_path):
+    """Its offset is relative to the data section: a longer header (as `mfgguf calibrate` writes) moves nothing."""
+    from mfgguf.converters.ggufedit import copy_with_kv
+
+    renamed = tmp_path / "renamed.gguf"
+    copy_with_kv(files["1234"], renamed, [("general.name", "STRING", "a much longer name " * 20)])
+    assert renamed.stat().st_size > files["1234"].stat().st_size
+    extend(renamed, tmp_path / "x.gguf", remove=[4])
+    extend(files["1234"], tmp_path / "y.gguf", remove=[4])
+    assert _router(tmp_path / "x.gguf") == _router(tmp_path / "y.gguf")
+
+
+def test_refuses_a_file_with_the_statistics_in_its_header(files, tmp_path):
+    """Files of mfgguf 0.1 carried them as base64 key-values: they still run, re-assembly makes them extendable."""
+    from mfgguf.converters.ggufedit import copy_with_kv
+
+    old = tmp_path / "old.gguf"
+    copy_with_kv(files["123"], old, [("mfgguf.router.means", "ARRAY", ("STRING", ["AAAA"] * 3))])
+    _refused(tmp_path, [old, "--remove", "1"], ["earlier mfgguf", "in the header", "re-assemble"])
+
+
 def test_refuses_the_mixtral_layout(syn, tmp_path):
     mix = tmp_path / "mix.gguf"
     assemble(syn, mix, experts=[1, 2], layout="mixtral", progress=False)

@@ -12,7 +12,6 @@ from safetensors.numpy import load_file
 from mfgguf.converters import layout as LY
 from mfgguf.converters import quant as Q
 from mfgguf.converters.assemble import assemble
-from mfgguf.converters.schema import Hole
 from mfgguf.run import RunDir
 
 from . import synthetic_run
@@ -23,20 +22,15 @@ def run(tmp_path_factory):
     return synthetic_run(tmp_path_factory.mktemp("syn") / "run", preset="tiny", n_experts=3, vocab=400)
 
 
-def _filled(x):
-    """A hole's stand-in: a string of its length (the bytes write_blob puts there are base64, one per character)."""
-    return "A" * x.nbytes if isinstance(x, Hole) else x
-
-
 def _writer_bytes(p: LY.Plan) -> bytes:
-    """The same key-values and tensor infos written by gguf-py's GGUFWriter, holes as strings of their length."""
+    """The same key-values and tensor infos written by gguf-py's GGUFWriter."""
     buf = io.BytesIO()
     w = gguf.GGUFWriter(None, p.arch)
     for key, vt, v in p.kv:
         if key == "general.architecture":
             continue  # GGUFWriter adds it itself, first
         if vt == "ARRAY":
-            w.add_key_value(key, [_filled(x) for x in v[1]], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType[v[0]])
+            w.add_key_value(key, v[1], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType[v[0]])
         else:
             w.add_key_value(key, v, gguf.GGUFValueType[vt])
     for s in p.slots:
@@ -56,8 +50,8 @@ def _writer_bytes(p: LY.Plan) -> bytes:
 def test_header_bytes_equal_gguf_writer(run, layout, quant, experts):
     p = LY.plan(RunDir(run), quant=quant, top_k=1, router="ridge", layout=layout, experts=experts)
     ref = _writer_bytes(p)
-    assert any(isinstance(x, Hole) for x in p.header) == (experts is None)  # the statistics, filled later
-    assert b"".join(_filled(x).encode() if isinstance(x, Hole) else x for x in p.header) == ref
+    assert p.header == ref
+    assert (p.stats is not None) == (experts is None)  # the router statistics: a block after the tensor data
     assert p.data_offset % 32 == 0 and 0 <= p.data_offset - len(ref) < 32  # tensor data starts aligned
 
 
@@ -70,7 +64,8 @@ def test_offsets_aligned_disjoint_and_expert_slices(run):
         if s.n_expert:
             assert s.n_expert == 2 and s.expert_bytes * 2 == s.nbytes
             assert s.expert_bytes == s.row_bytes * s.shape[1]
-    assert p.total_size == p.data_offset + (end + 31) // 32 * 32
+    assert p.stats.offset == p.data_offset + (end + 31) // 32 * 32  # the router statistics follow the tensor data
+    assert p.total_size == p.stats.end == p.stats.offset + 4 * 2 * 64 * (2 + 64)  # 2 experts' means, one G (2 layers)
     assert p.experts == [3, 1]
 
 

@@ -30,13 +30,13 @@ import numpy as np
 from ...errors import MfggufError
 from ...run import STATS_PREFIX
 from .. import quant as Q
-from ..fileio import SYNC_FILE_RANGE_WRITE, pwrite_all, sync_range
+from ..fileio import SYNC_FILE_RANGE_WRITE, pread_into, pwrite_all, sync_range, truncated
 from ..layout import Plan, write_header
-from ..merge import merged_chunks
+from ..merge import merged_chunks, open_checked
 from ..router import RouterBuilder, needs_stats
-from ..routerstats import write_blob
-from ..schema import RS_MEANS, RS_SECOND_MOMENTS, blk
+from ..schema import blk
 from ..stream import stream_modules
+from ..profile import Profile
 from .pool import Bar, QuantPool
 
 WRITEBACK_BYTES = 64 << 20
@@ -48,15 +48,17 @@ STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.(mean|second_momen
 class Writer:
     """Fills one planned GGUF file; a subclass per output layout (see the module's docstring)."""
 
-    def __init__(self, p: Plan, path: Path, threads: int, progress: bool, fast: bool = False):
+    def __init__(self, p: Plan, path: Path, threads: int, progress: bool, fast: bool = False,
+                 profile: Profile | None = None):
         self.p, self.threads, self.fast = p, threads, fast
+        self.prof = profile if profile is not None else Profile()
         self.lanes = max(2, threads)  # files read + hashed at once
         self.fd = os.open(path, os.O_RDWR)
         self.phase = "open"
         self.rb = self._router_builder() if p.experts else None
         self.bar = Bar(p.input_bytes, progress)
         self.unflushed = 0  # bytes written since writeback was last started
-        self.pool = QuantPool(self.fd, threads, fast) if os.environ.get("MFGGUF_CHUNK_THREADS", "1") != "0" else None
+        self.pool = QuantPool(self.fd, threads, fast, self.prof) if os.environ.get("MFGGUF_CHUNK_THREADS", "1") != "0" else None
         self._chunk, self._release = None, None  # the streamed chunk being handled, and how to give it back
 
     def _enter(self, phase: str, after: str) -> None:
@@ -102,7 +104,8 @@ class Writer:
         counts = [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
         # chunks of one tensor region come in module order, so the router's pooled sums are added
         # in the same order as with one file at a time
-        for pos, name, r0, x, release in stream_modules(p.modules, lanes=self.lanes, on_bytes=self.bar.advance):
+        for pos, name, r0, x, release in stream_modules(p.modules, lanes=self.lanes, on_bytes=self.bar.advance,
+                                                        profile=self.prof):
             self._chunk, self._release = x, release
             try:
                 if pos == 0:
@@ -141,13 +144,16 @@ class Writer:
         self.rb = None
 
     def _router_stats(self) -> None:
-        """The statistics the router came from, into their header holes (routerstats.py)."""
-        rb, blobs = self.rb, self.p.blobs
-        for p, at in enumerate(blobs.get(RS_MEANS, [])):
-            write_blob(self.fd, at, rb.mu[:, p, :])  # (layers, dim)
-        for at in blobs.get(RS_SECOND_MOMENTS, []):  # one source: the pooled G as read, or format 1's sum / n
-            G = rb.G if self.p.pooled is not None else (rb.G.astype(np.float64) / rb.counts.sum()).astype(np.float32)
-            write_blob(self.fd, at, G)  # (layers, dim, dim)
+        """The statistics the router came from, into their block after the tensor data (routerstats.py)."""
+        rb, at = self.rb, self.p.stats
+        if at is None:
+            return
+        for p in range(at.n_experts):
+            pwrite_all(self.fd, np.ascontiguousarray(rb.mu[:, p, :]), at.mean(p))  # (layers, dim)
+        if at.ridge:  # one source: the pooled G as read, or format 1's sum / n
+            for l in range(at.n_layers):
+                G = rb.pooled(l) if rb.pooled is not None else (rb.G[l].astype(np.float64) / rb.counts.sum()).astype(np.float32)
+                pwrite_all(self.fd, G, at.second_moment(0, l))  # (dim, dim)
 
     def finish(self) -> None:
         self._enter("fsync", "router")
@@ -177,8 +183,8 @@ class Writer:
         self._put(s, s.offset + r0 * s.row_bytes, x)
 
     def _pooled_chunk(self, name: str, r0: int, x: np.ndarray) -> None:
-        if (st := STATS_RE.fullmatch(name)) is not None and st.group(2) == "second_moment":
-            self.rb.add_pooled(int(st.group(1)), r0, x)
+        """The pooled statistics stream to be hashed; the router phase reads them again a layer at a time
+        (`_pooled_layer`), so no (layers, dim, dim) copy is held through the stream."""
 
     def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:
         p = self.p
@@ -204,7 +210,19 @@ class Writer:
 
     def _router_builder(self) -> RouterBuilder:
         """What computes the router rows from the experts' statistics (the plan's router method)."""
-        return RouterBuilder(self.p.router, n_layers=self.p.cfg.n_layers, dim=self.p.cfg.dim, n_experts=len(self.p.experts))
+        return RouterBuilder(self.p.router, n_layers=self.p.cfg.n_layers, dim=self.p.cfg.dim, n_experts=len(self.p.experts),
+                             pooled=self._pooled_layer if self.p.pooled is not None else None)
+
+    def _pooled_layer(self, l: int) -> np.ndarray:
+        """Layer l's pooled second moment (dim, dim) f32, read from the file the stream hashed (checked to be
+        the same: size and mtime)."""
+        m, D = self.p.pooled, self.p.cfg.dim
+        e = m.entries[f"{STATS_PREFIX}blk.{l}.second_moment"]
+        fd = open_checked(m)
+        try:
+            return pread_into(fd, np.empty((D, D), np.float32), e.begin, truncated(m))
+        finally:
+            os.close(fd)
 
     def _open_inputs(self) -> None:
         """Files the layout reads beside the stream, opened when the stream phase starts."""
@@ -241,9 +259,11 @@ class Writer:
                 release, self._release = self._release, None
             self.pool.submit(x, s.qtype, self.p.data_offset + offset, nbytes, release)
         else:
-            q = Q.quantize(x, s.qtype, threads=self.threads, fast=self.fast)
+            with self.prof.work("quantize"):
+                q = Q.quantize(x, s.qtype, threads=self.threads, fast=self.fast)
             assert q.nbytes == nbytes, (q.nbytes, nbytes)
-            pwrite_all(self.fd, q, self.p.data_offset + offset)
+            with self.prof.work("write"):
+                pwrite_all(self.fd, q, self.p.data_offset + offset)
         s.written += nbytes
         self.unflushed += nbytes
         if self.unflushed >= WRITEBACK_BYTES:  # the disk writes while we compute; the final fsync waits less

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import quant as Q
 from ..fileio import pwrite_all
+from ..profile import Profile
 
 
 class QuantPool:
@@ -29,8 +30,9 @@ class QuantPool:
     by the next `submit` or by `drain`.
     """
 
-    def __init__(self, fd: int, threads: int, fast: bool = False):
+    def __init__(self, fd: int, threads: int, fast: bool = False, profile: Profile | None = None):
         self.fd, self.limit, self.fast = fd, 4 * threads, fast
+        self.prof = profile if profile is not None else Profile()
         self.ex = ThreadPoolExecutor(threads, thread_name_prefix="mfgguf-quant")
         self.futs: collections.deque = collections.deque()
 
@@ -41,9 +43,11 @@ class QuantPool:
 
     def _job(self, x: np.ndarray, qtype: str, offset: int, nbytes: int, release) -> None:
         try:
-            q = Q.quantize(x, qtype, threads=1, fast=self.fast)
+            with self.prof.work("quantize"):
+                q = Q.quantize(x, qtype, threads=1, fast=self.fast)
             assert q.nbytes == nbytes, (q.nbytes, nbytes)
-            pwrite_all(self.fd, q, offset)
+            with self.prof.work("write"):
+                pwrite_all(self.fd, q, offset)
         finally:
             if release is not None:
                 release()
