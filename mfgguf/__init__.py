@@ -12,4 +12,4 @@ Pipeline (each stage one module of this package):
     cli/         the typer app (thin)
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

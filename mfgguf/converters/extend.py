@@ -153,7 +153,7 @@ class _Source:
             raise MfggufError(f"{path}'s router is {router}: there are no router statistics to recompute it from;"
                               " re-assemble it with `--router ridge`")
         if v(RS_OLD_BLOBS[0]) is not None:
-            raise MfggufError(f"{path} was assembled by an earlier mfgguf, which kept the router statistics in the"
+            raise MfggufError(f"{path} was assembled by mfgguf 0.1, which kept the router statistics in the"
                               " header; re-assemble it with this `mfgguf assemble` to extend it")
         stats = StatsBlock.of_header(v, h.data_offset)
         if v(RS_COUNTS) is None or stats is None or (router == "ridge") != stats.ridge:

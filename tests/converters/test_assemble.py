@@ -223,7 +223,8 @@ def test_inspect_reports_everything(run, tmp_path):
     assert info["experts"][1]["ranges"][0][1] == r0[2]  # expert 2 starts where expert 1 ends
     assert info["provenance"]["mfgguf.router"] == "ridge" and len(info["provenance"]["mfgguf.module_sha256"]) == 4
     text = format_inspect(info)
-    for s in ("granitemoe", "active per token", "q5_0", "row length 64", "expert 3", "mfgguf.module_sha256", "router stays F32"):
+    for s in ("granitemoe", "active per token", "q5_0", "row length 64", "expert 3", "mfgguf.module_sha256", "router stays F32",
+              "router stats", "for `mfgguf extend`"):
         assert s in text, s
     code, out_text = _cli("inspect", out)
     assert code == 0 and out_text.strip() == text
@@ -234,3 +235,10 @@ def test_inspect_reports_everything(run, tmp_path):
 def test_library_raises_mfggufError_for_a_directory_output(run, tmp_path):
     with pytest.raises(MfggufError, match="is a directory"):
         assemble(run, tmp_path, progress=False)
+
+
+def test_the_result_says_where_the_time_went(run, tmp_path):
+    r = assemble(run, tmp_path / "m.gguf", progress=False)
+    assert list(r["phases_s"]) == ["plan", "header", "preallocate", "stream", "merge", "fold", "router", "finish", "verify"]
+    assert sum(r["phases_s"].values()) <= r["seconds"] + 0.01
+    assert set(r["work_s"]) == {"read", "hash", "check", "quantize", "write"} and all(v >= 0 for v in r["work_s"].values())

@@ -197,7 +197,7 @@ def test_refuses_a_file_with_the_statistics_in_its_header(files, tmp_path):
 
     old = tmp_path / "old.gguf"
     copy_with_kv(files["123"], old, [("mfgguf.router.means", "ARRAY", ("STRING", ["AAAA"] * 3))])
-    _refused(tmp_path, [old, "--remove", "1"], ["earlier mfgguf", "in the header", "re-assemble"])
+    _refused(tmp_path, [old, "--remove", "1"], ["mfgguf 0.1", "in the header", "re-assemble"])
 
 
 def test_refuses_the_mixtral_layout(syn, tmp_path):

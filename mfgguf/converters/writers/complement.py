@@ -32,7 +32,8 @@ class ComplementWriter(GraniteMoeWriter):
         self.ridge = self.p.router != "learned"
         self.learned = np.zeros((self.p.cfg.n_layers, len(self.p.experts), self.p.cfg.dim), np.float32)  # (L, N, C)
         return RouterBuilder("ridge" if self.ridge else "uniform", n_layers=self.p.cfg.n_layers, dim=self.p.cfg.dim,
-                             n_experts=len(self.p.experts))
+                             n_experts=len(self.p.experts),
+                             pooled=self._pooled_layer if self.ridge and self.p.pooled is not None else None)
 
     def _seed_chunk(self, l: int, f: str, r0: int, x: np.ndarray) -> None:
         s = self.p.slot(blk(l, f"ffn_{f}_exps"))
