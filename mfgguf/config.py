@@ -94,6 +94,9 @@ class TrainConfig:
     eval_every: int = 50  # steps between held-out evaluations during training (the curve); 0 = only at the end
     #                       (`small`: about 2% of training time, 4.5% measured at 25 steps)
     curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
+    stats_tokens: int = 0  # experts: shard tokens the router statistics (FFN-input means) are measured over after
+    #                        training, and the pooled second moment over each expert's shard; 0 = 4 x eval_tokens
+    #                        (fewer cost routed perplexity: scripts/bench_stats_tokens.py)
     shared: str = "none"  # experts: trunk tensors to also train a private copy of (SHARED_CHOICES): none (the FFN
     #                       only), norms, attn (norms + attention) or all
     shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
@@ -135,7 +138,10 @@ PRESETS: dict[str, Preset] = {
         description="the demo: minutes on 2 cores",
         model=ModelConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, anchor_ff=512, expert_ff=512, ctx_len=256),
         trunk=TrainConfig(tokens=1_500_000, batch_size=16, lr=2e-3, ckpt_every=25),
-        expert=TrainConfig(tokens=400_000, batch_size=16, lr=2e-3, ckpt_every=25),
+        # experts: the final held-out score is the curve's last point (eval_tokens = curve_tokens), and the router
+        # statistics 4 x that (16,384 tokens: 4,096 moved SmolLM2's routed perplexity +1.2%, 1,024 +4.6%;
+        # scripts/bench_stats_tokens.py): 22 s after training where 65,536 took 238 s
+        expert=TrainConfig(tokens=400_000, batch_size=16, lr=2e-3, ckpt_every=25, eval_tokens=4096),
     ),
     "1b": Preset(
         name="1b",
@@ -145,7 +151,7 @@ PRESETS: dict[str, Preset] = {
             anchor_ff=6144, expert_ff=256, n_experts=100, ctx_len=512,
         ),
         trunk=TrainConfig(tokens=50_000_000, batch_size=8, lr=6e-4, ckpt_every=100),
-        expert=TrainConfig(tokens=5_000_000, batch_size=4, lr=1e-3, ckpt_every=100),
+        expert=TrainConfig(tokens=5_000_000, batch_size=4, lr=1e-3, ckpt_every=100, eval_tokens=4096),
     ),
 }
 

@@ -143,15 +143,19 @@ class Transformer(nn.Module):
 
     def forward(self, idx, targets=None, route: str = "anchor", hook: Callable | None = None):
         """idx: (B, T) int64 -> logits (B, T, V), or the mean cross-entropy when targets are given."""
+        logits = self.output(self.output_norm(self.hidden(idx, route, hook)))  # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def hidden(self, idx, route: str = "anchor", hook: Callable | None = None):
+        """idx: (B, T) int64 -> the last block's output (B, T, C), before the final norm and the head."""
         B, T = idx.shape
         cos, sin = rope_tables(self.cfg.head_dim, T, self.cfg.rope_theta, idx.device)
         x = self.tok_embd(idx)  # (B, T, C)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, route, hook, i)
-        logits = self.output(self.output_norm(x))  # (B, T, V)
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return x
 
     # ---- module files: GGUF tensor names <-> parameters -----------------------------------------
 

@@ -36,7 +36,7 @@ from .base_score import reference_heldout
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
                    resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
 from .rounds import round_end
-from .stats import RouterStats
+from .stats import RouterStats, stats_tokens
 from .trunk import plan_activations
 from .weights import read_safetensors
 
@@ -186,7 +186,9 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     data = load_tokens(rd.shard(i), f"shard {i}")
     check_token_range(data, cfg.vocab_size, str(rd.shard(i)))
     # before the expert's model exists: an imported base is scored by a model of its own, freed here
+    t = time.perf_counter()
     before = reference_heldout(rd, trunk, tc.eval_tokens, dev, prec) if rnd == tc.rounds else {}
+    clock = {"setup": t - t_start, "base_heldout": time.perf_counter() - t}  # where the wall time goes, in seconds
     ckpt_dir = rd.checkpoint_dir(i)
     if restart:
         ckpt_io.remove(ckpt_dir)
@@ -233,9 +235,16 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     if rnd < tc.rounds:
         return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
 
-    heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
+    t = time.perf_counter()
+    last = res.heldout_history[-1] if res.heldout_history else None
+    if last is not None and last[0] == res.steps and tc.curve_tokens >= tc.eval_tokens:
+        heldout = last[2]  # the curve's last point scored the same tokens a moment ago
+    else:
+        heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
+    t1 = time.perf_counter()
     stats = RouterStats(cfg.n_layers, cfg.dim)
-    shard_loss, _ = evaluate(model, data, 4 * tc.eval_tokens, route, dev, prec, hook=stats.hook)
+    shard_loss, _ = evaluate(model, data, stats_tokens(asdict(tc)), route, dev, prec, hook=stats.hook)
+    clock.update(heldout=t1 - t, stats=time.perf_counter() - t1)
     meta = {
         **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
                       recompute=rec, heldout=heldout, t_start=t_start),
@@ -247,6 +256,8 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         "shard_loss": shard_loss,
         "trunk_heldout_loss": before,
         "router_stats_count": stats.n,
+        "wall_breakdown_s": {**{k: round(v, 2) for k, v in clock.items()}, "train": round(res.train_s, 2),
+                             "curve": round(res.eval_s, 2)},
         **sh.shared_meta(cfg, tc.shared),
         "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
         **({"complement": True, **extra} if tc.complement else {}),

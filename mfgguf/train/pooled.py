@@ -40,7 +40,7 @@ from .complement import ROUTE, load_module, two_way
 from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, load_tokens, resolve_device
 from .restat import precision_of
-from .stats import RouterStats
+from .stats import RouterStats, stats_tokens
 from .weights import read_safetensors, trunk_alone
 
 SOURCES = ("experts", "trunk")
@@ -121,8 +121,8 @@ def _write(rd: RunDir, stats: RouterStats, trunk: dict, source: str, experts: di
 
 
 def _stats_tokens(meta: dict) -> int:
-    """Tokens of its shard an expert's own statistics measured: 4 x its eval_tokens (train/expert.py)."""
-    return 4 * int(meta.get("train", {}).get("eval_tokens", 65_536))
+    """Tokens of its shard an expert's own statistics measured (stats.stats_tokens)."""
+    return stats_tokens(meta.get("train", {}))
 
 
 def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:

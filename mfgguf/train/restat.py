@@ -24,7 +24,7 @@ from ..errors import MfggufError
 from ..run import RunDir, module_name, read_module_meta, write_module
 from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, heldout_losses, load_tokens, mean, resolve_device
-from .stats import RouterStats
+from .stats import RouterStats, stats_tokens
 from .weights import read_safetensors, trunk_alone
 
 
@@ -86,7 +86,7 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
     tc = meta.get("train", {})
     eval_tokens = int(tc.get("eval_tokens", 65_536))
     stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=pooled is not None)
-    shard_loss, _ = evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), 4 * eval_tokens, "single", dev, prec,
+    shard_loss, _ = evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), stats_tokens(tc), "single", dev, prec,
                              hook=stats.hook)
     if pooled is not None:
         pooled.add(stats)

@@ -56,3 +56,9 @@ class RouterStats:
             if self.sq is not None:
                 out[f"{STATS_PREFIX}blk.{l}.second_moment"] = (self.sq[l] / c).float()
         return out
+
+
+def stats_tokens(train: dict) -> int:
+    """Tokens of its shard an expert's own statistics are measured over (train/expert.py), from its TrainConfig
+    (as a dict): stats_tokens, or 4 x eval_tokens where that is 0 or absent (modules of earlier versions)."""
+    return int(train.get("stats_tokens") or 4 * int(train.get("eval_tokens", 65_536)))

@@ -137,3 +137,19 @@ def test_anchor_init_starts_from_the_anchor_and_still_computes_the_trunk(trained
     idx = torch.as_tensor(np.load(rd.heldout(rd.info()["domains"][0]))[:32].astype(np.int64))[None]
     with torch.no_grad():
         assert torch.equal(model(idx, route="single"), model(idx, route="anchor"))
+
+
+def test_final_score_is_the_curves_last_point_when_it_scored_the_same_tokens(trained_run, tmp_path):
+    """With curve_tokens >= eval_tokens the end of training is scored once, not twice; the times are recorded."""
+    from mfgguf.options import TrainOptions
+
+    run = copy_run(trained_run, tmp_path / "run")
+    meta = train_expert(run, 1, options=TrainOptions(tokens=4096, eval_tokens=1024, curve_tokens=1024), progress=False,
+                        restart=True)
+    assert meta["heldout_loss"] == meta["heldout_history"][-1][2]
+    clock = meta["wall_breakdown_s"]
+    assert clock["heldout"] < 0.05 and clock["train"] > 0 and clock["stats"] > 0
+    assert meta["router_stats_count"] == 4 * 1024  # stats_tokens 0: 4 x eval_tokens
+    other = train_expert(run, 1, options=TrainOptions(tokens=4096, eval_tokens=1024, curve_tokens=1024,
+                                                      stats_tokens=2048), progress=False, restart=True)
+    assert other["router_stats_count"] == 2048

@@ -110,3 +110,27 @@ def test_micro_batches_take_the_whole_batch_step(tmp_path):
                          ctx_len=256, seed_expert=True)
     assert plan_activations(smol, 16) == (False, 2) and plan_activations(cfg, 8) == (False, 8)
     assert plan_activations(get_preset("1b").model, get_preset("1b").expert.batch_size)[0]  # recompute keeps 1b small
+
+
+def test_scoring_in_batches_gives_the_per_window_loss(monkeypatch):
+    """evaluate() runs many windows per forward and the head in chunks: the loss of one window at a time."""
+    from mfgguf.config import get_preset
+    from mfgguf.model import Transformer
+    from mfgguf.train import loop
+
+    cfg = get_preset("tiny").model
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, 40 * cfg.ctx_len + 1)
+    results = []
+    for rows, chunks in ((cfg.ctx_len, 1), (4096, 8), (5 * cfg.ctx_len, 1)):  # one window; many; a ragged last batch
+        monkeypatch.setattr(loop, "EVAL_ROWS", rows)
+        monkeypatch.setattr(loop, "EVAL_HEAD_CHUNKS", chunks)
+        results.append(loop.evaluate(model, tokens, 32 * cfg.ctx_len, "anchor", torch.device("cpu"), "fp32"))
+    n = results[0][1]
+    assert n == 32 * cfg.ctx_len and all(r[1] == n for r in results)
+    with torch.no_grad():
+        starts, win = loop.eval_windows(tokens, cfg.ctx_len, 32 * cfg.ctx_len)
+        w = torch.from_numpy(np.stack([tokens[s : s + win + 1] for s in starts]).astype(np.int64))
+        direct = float(model(w[:, :-1], w[:, 1:], route="anchor"))
+    assert all(r[0] == pytest.approx(direct, rel=1e-5) for r in results)
