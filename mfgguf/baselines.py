@@ -56,9 +56,10 @@ def parse_baselines(spec: str) -> tuple[str, ...] | None:
     if spec == "auto":
         return None
     keys = tuple(k.strip() for k in spec.split(",") if k.strip() and k.strip() != "none")
-    bad = [k for k in keys if k not in BASELINES]
+    bad = [k for k in keys if k not in BASELINES + ("lora",)]
     if bad:
-        raise MfggufError(f"unknown baseline {bad[0]!r}; choose from {', '.join(BASELINES)} (comma-separated), auto or none")
+        raise MfggufError(f"unknown baseline {bad[0]!r}; choose from {', '.join(BASELINES)} (comma-separated), lora"
+                          " (an imported base), auto or none")
     return keys
 
 
@@ -73,7 +74,7 @@ def plan_baselines(metas: dict, which: tuple[str, ...] | None = None) -> list[Ba
     trunk = metas[0]
     cfg = ModelConfig.from_dict(trunk["config"])
     n = len([i for i in metas if i > 0])
-    which = default_baselines(cfg, n) if which is None else which
+    which = default_baselines(cfg, n) if which is None else tuple(k for k in which if k in BASELINES)
     fl = run_flops(metas)
     per_step = trunk["train"]["batch_size"] * cfg.ctx_len
     ff = {"flop": cfg.anchor_ff + cfg.expert_ff, "wallclock": cfg.anchor_ff + cfg.expert_ff,
@@ -131,8 +132,9 @@ def pick_schedule(metas: dict[str, dict]) -> tuple[str, dict]:
     return best, metas[best]
 
 
-def flops_section(metas: dict, dense_metas: dict[str, dict], plans: list[Baseline]) -> dict:
-    """report.json's `flops`: the formulas and every model's training FLOPs and tokens."""
+def flops_section(metas: dict, dense_metas: dict[str, dict], plans: list[Baseline], base_plans: list = ()) -> dict:
+    """report.json's `flops`: the formulas and every model's training FLOPs and tokens (`base_plans`: an imported
+    base trained further, base_baselines.py)."""
     from .flops import FORMULAS
 
     fl = run_flops(metas)
@@ -152,6 +154,11 @@ def flops_section(metas: dict, dense_metas: dict[str, dict], plans: list[Baselin
         models[p.label] = {"tokens": m["tokens_seen"], "flops": module_flops(m), "budget_flops": p.budget_flops,
                            "anchor_ff": p.anchor_ff, "flops_per_token": p.flops_per_token,
                            "schedule": m["train"].get("schedule", "cosine")}
+    for p in base_plans:
+        m = read_module_meta(RunDir(p.run), 0)
+        models[p.label] = {"tokens": m["tokens_seen"], "flops": module_flops(m), "lr": p.lr, "mode": p.mode,
+                           "flops_per_token": module_flops(m) / max(1, m["tokens_seen"]),
+                           "budget_flops" if p.key != "wallclock" else "budget_seconds": p.budget}
     return {"formulas": FORMULAS, "modules": modules, "models": models, "rounds": fl["rounds"],
             "total": fl["total"], "critical_path": fl["critical_path"]}
 

@@ -21,9 +21,10 @@ routing), report.py writes the report against its goals (`Goals`), plots.py draw
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .base_baselines import BASE_BASELINES, plan_and_train
 from .baselines import flops_section, pick_schedule, plan_baselines, train_baseline
 from .config import SCHEDULES
 from .errors import MfggufError
@@ -65,16 +66,21 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     rd = RunDir(run)
     info = rd.info()
     n = info["n_experts"]
-    metas = {i: read_module_meta(rd, i) for i in range(0, n + 1)}
-    if cfg.dense and metas[0].get("source") == "base":  # its pretraining is sunk cost that no dense model here repeats
-        _say("the trunk is an imported base: no dense baselines trained from scratch (as with --no-dense)")
-        cfg = replace(cfg, dense=False)
-    schedules = _schedules(cfg) if cfg.dense else ()
-    if "ridge" in cfg.routers and not router_stats_current(rd) and any(int(metas[i].get("version", 1)) > 1 for i in metas if i):
+    base = read_module_meta(rd, 0).get("source") == "base"
+    # on an imported base, the experts trained so far (a held-out domain may have none: the forgetting test)
+    ids = [i for i in range(1, n + 1) if not base or rd.module_meta(i).is_file()]
+    if not ids:
+        raise MfggufError(f"{rd.root} has no trained expert; train one with `mfgguf train-expert {rd.root} --expert 1`")
+    subset = ids if len(ids) < n else None
+    if subset:
+        _say(f"experts {','.join(map(str, ids))} are trained: the MoE holds those")
+    metas = {i: read_module_meta(rd, i) for i in [0, *ids]}
+    schedules = _schedules(cfg) if cfg.dense and not base else ()
+    if "ridge" in cfg.routers and not router_stats_current(rd, subset) and any(int(metas[i].get("version", 1)) > 1 for i in metas if i):
         from .train.pooled import pool_router_stats
 
         _say("router statistics (mfgguf router-stats)")  # the ridge router needs them; stale or missing here
-        pool_router_stats(rd.root, progress=False)
+        pool_router_stats(rd.root, progress=False, experts=subset)
     heldout = rd.heldout_tokens(cfg.max_tokens_per_domain)
     domains = list(heldout)  # domains with a held-out split
     out = Path(out) if out else rd.root / "eval"
@@ -86,7 +92,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         path = models_dir / f"{name}.gguf"
         if force or not path.is_file() or path.stat().st_mtime < rd.manifest.stat().st_mtime:
             _say(f"assemble {name}")
-            assemble(rd.root, path, force=True, progress=False, **kw)
+            assemble(rd.root, path, force=True, progress=False, **{"experts": subset, **kw})
         return path
 
     models: dict[str, dict] = {}  # name -> {"path", "domains" (evaluated), "kind"}
@@ -110,7 +116,19 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     for d, e in best_expert.items():
         models[f"oracle {d}"] = {"path": build(f"oracle-{d}-{cfg.base_quant}", quant=cfg.base_quant, experts=[e], **oracle),
                                  "kind": "oracle", "domains": [d], "expert": e}
-    plans = plan_baselines(metas, cfg.baselines) if cfg.dense else []
+    plans = plan_baselines(metas, cfg.baselines) if cfg.dense and not base else []
+    base_plans, base_grid = [], {}
+    if cfg.dense and base:  # the practitioner's alternatives: the base itself trained further (base_baselines.py)
+        _say("the trunk is an imported base: its baselines are the base trained further on the experts' data"
+             " (continued pretraining, LoRA), not dense models from scratch")
+        which = tuple(k for k in cfg.baselines if k in BASE_BASELINES) if cfg.baselines is not None else None
+        base_plans, base_grid = plan_and_train(rd, metas, out, which, force)
+        for p in base_plans:
+            path = models_dir / f"base-{p.key}-{cfg.base_quant}.gguf"
+            if force or not path.is_file() or path.stat().st_mtime < RunDir(p.run).module_file(0).stat().st_mtime:
+                assemble(p.run, path, quant=cfg.base_quant, experts=[], force=True, progress=False)
+            models[p.label] = {"path": path, "kind": "dense", "baseline": p.key, "mode": p.mode, "tokens": p.tokens,
+                               "lr": p.lr}
     dense_metas, dense_schedules = {}, {}
     for b in plans:
         runs = {s: train_baseline(rd, metas[0], b, out, force, schedule=s) for s in schedules}
@@ -161,8 +179,12 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         "best_stats_router": best_stats,
         "quant": {q: r["overall"]["ppl"] for q, r in quant_rows.items()},
         "routing": routing,
-        "goals": goals(results, best, best_stats, oracle_mixed, quant_rows, cfg.base_quant, cfg.quants, domains, plans),
-        "flops": flops_section(metas, dense_metas, plans),
+        "goals": goals(results, best, best_stats, oracle_mixed, quant_rows, cfg.base_quant, cfg.quants, domains,
+                       plans + base_plans),
+        "flops": flops_section(metas, dense_metas, plans, base_plans),
+        "base_baselines": {"grid": base_grid, "plans": [{**asdict(p), "run": str(p.run)} for p in base_plans],
+                           "trained_domains": sorted({d for i, m in metas.items() if i for d in m.get("shard_domains") or []})}
+        if base else None,
         "dense_schedules": dense_schedules,
         "curves": curves(metas[0], dense_metas),
         "wall_s": round(time.perf_counter() - t_start, 1),

@@ -33,7 +33,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import ModelConfig, shared_tensor_names
 
@@ -50,6 +50,9 @@ FORMULAS = {
                     " point included: cooldown_flops in its row)",
     "flop_matched": "dense tokens = (trunk FLOPs + sum of every expert job's FLOPs) / dense per-token FLOPs,"
                     " rounded to whole optimizer steps",
+    "continued_from_base": "an imported base trained further (mfgguf train-base): full = trunk_or_dense_step of the"
+                           " base; lora = the frozen base's forward + activation gradients (adapter_base) +"
+                           " 6 * r * (d_in + d_out) per adapted linear; the base's pretraining counts for nobody",
     "wallclock_matched": "dense tokens = (trunk FLOPs + R * FLOPs of one round of the longest expert job) / dense"
                          " per-token FLOPs, rounded to whole steps: the critical path when every expert has its"
                          " own machine (R rounds, from a `rounds` key in the metadata, else 1)",
@@ -132,8 +135,27 @@ def adapter_base_flops(cfg, *, causal: bool = True) -> StepFlops:
     return _step(_cfg(cfg), {"token_embd.weight"}, False, causal)  # a trained embedding: every activation is live
 
 
+def continued_step_flops(cfg, mode: str, rank: int = 16, *, causal: bool = True) -> StepFlops:
+    """FLOPs per token of training an imported base itself (train/continued.py): every parameter (`full`), or a
+    LoRA of rank `rank` on every linear layer of every block (`lora`): the frozen base's forward and activation
+    gradients, plus each adapter's 6 * r * (d_in + d_out)."""
+    cfg = _cfg(cfg)
+    dense = replace(cfg, anchor_ff=cfg.anchor_ff + (cfg.expert_ff if cfg.seed_expert else 0), seed_expert=False)
+    if mode == "full":
+        return trunk_step_flops(dense, causal=causal)
+    base = adapter_base_flops(dense, causal=causal)
+    C, hd, H, KV = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    ffs = [cfg.anchor_ff] + ([cfg.expert_ff] if cfg.seed_expert else [])  # the model's FFN modules, each adapted
+    io = [(C, H * hd), (C, KV * hd), (C, KV * hd), (H * hd, C)] + [pair for ff in ffs for pair in ((C, ff), (C, ff), (ff, C))]
+    per_layer = sum(rank * (a + b) for a, b in io)
+    return StepFlops(base.forward + 2 * per_layer * cfg.n_layers, base.backward + 4 * per_layer * cfg.n_layers)
+
+
 def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
     """Per-token step FLOPs of a trained module from its metadata (kind, config, shared_tensors)."""
+    if meta.get("continued"):  # an imported base trained further (a baseline)
+        c = meta["continued"]
+        return continued_step_flops(meta["config"], c["mode"], c.get("rank") or 16, causal=causal)
     if meta.get("kind") == "expert":
         return expert_step_flops(meta["config"], meta.get("shared_tensors") or (), causal=causal)
     return trunk_step_flops(meta["config"], causal=causal)
@@ -171,5 +193,6 @@ def tokens_for_flops(flops: float, cfg, tokens_per_step: int, *, causal: bool = 
     return steps * tokens_per_step
 
 
-__all__ = ["FORMULAS", "StepFlops", "trunk_step_flops", "expert_step_flops", "module_step_flops", "module_flops",
+__all__ = ["FORMULAS", "StepFlops", "trunk_step_flops", "expert_step_flops", "continued_step_flops", "module_step_flops",
+           "module_flops",
            "run_flops", "rounds_of", "tokens_for_flops"]

@@ -410,13 +410,14 @@ def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -
     return None
 
 
-def router_stats_current(run: RunDir) -> bool:
-    """The pooled router statistics were computed on the current trunk and every expert as it is now."""
+def router_stats_current(run: RunDir, ids: list[int] | None = None) -> bool:
+    """The pooled router statistics were computed on the current trunk and every expert (or experts `ids`) as it
+    is now."""
     if not run.router_stats_meta.is_file() or not run.module_meta(0).is_file():
         return False
-    n = int(run.info()["n_experts"])
+    ids = range(1, int(run.info()["n_experts"]) + 1) if ids is None else ids
     experts = {module_name(i): read_json(run.module_meta(i), "an expert's metadata").get("sha256")
-               if run.module_meta(i).is_file() else "" for i in range(1, n + 1)}  # "": untrained, never current
+               if run.module_meta(i).is_file() else "" for i in ids}  # "": untrained, never current
     return router_stats_stale(read_json(run.router_stats_meta, "the pooled router statistics"),
                               read_json(run.module_meta(0), "the trunk's metadata").get("sha256"), experts) is None
 

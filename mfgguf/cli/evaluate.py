@@ -42,14 +42,17 @@ def demo_cmd(
 
 @command("eval", evaluate)
 def eval_cmd(
-    run: Path = typer.Argument(..., help="The RUN directory (trunk and all experts trained)."),
+    run: Path = typer.Argument(..., help="The RUN directory (trunk and all experts trained; on an imported base, the"
+                               " experts trained so far)."),
     out: Path = typer.Option(None, "--out", help="Report directory (default: RUN/eval)."),
     routers: str = typer.Option(",".join(EvalConfig.routers), help="Router methods to compare, comma-separated."),
     top_k: str = typer.Option(",".join(map(str, EvalConfig.top_ks)), "--top-k", help="Top-k values to compare."),
     baselines: str = typer.Option("auto", "--baselines", help="Dense baselines to train, comma-separated: flop"
                                   " (FLOP-matched), wallclock (critical-path FLOPs), total (the MoE's total"
                                   " parameters, FLOP-matched); auto = flop,wallclock (+ total while the MoE's"
-                                  " FFN width is at most 4x the anchor's); none."),
+                                  " FFN width is at most 4x the anchor's); none. On an imported base they are the"
+                                  " base trained further on the experts' data instead: flop and wallclock"
+                                  " (continued pretraining), lora (peft LoRA, FLOP-matched); auto = all three."),
     no_dense: bool = typer.Option(False, "--no-dense", help="Train no dense baseline (same as --baselines none)."),
     dense_schedules: str = typer.Option(",".join(EvalConfig.dense_schedules), "--dense-schedules",
                                         help="LR schedules each dense baseline trains with, comma-separated (cosine,"

@@ -90,6 +90,33 @@ def train_expert_cmd(
     typer.echo(line)
 
 
+@command("train-base", help=_doc("continued", "train_continued"))
+def train_base_cmd(
+    run: Path = typer.Argument(..., help="A RUN whose trunk is an imported base (`mfgguf import-base`)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory of the RUN written (its trunk is the trained base)."),
+    mode: str = typer.Option("full", "--mode", help="full (every parameter) or lora (peft, every linear)."),
+    tokens: int = typer.Option(..., "--tokens", help="Training tokens."),
+    lr: float = typer.Option(..., "--lr", help="Peak learning rate."),
+    shards: str = typer.Option(None, "--shards", help="Shards whose union it trains on, e.g. 1,2,4 (default: all)."),
+    rank: int = typer.Option(16, "--rank", help="LoRA rank (alpha = 2 x rank)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
+):
+    from ..errors import MfggufError
+    from ..run import RunDir
+    from ..train.continued import train_continued
+
+    rd = RunDir(run)
+    ids = [int(x) for x in shards.split(",")] if shards else list(range(1, int(rd.info()["n_experts"]) + 1))
+    if Path(out).exists() and not force:
+        raise MfggufError(f"{out} already exists; pass --force to replace it")
+    view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, device=device,
+                           precision=precision, progress=progress)
+    from ..run import read_module_meta
+
+    typer.echo(_line({**read_module_meta(view, 0), "kind": "trunk"}, view.root))
+
+
 @command("train-experts", help=_doc("schedule", "train_experts"))
 @train_options("expert", help={"rounds": "Sync rounds R: every expert's round, then `sync`, R times (default: what"
                                          " the run's experts were started with, else 1)."})
