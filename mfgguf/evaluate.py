@@ -8,6 +8,9 @@ split no module trained on:
   - dense baselines trained from scratch with the same code on the union of all shards, budgeted
     in training FLOPs (mfgguf/baselines.py, mfgguf/flops.py): FLOP-matched and wall-clock-matched
     with the MoE's active parameters per token, and optionally FLOP-matched with its total ones;
+    on an imported base instead, the base itself trained further on the experts' data: continued
+    pretraining (FLOP- and wall-clock-matched) and a peft LoRA (FLOP-matched), each with its LR
+    from a small grid (mfgguf/base_baselines.py), and only the experts trained so far;
   - q8_0 and q4_k against f16 of the assembled MoE with the best router.
 Plus per-layer routing accuracy (from the PyTorch reference with the same router weights),
 llama.cpp prompt/decode tokens/s and peak RSS per model (each model in its own process), and the
