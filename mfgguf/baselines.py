@@ -24,14 +24,13 @@ Example:
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .config import ModelConfig
 from .errors import MfggufError
 from .flops import module_flops, run_flops, tokens_for_flops, trunk_step_flops
-from .run import RunDir, read_module_meta
+from .run import RunDir, data_view, read_module_meta
 from .stages import run_stage
 
 BASELINES = ("flop", "wallclock", "total")
@@ -104,12 +103,7 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
             return dense
         _say(f"{b.label}: the plan changed (anchor_ff {m['config']['anchor_ff']} -> {b.anchor_ff},"
              f" tokens {m['tokens_seen']:,} -> {b.tokens:,}); retraining")
-    if dense.root.exists():
-        shutil.rmtree(dense.root)  # our own output, not user work: a stale baseline or an interrupted one
-    dense.root.mkdir(parents=True)
-    for name in ("run.json", "tokenizer.json"):
-        shutil.copy2(rd.root / name, dense.root / name)
-    dense.data.symlink_to(rd.data.resolve())  # the same shards and held-out split, not copied
+    dense = data_view(rd, dense.root)  # our own output, not user work: a stale baseline or an interrupted one goes
     tc = trunk["train"]
     same = {"--batch-size": tc["batch_size"], "--lr": tc["lr"], "--seed": tc["seed"], "--eval-tokens": tc["eval_tokens"],
             "--eval-every": tc.get("eval_every"), "--curve-tokens": tc.get("curve_tokens"),

@@ -69,7 +69,8 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     rd = RunDir(run)
     info = rd.info()
     n = info["n_experts"]
-    base = read_module_meta(rd, 0).get("source") == "base"
+    trunk = read_module_meta(rd, 0)
+    base = trunk.get("source") == "base"
     # on an imported base, the experts trained so far (a held-out domain may have none: the forgetting test)
     ids = [i for i in range(1, n + 1) if not base or rd.module_meta(i).is_file()]
     if not ids:
@@ -77,7 +78,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     subset = ids if len(ids) < n else None
     if subset:
         _say(f"experts {','.join(map(str, ids))} are trained: the MoE holds those")
-    metas = {i: read_module_meta(rd, i) for i in [0, *ids]}
+    metas = {0: trunk, **{i: read_module_meta(rd, i) for i in ids}}
     schedules = _schedules(cfg) if cfg.dense and not base else ()
     if "ridge" in cfg.routers and not router_stats_current(rd, subset) and any(int(metas[i].get("version", 1)) > 1 for i in metas if i):
         from .train.pooled import pool_router_stats

@@ -230,6 +230,23 @@ def link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def data_view(src: RunDir, out: Path) -> RunDir:
+    """A fresh RUN at `out` (whatever was there removed: a caller's own stale output) with `src`'s run.json,
+    tokenizer and imported base copied (small) and its data linked, not copied; no modules yet. The dense
+    baselines and a trained-further base train in one each."""
+    view = RunDir(out)
+    if view.root.exists():
+        shutil.rmtree(view.root)
+    view.root.mkdir(parents=True)
+    for name in ("run.json", "tokenizer.json"):
+        if (src.root / name).is_file():
+            shutil.copy2(src.root / name, view.root / name)
+    if (src.root / "base").is_dir():
+        shutil.copytree(src.root / "base", view.root / "base")
+    view.data.symlink_to(src.data.resolve())
+    return view
+
+
 def write_text(path: Path, text: str) -> None:
     """Replace `path` with `text` atomically: readers see the old file or the new one, never half."""
     with atomic_path(path) as tmp:

@@ -38,21 +38,14 @@ def view_with_means(rd, out: Path, ids: list[int], k: int) -> tuple[object, floa
     import torch
 
     from mfgguf.config import ModelConfig
-    from mfgguf.run import RunDir, link_or_copy, read_module_meta, write_module, write_router_stats
+    from mfgguf.run import data_view, link_or_copy, read_module_meta, write_module, write_router_stats
     from mfgguf.train.expert import build_expert_model
     from mfgguf.train.loop import evaluate, load_tokens, resolve_precision
     from mfgguf.train.stats import RouterStats
     from mfgguf.train.weights import read_safetensors
 
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    for name in ("run.json", "tokenizer.json", "manifest.json"):
-        if (rd.root / name).is_file():
-            shutil.copy2(rd.root / name, out / name)
-    shutil.copytree(rd.root / "base", out / "base")
-    (out / "data").symlink_to(rd.data.resolve())
-    v = RunDir(out)
+    v = data_view(rd, out)
+    shutil.copy2(rd.manifest, v.manifest)
     v.modules.mkdir()
     for f in ("trunk.safetensors", "trunk.json"):
         link_or_copy(rd.modules / f, v.modules / f)

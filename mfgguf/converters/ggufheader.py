@@ -48,10 +48,15 @@ class Header:
     size: int  # the file's size
 
     def value(self, key: str, default=None):
-        for k, _, v in self.kv:
-            if k == key:
-                return v[1] if isinstance(v, tuple) else v
-        return default
+        return kv_value(self.kv, key, default)
+
+
+def kv_value(kv: list[tuple[str, str, object]], key: str, default=None):
+    """The value of `key` in a (key, type, value) list as header_bytes takes it; an array's items; else `default`."""
+    for k, _, v in kv:
+        if k == key:
+            return v[1] if isinstance(v, tuple) else v
+    return default
 
 
 class _Reader:

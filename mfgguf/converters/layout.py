@@ -37,6 +37,7 @@ from . import routerstats, schema
 from .merge import DEFAULT_DENSITY, merge_plan
 from .router import needs_stats
 from .fileio import pwrite_all
+from .ggufheader import kv_value
 from .schema import ALIGNMENT, FFN, VType, blk
 
 
@@ -399,16 +400,12 @@ def _place(p: Plan) -> None:
     p.total_size = p.data_offset + off
     if any(k == schema.RS_OFFSET for k, _, _ in p.kv):  # the statistics' block follows the tensor data
         p.kv = routerstats.with_offset(p.kv, routerstats.block_start(off))
-        p.stats = routerstats.StatsBlock.of_header(lambda k: _kv_value(p.kv, k), p.data_offset)
+        p.stats = routerstats.StatsBlock.of_header(lambda k: kv_value(p.kv, k), p.data_offset)
         p.total_size = p.stats.end
     p.header = header_bytes(p.kv, p.slots)
     assert _pad(len(p.header)) == p.data_offset
     p.by_name = {s.name: s for s in p.slots}
 
-
-def _kv_value(kv: list[tuple[str, str, object]], key: str):
-    v = next((v for k, _, v in kv if k == key), None)
-    return v[1] if isinstance(v, tuple) else v
 
 
 # ---- GGUF header serialization -------------------------------------------------------------------

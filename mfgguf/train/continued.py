@@ -30,7 +30,7 @@ import torch
 from ..config import ModelConfig, get_preset
 from ..errors import MfggufError
 from ..model import Transformer
-from ..run import RunDir, read_module_meta, write_module
+from ..run import RunDir, data_view, read_module_meta, write_module
 from .loop import heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
 from .trunk import plan_activations
 from .weights import trunk_alone
@@ -44,20 +44,6 @@ def union_tokens(rd: RunDir, shards: list[int]) -> np.ndarray:
     parts = [load_tokens(rd.shard(i), f"shard {i}") for i in shards]
     n = min(len(p) for p in parts)
     return np.concatenate([np.asarray(p[:n]) for p in parts])
-
-
-def base_view(rd: RunDir, out: Path) -> RunDir:
-    """A RUN at `out` sharing RUN's data and imported base (copied: small), with no modules yet."""
-    view = RunDir(out)
-    if view.root.exists():
-        shutil.rmtree(view.root)  # our own output: a stale or interrupted baseline
-    view.root.mkdir(parents=True)
-    for name in ("run.json", "tokenizer.json"):
-        if (rd.root / name).is_file():
-            shutil.copy2(rd.root / name, view.root / name)
-    shutil.copytree(rd.root / "base", view.root / "base")
-    view.data.symlink_to(rd.data.resolve())
-    return view
 
 
 def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float, shards: list[int], rank: int = 16,
@@ -86,7 +72,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     tc = replace(expert_tc, tokens=int(tokens), lr=float(lr), eval_every=0, eval_tokens=4096, ckpt_every=10**9,
                  compile="off", shared="none", rounds=1, complement=False)
     data = union_tokens(rd, shards)
-    view = base_view(rd, out)
+    view = data_view(rd, out)
     model, route = trunk_alone(rd.module_file(0), cfg, dev)  # f32 master weights; bf16 autocast in the loop
     if mode == "lora":
         named = _inject_lora(model, rank)
