@@ -67,9 +67,13 @@ def routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) 
 
     from .reference import reference_model
 
+    from .converters.ggufheader import read_gguf_header
+
     model, _ = reference_model(rd.root, gguf)
     info = rd.info()
-    home = {s["id"]: max(s["domains"], key=s["domains"].get) for s in info["shards"]}  # expert -> its main domain
+    main = {s["id"]: max(s["domains"], key=s["domains"].get) for s in info["shards"]}  # expert -> its main domain
+    ids = read_gguf_header(gguf).value("mfgguf.experts") or sorted(main)  # the file's experts, in slot order
+    home = {int(i): main[int(i)] for i in ids}  # slot order: an assembled subset (1,2,4,5) is not slots 1..4
     n_layers, n_exp = model.cfg.n_layers, len(home)
     first = model.cfg.n_experts - n_exp  # 1 when the seed is routed slot 0 (complementing experts): not counted
     counts = np.zeros((len(domains), n_layers, n_exp))  # domain x layer x expert
@@ -85,7 +89,8 @@ def routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) 
             for b in range(0, len(toks), 8):
                 model(toks[b: b + 8], route="router", hook=hook)
     share = counts / counts.sum(-1, keepdims=True).clip(min=1)  # domain x layer x expert
-    acc = {d: [float(sum(share[di, l, e - 1] for e in home if home[e] == d)) for l in range(n_layers)]
+    slot_domain = list(home.values())
+    acc = {d: [float(sum(share[di, l, s] for s, h in enumerate(slot_domain) if h == d)) for l in range(n_layers)]
            for di, d in enumerate(domains)}
     return {"accuracy": acc, "confusion": share.mean(1).tolist(), "expert_domain": home}
 

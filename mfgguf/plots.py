@@ -101,8 +101,8 @@ def eval_plots(r: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(1.2 + 0.6 * conf.shape[1], 1 + 0.6 * conf.shape[0]))
     im = ax.imshow(conf, vmin=0, vmax=1, cmap="viridis")
     ax.set_yticks(range(len(ds)), ds)
-    home = {int(e): d for e, d in ra["expert_domain"].items()}  # JSON turns the int keys into strings
-    ax.set_xticks(range(conf.shape[1]), [f"{e}\n({home.get(e, '')})" for e in range(1, conf.shape[1] + 1)], fontsize=7)
+    home = {int(e): d for e, d in ra["expert_domain"].items()}  # the file's experts in slot order (JSON: string keys)
+    ax.set_xticks(range(conf.shape[1]), [f"{e}\n({d})" for e, d in home.items()], fontsize=7)
     for i in range(conf.shape[0]):
         for j in range(conf.shape[1]):
             ax.text(j, i, f"{conf[i, j]:.2f}", ha="center", va="center", color="w" if conf[i, j] < 0.6 else "k", fontsize=7)

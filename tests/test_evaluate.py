@@ -80,3 +80,28 @@ def test_eval_needs_a_run(tmp_path):
     assert r.exit_code == 1 and r.output.startswith("error:") and "Traceback" not in r.output
     r = CliRunner().invoke(app, ["eval", str(tmp_path), "--baselines", "flop,tokens"])
     assert r.exit_code == 1 and "unknown baseline 'tokens'" in r.output
+
+
+def test_routing_accuracy_follows_the_files_experts_in_slot_order(trained_run, tmp_path):
+    """An assembled subset (experts 3 and 1, in that slot order) is scored as its slots route, not as experts 1..N."""
+    import numpy as np
+
+    from mfgguf.converters.assemble import assemble
+    from mfgguf.measure import routing_accuracy
+
+    rd = RunDir(trained_run)
+    heldout = rd.heldout_tokens(1024)
+    domains = list(heldout)
+    full, sub = tmp_path / "full.gguf", tmp_path / "sub.gguf"
+    assemble(trained_run, full, quant="f16", progress=False)
+    assemble(trained_run, sub, quant="f16", experts=[3, 1], progress=False)
+    ra_full, ra_sub = (routing_accuracy(rd, domains, heldout, g) for g in (full, sub))
+    assert list(ra_full["expert_domain"]) == [1, 2, 3] and list(ra_sub["expert_domain"]) == [3, 1]
+    conf = np.array(ra_sub["confusion"])  # domain x slot
+    assert conf.shape == (len(domains), 2) and np.allclose(conf.sum(1), 1)
+    home = ra_sub["expert_domain"]
+    for d in domains:  # a domain's accuracy is the share of its tokens its own expert's slot took; none for expert 2's
+        want = [sum(conf[domains.index(d), s] for s, e in enumerate(home) if home[e] == d)]
+        assert np.isclose(np.mean(ra_sub["accuracy"][d]), want[0])
+    assert np.mean(ra_sub["accuracy"][ra_full["expert_domain"][2]]) == 0
+    assert min(np.mean(ra_sub["accuracy"][home[e]]) for e in home) > 0.5  # each slot takes its own domain's tokens
