@@ -94,9 +94,14 @@ class TrainConfig:
     eval_every: int = 50  # steps between held-out evaluations during training (the curve); 0 = only at the end
     #                       (`small`: about 2% of training time, 4.5% measured at 25 steps)
     curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
-    stats_tokens: int = 0  # experts: shard tokens the router statistics (FFN-input means) are measured over after
-    #                        training, and the pooled second moment over each expert's shard; 0 = 4 x eval_tokens
+    stats_tokens: int = 0  # experts: shard tokens the router statistics (FFN-input means) are measured over, and
+    #                        the pooled second moment over each expert's shard; 0 = 4 x eval_tokens
     #                        (fewer cost routed perplexity: scripts/bench_stats_tokens.py)
+    stats_from: str = "train"  # experts: where those means come from: train = the forward of training's last steps that
+    #                            cover stats_tokens (free; tailstats.py), pass = a pass over the shard after training
+    expert_layers: str = "all"  # experts: the layers whose expert trains: all, upper (the upper half), lower, or layer
+    #                             indices and ranges (15-29,3); elsewhere the expert keeps its start (the seed, or a zero
+    #                             down-projection), so the backward pass stops at the lowest trained layer
     shared: str = "none"  # experts: trunk tensors to also train a private copy of (SHARED_CHOICES): none (the FFN
     #                       only), norms, attn (norms + attention) or all
     shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
@@ -112,6 +117,31 @@ class TrainConfig:
     #                           cooldown); a wsd trunk keeps its state where the cooldown begins (the branch point) and
     #                           wsd experts start from it at its LR with no warm-up
     cooldown: float = 0.2  # wsd: share of the steps in the final cooldown (20% matched cosine in arXiv 2405.18392)
+
+
+def expert_layers(spec: str, n_layers: int) -> tuple[int, ...]:
+    """The layers `TrainConfig.expert_layers` names, sorted: "all", "upper" (the upper half), "lower", or
+    comma-separated indices and ranges.
+
+    Example:
+        >>> expert_layers("upper", 30)[:2], expert_layers("0-2,7", 30)
+        ((15, 16), (0, 1, 2, 7))
+    """
+    spec = str(spec).strip().lower()
+    named = {"all": range(n_layers), "upper": range(n_layers // 2, n_layers), "lower": range(n_layers // 2)}
+    if spec in named:
+        return tuple(named[spec])
+    out = set()
+    try:
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            a, _, b = part.partition("-")
+            out.update(range(int(a), int(b or a) + 1))
+    except ValueError:
+        out = set()
+    if not out or min(out) < 0 or max(out) >= n_layers:
+        raise MfggufError(f"--expert-layers {spec!r} names no layers of this trunk's 0-{n_layers - 1};"
+                          " use all, upper, lower, or indices and ranges like 15-29")
+    return tuple(sorted(out))
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,10 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from .config import ModelConfig, shared_tensor_names
+from .config import ModelConfig, expert_layers, shared_tensor_names
 
 FORMULAS = {
     "convention": "matmul FLOPs only (2 per multiply-add); no norms/softmax/loss/optimizer; no recompute;"
@@ -75,7 +76,8 @@ def _cfg(cfg) -> ModelConfig:
     return cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(cfg)
 
 
-def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool) -> StepFlops:
+def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
+          expert_layers: Collection[int] | None = None) -> StepFlops:
     """Walk the forward graph in order; `live` = the residual stream depends on a trained tensor."""
     C, L, V, H, KV, hd = cfg.dim, cfg.n_layers, cfg.vocab_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     keys = (cfg.ctx_len + 1) / 2 if causal else cfg.ctx_len  # keys per query, mean over a window
@@ -111,7 +113,8 @@ def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool) 
         f_in = live or t("ffn_norm")
         out = swiglu(cfg.anchor_ff, (t("ffn_gate_shexp"), t("ffn_up_shexp"), t("ffn_down_shexp")), f_in)
         if with_expert or cfg.seed_expert:  # an expert job's expert, or the trunk's seed FFN (trains with it)
-            out = swiglu(cfg.expert_ff, (True, True, True), f_in) or out
+            e = expert_layers is None or l in expert_layers  # elsewhere the expert runs frozen (--expert-layers)
+            out = swiglu(cfg.expert_ff, (e, e, e), f_in) or out
         live = live or f_in or out
     mm(C * V, "output.weight" in trained, live or "output_norm.weight" in trained)
     return StepFlops(fwd, bwd)
@@ -123,9 +126,11 @@ def trunk_step_flops(cfg, *, causal: bool = True) -> StepFlops:
     return _step(cfg, set(shared_tensor_names(cfg, "all")), False, causal)
 
 
-def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True) -> StepFlops:
-    """FLOPs per token of an expert job's step: the expert FFNs train, plus private copies of `shared_tensors`."""
-    return _step(_cfg(cfg), set(shared_tensors or ()), True, causal)
+def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True, layers: str = "all") -> StepFlops:
+    """FLOPs per token of an expert job's step: the expert FFNs of `layers` (TrainConfig.expert_layers) train,
+    plus private copies of `shared_tensors`."""
+    cfg = _cfg(cfg)
+    return _step(cfg, set(shared_tensors or ()), True, causal, expert_layers(layers, cfg.n_layers))
 
 
 def adapter_base_flops(cfg, *, causal: bool = True) -> StepFlops:
@@ -157,7 +162,8 @@ def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
         c = meta["continued"]
         return continued_step_flops(meta["config"], c["mode"], c.get("rank") or 16, causal=causal)
     if meta.get("kind") == "expert":
-        return expert_step_flops(meta["config"], meta.get("shared_tensors") or (), causal=causal)
+        return expert_step_flops(meta["config"], meta.get("shared_tensors") or (), causal=causal,
+                                 layers=meta.get("train", {}).get("expert_layers", "all"))
     return trunk_step_flops(meta["config"], causal=causal)
 
 

@@ -32,7 +32,7 @@ from .errors import MfggufError
 # ModelConfig fields a trunk may change; vocab_size and n_experts come from the RUN, top_k is assembly's.
 MODEL_OPTIONS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("vocab_size", "n_experts", "top_k"))
 # TrainConfig fields only expert jobs use: the train-expert and train-experts verbs take them, train-trunk does not.
-EXPERT_ONLY = ("expert_init", "shared", "shared_lr_scale", "rounds", "complement")
+EXPERT_ONLY = ("expert_init", "shared", "shared_lr_scale", "rounds", "complement", "stats_tokens", "stats_from")
 FLAGS = {"expert_init": "--init"}  # CLI flags that are not --<field-name-with-dashes>
 
 

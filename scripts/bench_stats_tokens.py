@@ -1,7 +1,8 @@
 """Router quality against the number of shard tokens each expert's router statistics are measured over.
 
-`train-expert` ends with a forward pass over its shard that records, per layer, the mean of the
-FFN inputs (the ridge router's right-hand side). The pass costs time (on SmolLM2, 175 s for the
+An expert records, per layer, the mean of the FFN inputs on its shard (the ridge router's
+right-hand side): gathered by training's last steps (the default), or by a forward pass over the
+shard after training (`--stats-from pass`). The pass costs time (on SmolLM2, 175 s for the
 262,144 tokens that 4 x the default eval_tokens asked for, 7x the 16,384-token training it
 followed); this measures what fewer tokens cost the router. For each K in --tokens: a view of RUN
 whose trained experts' means are recomputed over K tokens of their shards (the same evenly spread
@@ -10,7 +11,9 @@ windows the pass takes), the pooled second moment kept as it is (only the means 
 
   {"tokens": K, "pass_s": seconds of the four passes, "ppl": {domain: ...}, "mixed_trained": ...,
    "over_reference": mixed_trained / that of the largest K, "mean_rel_err": mean over experts and layers of
-   |mu_K - mu_ref| / |mu_ref|}
+   |mu_K - mu_rec| / |mu_rec| against the means the experts recorded}
+  {"tokens": "recorded", ...}   the means as the experts recorded them (`train-expert --stats-from train`: gathered
+   by training's last steps; pass: their own pass), scored the same way, against the same reference
 
     python scripts/bench_stats_tokens.py RUN --tokens 1024,4096,16384,65536 --out /tmp/stats-tokens
 """
@@ -99,20 +102,28 @@ def main() -> None:
     held = rd.heldout_tokens(a.max_tokens_per_domain)
     print(json.dumps({"bench": "stats_tokens", "event": "start", "experts": ids, "trained_domains": trained,
                       **cpu_flags()}), flush=True)
+    def score(root: Path, gguf: Path) -> dict:
+        assemble(root, gguf, quant="q8_0", experts=ids, force=True, progress=False)
+        r = perplexity_by_domain(gguf, held)
+        gguf.unlink()
+        nll = sum(r["domains"][d]["nll"] * r["domains"][d]["n_tokens"] for d in trained)
+        cnt = sum(r["domains"][d]["n_tokens"] for d in trained)
+        return {"ppl": {d: round(x["ppl"], 4) for d, x in r["domains"].items()},
+                "mixed_trained": round(float(np.exp(nll / cnt)), 4), "mixed_all": round(r["overall"]["ppl"], 4)}
+
     rows = []
     for k in sorted(int(x) for x in a.tokens.split(",")):
         v, pass_s, err = view_with_means(rd, a.out / f"k{k}", ids, k)
-        gguf = a.out / f"k{k}.gguf"
-        assemble(v.root, gguf, quant="q8_0", experts=ids, force=True, progress=False)
-        r = perplexity_by_domain(gguf, held)
-        ppl = {d: round(x["ppl"], 4) for d, x in r["domains"].items()}
-        nll = sum(r["domains"][d]["nll"] * r["domains"][d]["n_tokens"] for d in trained)
-        cnt = sum(r["domains"][d]["n_tokens"] for d in trained)
-        rows.append({"bench": "stats_tokens", "tokens": k, "pass_s": round(pass_s, 2), "ppl": ppl,
-                     "mixed_trained": round(float(np.exp(nll / cnt)), 4), "mixed_all": round(r["overall"]["ppl"], 4), **err})
+        rows.append({"bench": "stats_tokens", "tokens": k, "pass_s": round(pass_s, 2),
+                     **score(v.root, a.out / f"k{k}.gguf"), **err})
         shutil.rmtree(v.root)
-        gguf.unlink()
     ref = rows[-1]["mixed_trained"]
+    # the statistics as the experts recorded them (from training's last steps, or their own pass: --stats-from)
+    metas = [json.loads(rd.module_meta(i).read_text()) for i in ids]
+    rows.append({"bench": "stats_tokens", "tokens": "recorded", "pass_s": 0.0,
+                 "router_stats_from": sorted({m.get("router_stats_from", "pass") for m in metas}),
+                 "router_stats_count": sorted({m.get("router_stats_count") for m in metas}),
+                 **score(rd.root, a.out / "recorded.gguf")})
     for row in rows:
         print(json.dumps({**row, "over_reference": round(row["mixed_trained"] / ref, 5)}), flush=True)
 

@@ -7,7 +7,7 @@ fp32), same batch and context, each configuration in its own process (its own pe
   - mfgguf's expert step (train/loop.py's InMemorySteps on the imported base, real tokens): as
     `train-expert` runs it (train/trunk.py's plan_activations: micro-batches of 2 sequences, no
     recompute), the whole batch at once, and recompute with the heap limit it needs (what
-    `train-expert` ran before micro-batches);
+    `train-expert` ran before micro-batches); and `--expert-layers upper` (experts in layers 15-29 only);
   - transformers' LlamaForCausalLM full fine-tune (AdamW on every parameter), with and without
     gradient checkpointing;
   - peft LoRA, rank 16 on every linear (q, k, v, o, gate, up, down), with and without it;
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-CONFIGS = ("expert", "expert-whole-batch", "expert-recompute", "full", "full-ckpt", "lora", "lora-ckpt")
+CONFIGS = ("expert", "expert-upper", "expert-whole-batch", "expert-recompute", "full", "full-ckpt", "lora", "lora-ckpt")
 LORA_RANK = 16
 
 
@@ -61,7 +61,7 @@ def flops(kind: str, ctx: int) -> float:
 
     ours, dense = smol_cfg(ctx)
     if kind.startswith("expert"):
-        return expert_step_flops(ours).total
+        return expert_step_flops(ours, layers="upper" if kind == "expert-upper" else "all").total
     if kind.startswith("full"):
         return trunk_step_flops(dense).total
     # LoRA: the forward, activation gradients everywhere (adapters in layer 0 too), no frozen weight gradients,
@@ -113,9 +113,9 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
 
     import torch
 
-    from mfgguf.config import ModelConfig, get_preset
+    from mfgguf.config import ModelConfig, expert_layers, get_preset
     from mfgguf.run import RunDir, read_module_meta
-    from mfgguf.train.expert import build_expert_model, expert_params
+    from mfgguf.train.expert import build_expert_model, expert_params, freeze_expert_layers
     from mfgguf.train.loop import InMemorySteps, limit_heap_retention
     from mfgguf.train.trunk import plan_activations
 
@@ -123,11 +123,13 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
     tc = replace(get_preset("small").expert, batch_size=batch, compile="off")
     dev = torch.device("cpu")
-    recompute, micro = {"expert": plan_activations(cfg, batch), "expert-whole-batch": (False, batch),
-                        "expert-recompute": (True, batch)}[kind]
+    recompute, micro = {"expert": plan_activations(cfg, batch), "expert-upper": plan_activations(cfg, batch),
+                        "expert-whole-batch": (False, batch), "expert-recompute": (True, batch)}[kind]
     if recompute:
         limit_heap_retention()  # as train-expert does when it recomputes
     model = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="seed")
+    if kind == "expert-upper":  # `train-expert --expert-layers upper`
+        freeze_expert_layers(model, expert_layers("upper", cfg.n_layers))
     impl = InMemorySteps(model, expert_params(model), tc, dev=dev, precision=prec, route="single", recompute=recompute,
                          ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None,
                          micro=micro)
@@ -216,12 +218,19 @@ def main() -> None:
                  frac_of_peak=round(fpt * r["tokens_per_s"] / 1e9 / pk, 3))
         rows[kind] = r
         print(json.dumps(r), flush=True)
-    ours = max((rows[k]["tokens_per_s"] for k in rows if k.startswith("expert")), default=None)
+    ours = max((rows[k]["tokens_per_s"] for k in rows if k.startswith("expert") and k != "expert-upper"), default=None)
     for peer in ("full", "lora"):
         best = max((rows[k]["tokens_per_s"] for k in rows if k.startswith(peer)), default=None)
         if ours and best:
             print(json.dumps({"ratio": f"expert / fastest {peer}", "value": round(ours / best, 3),
                               "goal": ">= 1.5" if peer == "full" else ">= 1.0 (stretch 1.3)"}), flush=True)
+            if "expert-upper" in rows:
+                print(json.dumps({"ratio": f"expert-upper / fastest {peer}",
+                                  "value": round(rows["expert-upper"]["tokens_per_s"] / best, 3)}), flush=True)
+    if "expert-upper" in rows and "expert" in rows:
+        print(json.dumps({"ratio": "expert-upper / expert (all layers)", "goal": ">= 1.6",
+                          "value": round(rows["expert-upper"]["tokens_per_s"] / rows["expert"]["tokens_per_s"], 3)}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,13 @@ def _files(d: Path) -> tuple[Path, Path]:
     return Path(d) / "state.safetensors", Path(d) / "state.json"
 
 
-def save(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimizer, state: dict) -> None:
-    """Write the checkpoint atomically (trainable params, AdamW state, JSON state)."""
+def save(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimizer, state: dict,
+         extra: dict[str, torch.Tensor] | None = None) -> None:
+    """Write the checkpoint atomically (trainable params, AdamW state, JSON state, and `extra` tensors
+    other training state needs back: `load_extra`)."""
     from safetensors.torch import save_file
 
-    tensors = {}
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in (extra or {}).items()}
     for name, p in named_params.items():
         tensors[f"param.{name}"] = p.detach().to("cpu").contiguous()
         for k in _MOMENTS:
@@ -108,6 +110,18 @@ def load(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimi
                     "exp_avg_sq": tensors[f"exp_avg_sq.{name}"].reshape(p.shape).to(p.device, p.dtype),
                 }
     return state
+
+
+def load_extra(d: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The checkpoint's `extra` tensors whose names start with `prefix` (none when there is no checkpoint;
+    `load` has already checked that one is readable and this training's)."""
+    st, _ = _files(d)
+    if not st.is_file():
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(str(st), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
 
 
 def remove(d: Path) -> None:

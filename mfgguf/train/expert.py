@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..config import ModelConfig, get_preset
+from ..config import ModelConfig, expert_layers, get_preset
 from ..errors import MfggufError
 from ..model import SEED_FFN, Transformer, trunk_name_map
 from ..options import TrainOptions
@@ -37,10 +37,12 @@ from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_reten
                    resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
 from .rounds import round_end
 from .stats import RouterStats, stats_tokens
+from .tailstats import TailStats, tail_steps
 from .trunk import plan_activations
 from .weights import read_safetensors
 
 EXPERT_INITS = ("auto", "seed", "random", "anchor")  # TrainConfig.expert_init
+STATS_FROM = ("train", "pass")  # TrainConfig.stats_from
 
 
 def _set_param(model: nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
@@ -125,8 +127,18 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
 
 
 def expert_params(model: Transformer) -> dict[str, nn.Parameter]:
-    """The only trainable parameters: layers[*].experts[0]."""
-    return {n: p for n, p in model.named_parameters() if ".experts.0." in n}
+    """The only trainable parameters: layers[*].experts[0] (of the layers `freeze_expert_layers` left)."""
+    return {n: p for n, p in model.named_parameters() if ".experts.0." in n and p.requires_grad}
+
+
+def freeze_expert_layers(model: Transformer, layers: Collection[int]) -> None:
+    """Freeze the expert everywhere but `layers` (`--expert-layers`): there it keeps its start, which every
+    expert shares (the seed, or a zero down-projection), so the assembled file routes those layers to
+    identical FFNs and stays exact, and autograd stops below the lowest layer that trains."""
+    for l, layer in enumerate(model.layers):
+        if l not in layers:
+            for p in layer.experts[0].parameters():
+                p.requires_grad_(False)
 
 
 def _shard_domains(info: dict, i: int):
@@ -148,8 +160,11 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     """Train expert EXPERT (1..N) alone on its shard with the trunk frozen; write modules/expert_00I.
 
     The expert is one SwiGLU FFN per layer added beside the anchor; it starts as a no-op and only
-    its parameters train. After training, a pass over its shard records the router statistics
-    (per layer: mean and second moment of the FFN-input vectors) into the module file. Resumes
+    its parameters train. The last training steps that cover --stats-tokens record the router
+    statistics (per layer: the mean of the FFN-input vectors) into the module file; --stats-from
+    pass measures them by a pass over the shard after training instead (slower, a little better
+    routed: docs/benchmarks.md). --expert-layers upper trains the expert in the upper half of the
+    layers only (faster; elsewhere it stays the seed). Resumes
     from RUN/checkpoints/expert_00I if a compatible checkpoint is there (--restart deletes it).
     `options` change the trunk's preset's expert TrainConfig (tokens, lr, batch_size, seed, ...).
 
@@ -196,10 +211,14 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     rec, micro = plan_activations(cfg, tc.batch_size) if recompute is None else (recompute, tc.batch_size)
     if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
         limit_heap_retention()
+    layers = expert_layers(tc.expert_layers, cfg.n_layers)
     if tc.complement:
+        if len(layers) < cfg.n_layers:
+            raise MfggufError("--complement trains a two-way MoE in every layer; pass --expert-layers all with it")
         cx.check_complement(cfg, tc)
     model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16", init=tc.expert_init,
                                trainable=sh.shared_names(cfg, tc.shared))
+    freeze_expert_layers(model, layers)
     named, route, extra = expert_params(model), "single", {}
     if tc.complement:  # a two-way MoE of [frozen seed, this expert] (complement.py)
         model = cx.two_way(model, dev, bf16_trunk=prec == "bf16")
@@ -227,11 +246,13 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         raise MfggufError(f"{module_name(i)} has no checkpoint of round {rnd - 1} in {ckpt_dir}, which round {rnd}"
                           f" continues from; retrain it from round 1 (a new RUN) or restore that directory")
     until = round_end(steps, tc.rounds, rnd)
+    tail = _tail(cfg, tc, steps)
+    tail = tail if until == steps else None  # the last round gathers the router statistics
     curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=i, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=_label(i, rnd, tc.rounds),
                    heldout=curve, lr_scale=sh.lr_scales(model, tc), until=until, keep=keep,
-                   resume_from=resume_from, start_state=start_state, micro=micro)
+                   resume_from=resume_from, start_state=start_state, micro=micro, tail=tail)
     if rnd < tc.rounds:
         return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
 
@@ -242,8 +263,11 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     else:
         heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
     t1 = time.perf_counter()
-    stats = RouterStats(cfg.n_layers, cfg.dim)
-    shard_loss, _ = evaluate(model, data, stats_tokens(asdict(tc)), route, dev, prec, hook=stats.hook)
+    if tail is not None:  # the training steps' own FFN inputs; the shard loss is theirs too
+        stats, shard_loss = tail.stats, mean_loss(res.history[tail.first_step:])
+    else:
+        stats = RouterStats(cfg.n_layers, cfg.dim)
+        shard_loss, _ = evaluate(model, data, stats_tokens(asdict(tc)), route, dev, prec, hook=stats.hook)
     clock.update(heldout=t1 - t, stats=time.perf_counter() - t1)
     meta = {
         **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
@@ -256,6 +280,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         "shard_loss": shard_loss,
         "trunk_heldout_loss": before,
         "router_stats_count": stats.n,
+        "router_stats_from": "pass" if tail is None else f"training steps {tail.first_step + 1}-{res.steps}",
         "wall_breakdown_s": {**{k: round(v, 2) for k, v in clock.items()}, "train": round(res.train_s, 2),
                              "curve": round(res.eval_s, 2)},
         **sh.shared_meta(cfg, tc.shared),
@@ -269,6 +294,20 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
                reference=before or None, title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
+
+
+def _tail(cfg: ModelConfig, tc, steps: int) -> TailStats | None:
+    """The router statistics of training's last steps (tc.stats_from == "train"), else None (a pass after)."""
+    if tc.stats_from not in STATS_FROM:
+        raise MfggufError(f"unknown --stats-from {tc.stats_from!r}; choose one of {', '.join(STATS_FROM)}")
+    if tc.stats_from == "pass":
+        return None
+    return TailStats(cfg.n_layers, cfg.dim, steps - tail_steps(stats_tokens(asdict(tc)), tc.batch_size * cfg.ctx_len, steps))
+
+
+def mean_loss(history: list) -> float:
+    """Mean of the step losses in `history` ([[step, tokens, loss], ...])."""
+    return float(sum(h[2] for h in history) / len(history)) if history else float("nan")
 
 
 def _round(rd: RunDir, trunk: dict, tc, i: int) -> int:

@@ -32,6 +32,8 @@ from ..errors import MfggufError
 from ..model import Transformer, rope_tables
 from . import checkpoint as ckpt_io
 from .driver import LoopResult, schedule_steps, train_steps
+from .tailstats import PREFIX as TAIL_PREFIX
+from .tailstats import TailStats
 
 LOGITS_CHUNK = 1 << 22  # logits elements per chunk of the output head when recomputing (16 MB in f32)
 EVAL_ROWS = 4096  # token positions per forward when scoring: one window at a time left SmolLM2's
@@ -224,7 +226,8 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
              heldout: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None,
              until: int | None = None, keep: frozenset[str] = frozenset(),
              resume_from: dict | None = None, branch_path: Path | None = None,
-             start_state: dict[str, dict] | None = None, micro: int | None = None) -> LoopResult:
+             start_state: dict[str, dict] | None = None, micro: int | None = None,
+             tail: TailStats | None = None) -> LoopResult:
     """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
@@ -236,12 +239,13 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     `resume_from` is what that checkpoint must match instead of `ckpt_meta` (the previous round's).
     `branch_path` (a wsd trunk) is where the branch point is kept when the cooldown begins (branch.py);
     `start_state` {name: {"exp_avg", "exp_avg_sq", "step"}} gives parameters AdamW moments to start
-    from (an expert continuing from the branch point), unless a checkpoint is resumed.
+    from (an expert continuing from the branch point), unless a checkpoint is resumed. `tail` gathers
+    router statistics in the steps from its `first_step` on (tailstats.py), kept in the checkpoints.
     Returns the loss and held-out histories and token counts.
     """
     impl = InMemorySteps(model, named_params, tc, dev=dev, precision=precision, route=route, recompute=recompute,
                          ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, lr_scale=lr_scale, keep=keep, resume_from=resume_from,
-                         until=until, branch_path=branch_path, start_state=start_state, micro=micro)
+                         until=until, branch_path=branch_path, start_state=start_state, micro=micro, tail=tail)
     def curve() -> dict:
         out = heldout()
         model.train()  # heldout() leaves the model in eval mode
@@ -262,11 +266,12 @@ class InMemorySteps:
                  precision: str, route: str, recompute: bool, ckpt_dir: Path, ckpt_meta: dict,
                  lr_scale: dict[str, float] | None, keep: frozenset[str], resume_from: dict | None,
                  until: int | None = None, branch_path: Path | None = None, start_state: dict | None = None,
-                 micro: int | None = None):
+                 micro: int | None = None, tail: TailStats | None = None):
         self.model, self.named, self.tc, self.dev, self.prec, self.route = model, named_params, tc, dev, precision, route
         self.micro = micro or tc.batch_size  # sequences per forward/backward; the step accumulates batch_size / micro
         self.recompute, self.ckpt_dir, self.ckpt_meta = recompute, ckpt_dir, ckpt_meta
         self.keep, self.expect = keep, resume_from or ckpt_meta
+        self.tail = tail
         self.params = list(named_params.values())
         self.opt = make_optimizer(named_params, tc, lr_scale)
         for name, st in (start_state or {}).items():  # a checkpoint, when resumed, replaces these
@@ -282,6 +287,8 @@ class InMemorySteps:
 
     def resume(self) -> dict | None:
         state = ckpt_io.load(self.ckpt_dir, self.named, self.opt, self.expect, self.keep)
+        if state and self.tail:
+            self.tail.load_state(ckpt_io.load_extra(self.ckpt_dir, TAIL_PREFIX))
         # decided by the run's length, not what is left of it: a resumed run computes exactly as the killed one
         self.compiled = wants_compile(self.tc.compile, self.end, self.recompute)
         self._fwd = torch.compile(self.model, dynamic=False) if self.compiled else self.model
@@ -291,8 +298,9 @@ class InMemorySteps:
         x, y = x.to(self.dev), y.to(self.dev)
         for g in self.opt.param_groups:
             g["lr"] = lr * g["lr_scale"]
+        hook = self.tail.hook if self.tail and self.tail.active(step) else None
         try:
-            loss = self._forward_backward(x, y)
+            loss = self._forward_backward(x, y, hook)
         except Exception as e:  # noqa: BLE001  (a compiler that fails here, e.g. no C++ toolchain: train eagerly)
             if not self.compiled or self.tc.compile == "on":
                 raise
@@ -300,25 +308,30 @@ class InMemorySteps:
                   " training without it (--compile off skips the attempt)", file=sys.stderr)
             self.compiled, self._fwd = False, self.model
             self.opt.zero_grad(set_to_none=True)
-            loss = self._forward_backward(x, y)
+            loss = self._forward_backward(x, y, hook)
         torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    def _forward_backward(self, x, y) -> torch.Tensor:
+    def _forward_backward(self, x, y, hook=None) -> torch.Tensor:
         """Mean loss of the batch; its gradient accumulated over micro-batches of `micro` sequences
-        (x: (B, T), B a multiple of micro), so activations are held for one micro-batch at a time."""
+        (x: (B, T), B a multiple of micro), so activations are held for one micro-batch at a time.
+        `hook` (the tail statistics) sees every layer's FFN input; a compiled forward runs eagerly then."""
         total = 0.0
         for s in range(0, x.shape[0], self.micro):
             xm, ym = x[s : s + self.micro], y[s : s + self.micro]  # (micro, T)
             with autocast(self.prec, self.dev):
                 if self.recompute:
-                    loss = forward_loss(self.model, xm, ym, self.route, recompute=True)
+                    loss = forward_loss(self.model, xm, ym, self.route, recompute=True, hook=hook)
+                elif hook is not None:
+                    loss = self.model(xm, ym, route=self.route, hook=hook)
                 else:
                     loss = self._fwd(xm, ym, route=self.route)
             (loss * (xm.shape[0] / x.shape[0])).backward()
             total = total + loss.detach() * (xm.shape[0] / x.shape[0])
+            if hook is not None:
+                self.tail.commit()
         return total
 
     def settle(self) -> None:
@@ -327,7 +340,8 @@ class InMemorySteps:
     def checkpoint(self, step: int, state: dict, last: bool) -> None:
         # a round that ends before the schedule does keeps its state: the next round resumes from it after `sync`
         if (last and step < self.steps) or (not last and step % self.tc.ckpt_every == 0):
-            ckpt_io.save(self.ckpt_dir, self.named, self.opt, {**self.ckpt_meta, **state})
+            ckpt_io.save(self.ckpt_dir, self.named, self.opt, {**self.ckpt_meta, **state},
+                         extra=self.tail.state_tensors() if self.tail else None)
 
     def branch(self, step: int, state: dict) -> None:
         if self.branch_path is not None:

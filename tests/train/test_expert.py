@@ -148,7 +148,7 @@ def test_final_score_is_the_curves_last_point_when_it_scored_the_same_tokens(tra
                         restart=True)
     assert meta["heldout_loss"] == meta["heldout_history"][-1][2]
     clock = meta["wall_breakdown_s"]
-    assert clock["heldout"] < 0.05 and clock["train"] > 0 and clock["stats"] > 0
+    assert clock["heldout"] < 0.05 and clock["train"] > 0 and clock["stats"] < 0.05  # gathered by the last steps
     assert meta["router_stats_count"] == 4 * 1024  # stats_tokens 0: 4 x eval_tokens
     other = train_expert(run, 1, options=TrainOptions(tokens=4096, eval_tokens=1024, curve_tokens=1024,
                                                       stats_tokens=2048), progress=False, restart=True)

@@ -44,27 +44,32 @@ def _kill_after_first_checkpoint(run: Path, index: int, extra: list[str]) -> int
     return rc
 
 
-@pytest.mark.parametrize("index, shared", [(0, None), (1, None), (1, "attn")],
-                         ids=["trunk", "expert", "expert-shared-attn"])
-def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shared):
+# expert-tail-stats: the router statistics span every step (tailstats.py), so the kill lands while they gather
+@pytest.mark.parametrize("index, shared, stats", [(0, None, None), (1, None, None), (1, "attn", None), (1, None, TOKENS)],
+                         ids=["trunk", "expert", "expert-shared-attn", "expert-tail-stats"])
+def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shared, stats):
     a = copy_run(trained_run, tmp_path / "a")
     b = copy_run(trained_run, tmp_path / "b")
     rda = RunDir(a)
     target = rda.module_file(index)
     target.rename(target.with_suffix(".old"))  # a module file after the kill would mean the run finished
-    assert _kill_after_first_checkpoint(a, index, ["--shared", shared] if shared else []) == -signal.SIGKILL
+    extra = (["--shared", shared] if shared else []) + (["--stats-tokens", str(stats)] if stats else [])
+    assert _kill_after_first_checkpoint(a, index, extra) == -signal.SIGKILL
     assert not target.exists(), "the process finished before it was killed"
     if shared:  # the checkpoint holds the private trunk copies and their AdamW state
         ck = load_file(rda.checkpoint_dir(index) / "state.safetensors")
         assert {f"{k}.layers.1.attn_q.weight" for k in ("param", "exp_avg", "exp_avg_sq", "step")} <= ck.keys()
+    if stats:  # the statistics gathered so far are in the checkpoint
+        ck = load_file(rda.checkpoint_dir(index) / "state.safetensors")
+        assert int(ck["tailstats.count"][0]) > 0 and ck["tailstats.sum.0"].abs().sum() > 0
     target.with_suffix(".old").rename(target)  # experts need their trunk back to resume
 
     def train(run, tokens=TOKENS):
         if index == 0:
             return train_trunk(run, preset="tiny", options=TrainOptions(tokens=tokens, ckpt_every=CKPT_EVERY,
                                                                           eval_every=EVAL_EVERY), progress=False)
-        return train_expert(run, index, options=TrainOptions(tokens=tokens, ckpt_every=CKPT_EVERY, shared=shared),
-                            progress=False)
+        return train_expert(run, index, options=TrainOptions(tokens=tokens, ckpt_every=CKPT_EVERY, shared=shared,
+                                                             stats_tokens=stats), progress=False)
 
     # A checkpoint made for another token budget is refused (and left alone), with the way out.
     with pytest.raises(MfggufError, match="different train.*--restart"):
@@ -85,3 +90,5 @@ def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shar
         assert torch.equal(ta[k], tb[k]), k
     # (file sha256s may differ: safetensors writes header metadata in hash-map order)
     assert not rda.checkpoint_dir(index).exists()  # removed once the module is written
+    if index:
+        assert resumed["router_stats_count"] == whole["router_stats_count"] == (stats or 4 * 4096) // 512 * 512
