@@ -60,10 +60,14 @@ def extend_cmd(
     remove: str = typer.Option(None, "--remove", help="Experts to remove by position, e.g. 2 or 1,4 (1..N in the file's order; `inspect` lists slot K-1)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     threads: int = typer.Option(None, "--threads", help="Quantizer threads (default: all cores)."),
+    keep_routing: bool = typer.Option(False, "--keep-routing", help="Keep the router rows of the experts already in"
+                                      " the file; only added experts get new rows."),
 ):
-    r = extend(model, out, add=add, experts=parse_experts(experts), remove=_slots(remove), force=force, threads=threads)
+    r = extend(model, out, add=add, experts=parse_experts(experts), remove=_slots(remove), force=force, threads=threads,
+               keep_routing=keep_routing)
+    how = "rows kept, new ones from" if keep_routing else "recomputed from"
     typer.echo(f"wrote {r['path']}: {r['experts']} experts ({r['added']} added, {r['removed']} removed), router"
-               f" {r['router']} recomputed from {r['sources']} source{'s' * (r['sources'] != 1)}, "
+               f" {r['router']} {how} {r['sources']} source{'s' * (r['sources'] != 1)}, "
                f"{r['bytes'] / 1e6:.1f} MB in {r['seconds']:.1f} s")
 
 

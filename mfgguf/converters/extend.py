@@ -58,7 +58,7 @@ from .layout import Module, PooledStatsNeeded, Slot, header_bytes, load_module, 
     write_header
 from .merge import open_checked
 from .readback import verify
-from .router import RouterBuilder
+from .router import RouterBuilder, keep_rows
 from .routerstats import StatsBlock, block_start, read_f32, with_offset
 from .schema import (ALIGNMENT, QTYPE_BY_ID, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS, RS_SOURCE_COUNTS, RS_SOURCES,
                      blk)
@@ -71,7 +71,8 @@ COPY_BYTES = 64 << 20  # bytes per copy_file_range call
 
 
 def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int] | None = None,
-           remove: list[int] | None = None, force: bool = False, threads: int | None = None) -> dict:
+           remove: list[int] | None = None, force: bool = False, threads: int | None = None,
+           keep_routing: bool = False) -> dict:
     """Add experts trained later against the same trunk to a finished MoE GGUF, or remove experts
     from it, without the original modules and without retraining: the router is recomputed in closed
     form from the statistics `assemble` recorded in the file. --add RUN takes the experts of RUN
@@ -79,7 +80,9 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
     K-th experts (1..N in the file's order: `mfgguf inspect`'s slot K-1; removal first, then additions).
     Existing experts are copied byte for byte, only new ones are quantized, one tensor at a time.
     Removing what was added gives back the original file. An existing OUT is replaced only with
-    --force.
+    --force. --keep-routing leaves the experts already in the file their router rows exactly (tokens
+    rank them as before) and puts an added expert's closed-form row on their scale, instead of
+    recomputing every row: a domain opted in or out moves the others less.
 
     Example:
         mfgguf extend model.gguf --add RUN2 --experts 1 -o model4.gguf
@@ -105,7 +108,7 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
         with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
             fd = os.open(tmp, os.O_RDWR)
             try:
-                _write(p, fin.fileno(), fd, threads or Q.default_threads())
+                _write(p, fin.fileno(), fd, threads or Q.default_threads(), keep_routing)
             finally:
                 os.close(fd)
             verify(p, tmp)
@@ -113,7 +116,7 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
             os.umask(m)
             os.chmod(tmp, 0o644 & ~m)
     return {"path": str(out), "bytes": p.total_size, "experts": len(p.slot_of), "added": len(p.new),
-            "removed": src.n - len(keep), "router": src.router, "sources": len(p.sources),
+            "removed": src.n - len(keep), "router": src.router, "sources": len(p.sources), "keep_routing": keep_routing,
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -367,7 +370,7 @@ def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
     return p
 
 
-def _write(p: _Plan, fin: int, fd: int, threads: int) -> None:
+def _write(p: _Plan, fin: int, fd: int, threads: int, keep_routing: bool = False) -> None:
     src, N = p.src, len(p.slot_of)
     write_header(fd, p.header, p.data_offset)
     _preallocate(fd, p.total_size)
@@ -430,6 +433,9 @@ def _write(p: _Plan, fin: int, fd: int, threads: int) -> None:
             rb.add_mean(q, l, mu[q, l], int(counts[q]))
     for l, w in enumerate(rb.finish()):  # w: (N, dim) f32
         s = _slot(p, blk(l, "ffn_gate_inp"))
+        if keep_routing:
+            t = p.old[s.name]
+            w = keep_rows(w, read_f32(fin, src.h.data_offset + t.offset, (src.n, src.D)), p.slot_of)
         pwrite_all(fd, Q.quantize(w, s.qtype), p.data_offset + s.offset)
         written[s.name] += s.nbytes
     short = [s.name for s in p.slots if written[s.name] != s.nbytes]

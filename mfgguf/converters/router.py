@@ -128,6 +128,30 @@ class RouterBuilder:
         return (R * _scale(R, mu)).astype(np.float32)
 
 
+def keep_rows(R: np.ndarray, old: np.ndarray, slot_of: list[int | None]) -> np.ndarray:
+    """One layer's rows after experts were added or removed, leaving the kept experts' routing alone.
+
+    R (N, D): the rows recomputed for the new set of experts; old (N_old, D): the rows the file had;
+    slot_of[q]: the old slot of new slot q, None for an added expert. Kept experts keep their old rows
+    exactly, so tokens are ranked among them as before; an added expert's row is R's times the
+    factor that best maps R's kept rows onto their old ones (least squares), so its logits are on
+    the old rows' scale.
+
+    Example:
+        >>> keep_rows(np.eye(3, 4) * 2, np.eye(2, 4), [0, 1, None])[2]  # the added row, at the old scale
+        array([0., 0., 1., 0.], dtype=float32)
+    """
+    kept = [q for q, o in enumerate(slot_of) if o is not None]
+    out = R.astype(np.float64)
+    if kept:
+        a, b = out[kept], old[[slot_of[q] for q in kept]].astype(np.float64)  # (K, D) each
+        den = float((a * a).sum())
+        alpha = float((a * b).sum()) / den if den > 0 else 1.0
+        out = out * (alpha if alpha > 0 else 1.0)
+        out[kept] = b
+    return out.astype(np.float32)
+
+
 def _scale(R: np.ndarray, mu: np.ndarray) -> float:
     """Factor that makes the average own-vs-others logit margin at the shard means MARGIN_NATS."""
     N = len(R)

@@ -51,6 +51,33 @@ def test_adding_an_expert_writes_the_file_assembly_writes(syn, files, tmp_path):
     assert (tmp_path / "x.gguf").read_bytes() == files["1234"].read_bytes()
 
 
+def test_keep_routing_leaves_the_old_rows_and_scales_the_new_one(syn, files, tmp_path):
+    """--keep-routing: the experts already in the file keep their router rows byte for byte; the added one
+    gets the closed-form row on their scale; removing it the same way gives back the original file."""
+    x = tmp_path / "x.gguf"
+    r = extend(files["123"], x, add=syn, experts=[4], keep_routing=True)
+    assert r["keep_routing"] and r["experts"] == 4
+    old, new, full = _rows(files["123"]), _rows(x), _rows(files["1234"])
+    for l in old:
+        assert new[l][:3].tobytes() == old[l].tobytes()
+        alpha = float(new[l][3] @ full[l][3]) / float(full[l][3] @ full[l][3])
+        np.testing.assert_allclose(new[l][3], alpha * full[l][3], rtol=1e-5, atol=1e-7)
+        assert alpha > 0 and not np.allclose(new[l][:3], full[l][:3])  # the recomputed file moved the old rows
+    back = tmp_path / "back.gguf"
+    extend(x, back, remove=[4], keep_routing=True)
+    assert back.read_bytes() == files["123"].read_bytes()
+    r = CliRunner().invoke(app, ["extend", str(files["123"]), "--add", str(syn), "--experts", "4", "-o",
+                                 str(tmp_path / "y.gguf"), "--keep-routing"])
+    assert r.exit_code == 0 and "rows kept" in r.output and (tmp_path / "y.gguf").read_bytes() == x.read_bytes()
+
+
+def _rows(path) -> dict[int, np.ndarray]:
+    import gguf
+
+    return {int(t.name.split(".")[1]): np.array(t.data, np.float32) for t in gguf.GGUFReader(path).tensors
+            if t.name.endswith("ffn_gate_inp.weight")}
+
+
 def test_centroid_router_extends_too(syn, tmp_path):
     a, b = tmp_path / "c123.gguf", tmp_path / "c1234.gguf"
     assemble(syn, a, experts=[1, 2, 3], router="centroid", progress=False)
@@ -299,6 +326,23 @@ def real(trained_run, tmp_path_factory):
     four = d / "four.gguf"
     extend(three, four, add=run2)
     return trained_run, run2, three, four, domain
+
+
+def test_keep_routing_moves_the_old_domains_less(real, tmp_path):
+    """--keep-routing on the same fourth expert: the new domain still gains, and the three old domains
+    move less than with the recomputed router (their tokens are ranked among the old experts as before;
+    only the new row can take them)."""
+    from mfgguf.runtime.perplexity import perplexity_by_domain
+
+    run, run2, three, four, new = real
+    kept = tmp_path / "kept.gguf"
+    extend(three, kept, add=run2, keep_routing=True)
+    held = {**RunDir(run).heldout_tokens(cap=4096), **RunDir(run2).heldout_tokens(cap=4096)}
+    ppl = {f.stem: {d: x["ppl"] for d, x in perplexity_by_domain(f, held)["domains"].items()} for f in (three, four, kept)}
+    move = {f: {d: ppl[f][d] / ppl["three"][d] - 1 for d in ("python", "english", "c")} for f in ("four", "kept")}
+    print(json.dumps({"ppl": ppl, "move": move}))
+    assert ppl["kept"][new] < 0.97 * ppl["three"][new], ppl
+    assert max(map(abs, move["kept"].values())) < max(map(abs, move["four"].values())), move
 
 
 def test_a_fourth_expert_on_a_new_domain(real):
