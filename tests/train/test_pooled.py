@@ -28,7 +28,8 @@ def _cli(*args):
 
 def test_pooled_equals_the_experts_own_second_moments_pooled_by_count(trained_run):
     """G = sum_i n_i M_i / sum_i n_i, each M_i measured on trunk + expert i over its shard (what module format 1
-    stored per expert), and the pass sees the very tokens each expert's recorded mean came from."""
+    stored per expert), over as many tokens as each expert's recorded mean (the very tokens, for a
+    `--stats-from pass` expert)."""
     rd = RunDir(trained_run)
     cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
     pooled = json.loads(rd.router_stats_meta.read_text())
@@ -44,8 +45,11 @@ def test_pooled_equals_the_experts_own_second_moments_pooled_by_count(trained_ru
         assert st.n == meta["router_stats_count"]
         t, own = st.tensors(), load_file(rd.module_file(i))
         for l in range(cfg.n_layers):
-            np.testing.assert_allclose(t[f"{STATS_PREFIX}blk.{l}.mean"].numpy(), own[f"{STATS_PREFIX}blk.{l}.mean"],
-                                       rtol=1e-3, atol=1e-3)
+            a, b = t[f"{STATS_PREFIX}blk.{l}.mean"].numpy(), own[f"{STATS_PREFIX}blk.{l}.mean"]
+            if meta["router_stats_from"] == "pass":
+                np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+            else:  # gathered by training's last steps (tailstats.py): other windows, the same quantity
+                assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.98, (i, l)
             G[l] += st.n * t[f"{STATS_PREFIX}blk.{l}.second_moment"].double().numpy()
         n += st.n
     got = load_file(rd.router_stats)
