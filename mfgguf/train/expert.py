@@ -35,6 +35,7 @@ from . import shared as sh
 from .base_score import reference_heldout
 from .loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
                    resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
+from .driver import smooth
 from .rounds import round_end
 from .stats import RouterStats, stats_tokens
 from .tailstats import TailStats, tail_steps
@@ -264,7 +265,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
     t1 = time.perf_counter()
     if tail is not None:  # the training steps' own FFN inputs; the shard loss is theirs too
-        stats, shard_loss = tail.stats, mean_loss(res.history[tail.first_step:])
+        stats, shard_loss = tail.stats, smooth(res.history, res.steps - tail.first_step)
     else:
         stats = RouterStats(cfg.n_layers, cfg.dim)
         shard_loss, _ = evaluate(model, data, stats_tokens(asdict(tc)), route, dev, prec, hook=stats.hook)
@@ -303,11 +304,6 @@ def _tail(cfg: ModelConfig, tc, steps: int) -> TailStats | None:
     if tc.stats_from == "pass":
         return None
     return TailStats(cfg.n_layers, cfg.dim, steps - tail_steps(stats_tokens(asdict(tc)), tc.batch_size * cfg.ctx_len, steps))
-
-
-def mean_loss(history: list) -> float:
-    """Mean of the step losses in `history` ([[step, tokens, loss], ...])."""
-    return float(sum(h[2] for h in history) / len(history)) if history else float("nan")
 
 
 def _round(rd: RunDir, trunk: dict, tc, i: int) -> int:
