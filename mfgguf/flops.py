@@ -77,7 +77,7 @@ def _cfg(cfg) -> ModelConfig:
 
 
 def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
-          expert_layers: Collection[int] | None = None) -> StepFlops:
+          layers: Collection[int] | None = None) -> StepFlops:
     """Walk the forward graph in order; `live` = the residual stream depends on a trained tensor."""
     C, L, V, H, KV, hd = cfg.dim, cfg.n_layers, cfg.vocab_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     keys = (cfg.ctx_len + 1) / 2 if causal else cfg.ctx_len  # keys per query, mean over a window
@@ -113,7 +113,7 @@ def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
         f_in = live or t("ffn_norm")
         out = swiglu(cfg.anchor_ff, (t("ffn_gate_shexp"), t("ffn_up_shexp"), t("ffn_down_shexp")), f_in)
         if with_expert or cfg.seed_expert:  # an expert job's expert, or the trunk's seed FFN (trains with it)
-            e = expert_layers is None or l in expert_layers  # elsewhere the expert runs frozen (--expert-layers)
+            e = layers is None or l in layers  # elsewhere the expert runs frozen (--expert-layers)
             out = swiglu(cfg.expert_ff, (e, e, e), f_in) or out
         live = live or f_in or out
     mm(C * V, "output.weight" in trained, live or "output_norm.weight" in trained)
