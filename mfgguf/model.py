@@ -79,6 +79,9 @@ class Block(nn.Module):
         self.router = nn.Parameter(torch.zeros(n_experts, cfg.dim), requires_grad=False) if n_experts else None
         # Trainable router rows appended below `router` (a complementing expert's own row: train/complement.py).
         self.register_parameter("router_learned", None)
+        # Divide the selected gates by their sum held constant: the same forward, and a gradient for the
+        # router under top-1, whose renormalised weight is exactly 1 (train/router_tune.py).
+        self.straight_through_gates = False
 
     def attention(self, x, cos, sin):  # x: (B, T, C)
         B, T, _ = x.shape
@@ -101,7 +104,8 @@ class Block(nn.Module):
         rows = self.router if self.router_learned is None else torch.cat([self.router, self.router_learned])  # (E, C)
         probs = F.softmax(x.float() @ rows.float().T, dim=-1)  # (B, T, E)
         w, idx = probs.topk(k, dim=-1)  # (B, T, k)
-        w = w / w.sum(-1, keepdim=True)
+        s = w.sum(-1, keepdim=True)  # (B, T, 1)
+        w = w / (s.detach() if self.straight_through_gates else s)
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
             sel = (idx == e)  # (B, T, k)

@@ -1,4 +1,5 @@
-"""CLI verb `calibrate`: top-k, router temperature and per-expert bias chosen on training tokens, written into a GGUF."""
+"""CLI verbs that retune a finished GGUF's routing on training tokens: `calibrate` (top-k, temperature, bias by
+search) and `tune-router` (the router rows by gradient steps)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 
 from ..converters.calibrate import CalibrationGrid, calibrate
 from ..errors import MfggufError
+from ..train.router_tune import RouterTuning, tune_router
 from .app import command
 
 
@@ -58,3 +60,34 @@ def calibrate_cmd(
     b = "none" if not any(c["bias"]) else ",".join(f"{v:+g}" for v in c["bias"])
     typer.echo(f"wrote {r['path']}: top-{c['top_k']}, temperature {c['temperature']:g}, bias {b}; calibration sample"
                f" ({r['tokens']} training tokens) ppl {r['ppl_before']:.4f} -> {r['ppl_after']:.4f}")
+
+
+@command("tune-router", tune_router)
+def tune_router_cmd(
+    model: Path = typer.Argument(..., help="A MoE .gguf written by `mfgguf assemble`."),
+    run: Path = typer.Option(..., "--run", help="The RUN it was assembled from (its experts' shards are the data)."),
+    out: Path = typer.Option(..., "-o", "--out", help="The tuned .gguf to write (MODEL itself with --force)."),
+    tokens: int = typer.Option(None, "--tokens", help="Tuning tokens in all (default: 1% of the experts' training tokens)."),
+    epochs: int = typer.Option(RouterTuning.epochs, "--epochs", help="Passes over the tuning windows."),
+    lr: float = typer.Option(RouterTuning.lr, "--lr", help="Adam's learning rate on the router rows."),
+    batch_size: int = typer.Option(RouterTuning.batch_size, "--batch-size", help="Windows per step."),
+    micro_batch: int = typer.Option(RouterTuning.micro_batch, "--micro-batch", help="Windows per forward and backward (memory)."),
+    ctx: int = typer.Option(None, "--ctx", help="Tuning window (default: the experts' training context)."),
+    val_tokens: int = typer.Option(RouterTuning.val_tokens, "--val-tokens", help="Validation tokens llama.cpp scores before and after."),
+    seed: int = typer.Option(RouterTuning.seed, "--seed", help="Which tuning windows, in which order."),
+    precision: str = typer.Option(RouterTuning.precision, "--precision", help="auto (bf16 where native), bf16 or fp32."),
+    threads: int = typer.Option(None, "--threads", help="llama.cpp threads for the validation (default: all cores)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+):
+    t = RouterTuning(tokens=tokens, epochs=epochs, lr=lr, batch_size=batch_size, micro_batch=micro_batch, ctx=ctx, val_tokens=val_tokens,
+                     seed=seed, precision=precision)
+    r = tune_router(model, run, out, tuning=t, threads=threads, force=force, progress=progress)
+    if as_json:
+        typer.echo(json.dumps({k: v for k, v in r.items() if k != "history"}, indent=2))
+        return
+    what = "tuned rows kept" if r["kept"] else "tuned rows did not help: the file's router written back"
+    typer.echo(f"wrote {r['path']}: {what}; {r['steps']} steps on {r['tokens']:,} tokens in {r['tune_s']:.1f} s "
+               f"(loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}); validation ({r['val_tokens']:,} tokens) "
+               f"ppl {r['ppl_before']:.4f} -> {r['ppl_tuned']:.4f}")
