@@ -35,12 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..converters.ggufedit import copy_with_kv, read_f32, read_kv, set_f32
 from ..errors import MfggufError
 from ..run import RunDir, atomic_path, read_module_meta
-from .loop import autocast, resolve_precision
 
 TUNING_KEY = "mfgguf.router_tuning"
 VALIDATION_FRACTION = 0.1  # the tail of each shard that tuning never trains on: the keep-or-drop sample
@@ -72,9 +70,12 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
     tuning never saw (each shard's last tenth) is lower; OUT then differs from MODEL in its router
     tensors and the `mfgguf.router_tuning` record only. The held-out split is never read.
     """
+    import torch  # here, not at the top: the CLI imports this module for its defaults and must start without torch
+
     from ..reference import gguf_provenance, reference_model
     from ..runtime.llm import check_ctx, read_header
     from ..runtime.perplexity import WINDOW, perplexity
+    from .loop import autocast, resolve_precision
 
     model, out, rd, t = Path(model), Path(out), RunDir(run), tuning
     if not rd.root.is_dir():
