@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, atomic_path, read_json
-from .ggufedit import copy_with_kv, read_f32, read_kv, set_f32, set_scalar
+from .ggufedit import copy_with_kv, read_f32, read_kv, set_f32, set_scalar, write_edited
 
 CALIBRATION_KEY = "mfgguf.calibration"
 
@@ -152,11 +152,9 @@ def calibrate(model: Path, run: Path, out: Path, *, grid: CalibrationGrid = Cali
 
 
 def _write(model: Path, dst: Path, arch: str, k: int, rows: dict[str, np.ndarray], record: dict) -> None:
-    copy_with_kv(model, dst, [(f"{arch}.expert_used_count", "UINT32", k), ("mfgguf.top_k", "UINT32", k),
-                              (CALIBRATION_KEY, "STRING", json.dumps(record, sort_keys=True))])
-    set_f32(dst, rows)
-    got = read_f32(dst, list(rows))
-    if any(not np.array_equal(got[n], rows[n]) for n in rows) or int(read_kv(dst)[f"{arch}.expert_used_count"]) != k:
+    write_edited(model, dst, [(f"{arch}.expert_used_count", "UINT32", k), ("mfgguf.top_k", "UINT32", k),
+                              (CALIBRATION_KEY, "STRING", json.dumps(record, sort_keys=True))], rows, "the calibrated file")
+    if int(read_kv(dst)[f"{arch}.expert_used_count"]) != k:
         raise MfggufError(f"the calibrated file {dst} did not read back as written; check the disk and retry")
 
 

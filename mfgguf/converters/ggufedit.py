@@ -104,6 +104,16 @@ def set_f32(path: Path, tensors: dict[str, np.ndarray]) -> None:
     del r
 
 
+def write_edited(src: Path, dst: Path, updates: list[KV], tensors: dict[str, np.ndarray], what: str = "the file") -> None:
+    """Write `dst`: `src` with the key-values in `updates` and the F32 `tensors` replaced, then read the
+    tensors back; a mismatch is an error (`what` names the file in it) and the caller's temporary is dropped."""
+    copy_with_kv(src, dst, updates)
+    set_f32(dst, tensors)
+    got = read_f32(dst, list(tensors))
+    if any(not np.array_equal(got[n], tensors[n]) for n in tensors):
+        raise MfggufError(f"{what} {dst} did not read back as written; check the disk and retry")
+
+
 def set_scalar(path: Path, key: str, value) -> None:
     """Overwrite a scalar key-value of `path` in place (same type, so the header keeps its size)."""
     r = _reader(path, "r+")

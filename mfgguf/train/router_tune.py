@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..converters.ggufedit import copy_with_kv, read_f32, read_kv, set_f32
+from ..converters.ggufedit import copy_with_kv, read_f32, read_kv, set_f32, write_edited
 from ..errors import MfggufError
 from ..run import RunDir, atomic_path, read_module_meta
 
@@ -84,10 +84,9 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
         raise MfggufError(f"{model} not found; pass a MoE .gguf written by `mfgguf assemble`")
     if out.is_dir():
         raise MfggufError(f"{out} is a directory; give a file name such as {out / 'tuned.gguf'}")
-    if out.exists() and not force and out.resolve() != model.resolve():
-        raise MfggufError(f"{out} already exists; pass --force to overwrite it")
-    if out.exists() and out.resolve() == model.resolve() and not force:
-        raise MfggufError(f"-o {out} is MODEL itself; pass --force to rewrite it in place")
+    if out.exists() and not force:
+        raise MfggufError(f"-o {out} is MODEL itself; pass --force to rewrite it in place" if out.resolve() == model.resolve()
+                          else f"{out} already exists; pass --force to overwrite it")
     for name, v in (("--epochs", t.epochs), ("--batch-size", t.batch_size), ("--micro-batch", t.micro_batch),
                     ("--val-tokens", t.val_tokens)):
         if v < 1:
@@ -98,10 +97,9 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
     experts = prov["experts"]
     if len(experts) + prov["complement"] < 2:
         raise MfggufError(f"{model} routes {len(experts) + prov['complement']} FFN; router tuning needs a MoE GGUF with 2+ experts")
-    _check_modules(rd, model, experts)
-    metas = {i: read_module_meta(rd, i) for i in experts}
-    ctx = int(t.ctx or read_module_meta(rd, 0)["config"]["ctx_len"])
-    budget = t.tokens if t.tokens is not None else sum(int(m.get("tokens_seen") or 0) for m in metas.values()) // 100
+    metas = _checked_metas(rd, model, experts)  # {0: trunk, i: expert i}
+    ctx = int(t.ctx or metas[0]["config"]["ctx_len"])
+    budget = t.tokens if t.tokens is not None else sum(int(metas[i].get("tokens_seen") or 0) for i in experts) // 100
     if budget < 1:
         raise MfggufError(f"--tokens {budget} is too small; pass a positive number of tuning tokens")
     header = read_header(model)
@@ -168,11 +166,7 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
     final = tuned if kept else before_rows
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
-        copy_with_kv(model, tmp, [(TUNING_KEY, "STRING", json.dumps(record, sort_keys=True))])
-        set_f32(tmp, final)
-        got = read_f32(tmp, names)
-        if any(not np.array_equal(got[n], final[n]) for n in names):
-            raise MfggufError(f"the tuned file {tmp} did not read back as written; check the disk and retry")
+        write_edited(model, tmp, [(TUNING_KEY, "STRING", json.dumps(record, sort_keys=True))], final, "the tuned file")
         os.chmod(tmp, 0o644)
     return {"path": str(out), "model": str(model), "kept": kept, "ppl_before": before["ppl"],
             "ppl_tuned": after["ppl"], "ppl_after": after["ppl"] if kept else before["ppl"],
@@ -209,19 +203,23 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
     return np.stack(wins), np.concatenate(vals)
 
 
-def _check_modules(rd: RunDir, model: Path, experts: list[int]) -> None:
-    """The RUN's modules must be the very ones the file was built from (its recorded sha256s)."""
+def _checked_metas(rd: RunDir, model: Path, experts: list[int]) -> dict[int, dict]:
+    """The metadata of the trunk (0) and `experts`, which must be the very modules the file was built from
+    (its recorded sha256s)."""
     shas = read_kv(model).get("mfgguf.module_sha256") or []
     if len(shas) != len(experts) + 1:
         raise MfggufError(f"{model} does not record the modules it was built from (mfgguf.module_sha256); "
                           "re-assemble it with `mfgguf assemble`")
+    metas = {}
     for i, sha in zip([0, *experts], shas):
         path = rd.module_meta(i)
         if not path.is_file():
             raise MfggufError(f"{path} is missing; pass the RUN the model was assembled from")
-        if read_module_meta(rd, i).get("sha256") != sha:
+        metas[i] = read_module_meta(rd, i)
+        if metas[i].get("sha256") != sha:
             what = "the trunk" if i == 0 else f"expert {i}"
             raise MfggufError(f"{what} in {rd.root} is not the one {model} was assembled from; pass the right --run")
+    return metas
 
 
 def _bar(progress: bool, total: int):
