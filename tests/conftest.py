@@ -42,6 +42,18 @@ def trained_run(prepared_run, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def f32_moe(trained_run, tmp_path_factory) -> tuple[Path, Path]:
+    """(RUN copy, its f32 granitemoe GGUF with top-1) from the session's really trained tiny run; one per test
+    module, so a module may change both."""
+    from mfgguf.converters.assemble import assemble
+
+    root = copy_run(trained_run, tmp_path_factory.mktemp("moe") / "run")
+    gguf = root.parent / "model.gguf"
+    assemble(root, gguf, quant="f32", progress=False)
+    return root, gguf
+
+
 def copy_run(src: Path, dst: Path) -> Path:
     """Copy a RUN directory (without checkpoints) so a test may modify it."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoints"))

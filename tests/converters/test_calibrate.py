@@ -25,15 +25,6 @@ CTX = 32
 GRID = CalibrationGrid(top_k=(1, 2), temperature=(0.5, 1.0), bias=(1.0,))
 
 
-@pytest.fixture(scope="module")
-def moe(trained_run, tmp_path_factory):
-    """(RUN copy, its f32 granitemoe GGUF with top-1) from the session's really trained tiny run."""
-    root = copy_run(trained_run, tmp_path_factory.mktemp("calib") / "run")
-    gguf = root.parent / "model.gguf"
-    assemble(root, gguf, quant="f32", progress=False)
-    return root, gguf
-
-
 _OPENED: list[str] | None = None
 
 
@@ -45,9 +36,9 @@ def _audit(event, args):  # records every path Python opens while a test sets _O
 sys.addaudithook(_audit)
 
 
-def test_calibration_never_reads_heldout_and_writes_what_llama_runs(moe, tmp_path):
+def test_calibration_never_reads_heldout_and_writes_what_llama_runs(f32_moe, tmp_path):
     global _OPENED
-    run, gguf = moe
+    run, gguf = f32_moe
     run = copy_run(run, tmp_path / "run")
     heldout = RunDir(run).heldout_dir
     assert any(heldout.glob("*.npy"))
@@ -89,9 +80,9 @@ def test_calibration_never_reads_heldout_and_writes_what_llama_runs(moe, tmp_pat
     assert math.exp(perplexity(gguf, sample, ctx=CTX)["nll"]) == pytest.approx(rec["ppl_before"], rel=1e-6)
 
 
-def test_temperature_folds_into_the_router(moe, tmp_path):
+def test_temperature_folds_into_the_router(f32_moe, tmp_path):
     """R / t at top-2 changes llama.cpp's output; at top-1 (selected weight renormalised to 1) it does not."""
-    run, gguf = moe
+    run, gguf = f32_moe
     names = [f"blk.{l}.ffn_gate_inp.weight" for l in range(2)]
     R = read_f32(gguf, names)
     ids = training_sample(RunDir(run), CTX, CTX).tolist()
@@ -108,9 +99,9 @@ def test_temperature_folds_into_the_router(moe, tmp_path):
     assert np.abs(logits(2, 0.5) - logits(2, 1.0)).max() > 1e-3
 
 
-def test_copy_is_byte_identical_and_weight_keys_are_ignored_by_granitemoe(moe, tmp_path):
+def test_copy_is_byte_identical_and_weight_keys_are_ignored_by_granitemoe(f32_moe, tmp_path):
     """Why `expert_weights_scale`/`_norm`/`expert_gating_func` are not calibrated: llama.cpp's granitemoe ignores them."""
-    _, gguf = moe
+    _, gguf = f32_moe
     same = tmp_path / "same.gguf"
     copy_with_kv(gguf, same, [])
     assert same.read_bytes() == gguf.read_bytes()
@@ -132,8 +123,8 @@ def _cli(*args):
     return r.exit_code, r.output
 
 
-def test_cli_bad_input_is_one_line_and_writes_nothing(moe, tmp_path):
-    run, gguf = moe
+def test_cli_bad_input_is_one_line_and_writes_nothing(f32_moe, tmp_path):
+    run, gguf = f32_moe
     out = tmp_path / "cal.gguf"
     code, text = _cli(gguf, "--run", tmp_path / "nope", "-o", out)
     assert code == 1 and text.count("\n") == 1 and "RUN directory not found" in text and "Traceback" not in text
@@ -149,8 +140,8 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(moe, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.gguf"]  # no scratch or temporary file left
 
 
-def test_cli_calibrates(moe, tmp_path):
-    run, gguf = moe
+def test_cli_calibrates(f32_moe, tmp_path):
+    run, gguf = f32_moe
     out = tmp_path / "cal.gguf"
     code, text = _cli(gguf, "--run", run, "-o", out, "--top-k", "1,2", "--temperature", "1", "--bias", "none",
                       "--tokens", 2 * CTX, "--ctx", CTX, "--threads", 2, "--quiet")
@@ -161,9 +152,9 @@ def test_cli_calibrates(moe, tmp_path):
     assert rec["bias"] == [0.0, 0.0, 0.0] and rec["bias_direction"] is None and rec["top_k"] in (1, 2)
 
 
-def test_mixtral_layout_and_dense_model(moe, tmp_path):
+def test_mixtral_layout_and_dense_model(f32_moe, tmp_path):
     """The llama-arch (mixtral) layout calibrates the same way; a dense file is refused in one line."""
-    run, _ = moe
+    run, _ = f32_moe
     mix, dense = tmp_path / "mix.gguf", tmp_path / "dense.gguf"
     assemble(run, mix, quant="f32", layout="mixtral", progress=False)
     r = calibrate(mix, run, tmp_path / "mix-cal.gguf", grid=CalibrationGrid(top_k=(2,), temperature=(1.0,), bias=()),

@@ -23,17 +23,8 @@ from tests.conftest import copy_run
 TUNE = RouterTuning(tokens=2048, epochs=2, lr=1e-2, batch_size=4, ctx=32, val_tokens=512, val_ctx=64)
 
 
-@pytest.fixture(scope="module")
-def moe(trained_run, tmp_path_factory):
-    """(RUN copy, its f32 top-1 GGUF) from the session's really trained tiny run."""
-    root = copy_run(trained_run, tmp_path_factory.mktemp("tune") / "run")
-    gguf = root.parent / "model.gguf"
-    assemble(root, gguf, quant="f32", progress=False)
-    return root, gguf
-
-
-def test_straight_through_gate_same_forward_and_a_router_gradient_under_top1(moe):
-    run, gguf = moe
+def test_straight_through_gate_same_forward_and_a_router_gradient_under_top1(f32_moe):
+    run, gguf = f32_moe
     net, route = reference_model(run, gguf)
     assert net.cfg.top_k == 1
     idx = torch.from_numpy(np.load(RunDir(run).shard(1))[:33].astype(np.int64))[None]  # (1, 33)
@@ -52,8 +43,8 @@ def test_straight_through_gate_same_forward_and_a_router_gradient_under_top1(moe
     assert grads[True][1].norm() > 1e-4
 
 
-def test_tuned_file_differs_in_router_rows_only_and_never_reads_heldout(moe, tmp_path):
-    run, gguf = moe
+def test_tuned_file_differs_in_router_rows_only_and_never_reads_heldout(f32_moe, tmp_path):
+    run, gguf = f32_moe
     run = copy_run(run, tmp_path / "run")
     heldout = RunDir(run).heldout_dir
     away = tmp_path / "heldout-away"
@@ -85,16 +76,16 @@ def test_tuned_file_differs_in_router_rows_only_and_never_reads_heldout(moe, tmp
             assert np.array_equal(np.asarray(ta.data), np.asarray(tb.data)), ta.name
 
 
-def test_the_loss_falls_on_the_tuning_windows(moe, tmp_path):
-    run, gguf = moe
+def test_the_loss_falls_on_the_tuning_windows(f32_moe, tmp_path):
+    run, gguf = f32_moe
     # one step an epoch over all 16 windows: history[k] is the objective itself before the k-th update
     t = RouterTuning(tokens=512, epochs=8, lr=1e-2, batch_size=16, micro_batch=4, ctx=32, val_tokens=256, val_ctx=64)
     h = tune_router(gguf, run, tmp_path / "t.gguf", tuning=t, threads=2, progress=False)["history"]
     assert len(h) == 8 and h[-1] < h[0] - 1e-3, h
 
 
-def test_cli_refuses_in_one_line(moe, tmp_path):
-    run, gguf = moe
+def test_cli_refuses_in_one_line(f32_moe, tmp_path):
+    run, gguf = f32_moe
     cli = CliRunner()
     out = tmp_path / "x.gguf"
     out.write_bytes(b"user's file")
@@ -117,8 +108,8 @@ def test_cli_refuses_in_one_line(moe, tmp_path):
     assert not (tmp_path / "z.gguf").exists() and not (tmp_path / "y.gguf").exists()
 
 
-def test_cli_writes_and_reports(moe, tmp_path):
-    run, gguf = moe
+def test_cli_writes_and_reports(f32_moe, tmp_path):
+    run, gguf = f32_moe
     out = tmp_path / "tuned.gguf"
     r = CliRunner().invoke(app, ["tune-router", str(gguf), "--run", str(run), "-o", str(out), "--tokens", "1024",
                                  "--epochs", "1", "--ctx", "32", "--val-tokens", "256", "--no-progress", "--json"])
