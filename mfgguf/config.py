@@ -111,8 +111,8 @@ class TrainConfig:
     #                       longer bit-identical to an uninterrupted one (loss ~1e-6 apart), so it is opt-in
     rounds: int = 1  # experts: sync rounds R (with shared); the schedule is cut into R equal parts, `mfgguf sync`
     #                  between them; 1 = no communication between experts (the original contract)
-    complement: bool = False  # experts: complement the seed: train as a two-way MoE of [frozen seed FFN, own FFN
-    #                           from the seed] with a learned router row; assembly routes the seed as expert 0
+    complement: bool = False  # experts: complement the seed: train as a two-way MoE of (frozen seed FFN, own FFN
+    #                           from the seed) with a learned router row; assembly routes the seed as expert 0
     schedule: str = "cosine"  # LR schedule: cosine (warm-up, cosine decay) or wsd (warm-up, stable at lr, then a 1-sqrt
     #                           cooldown); a wsd trunk keeps its state where the cooldown begins (the branch point) and
     #                           wsd experts start from it at its LR with no warm-up

@@ -70,3 +70,22 @@ def test_parse_experts():
     for bad in ("a-b", "3-1", "1,x"):
         with pytest.raises(MfggufError, match="ranges such as"):
             parse_experts(bad)
+
+
+def test_no_help_text_is_eaten_as_rich_markup():
+    # typer renders help through rich, which drops "[lower-case ...]" as a style tag: the user sees a hole
+    import re
+
+    import typer.main
+
+    tag = re.compile(r"(?<!\\)\[[a-z#/@][^[]*?]")
+
+    def texts(cmd, path):
+        yield path, cmd.help or ""
+        for p in cmd.params:
+            yield f"{path} {p.name}", getattr(p, "help", None) or ""
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from texts(sub, f"{path} {name}")
+
+    eaten = [(where, m.group(0)) for where, t in texts(typer.main.get_command(app), "mfgguf") for m in tag.finditer(t)]
+    assert eaten == []

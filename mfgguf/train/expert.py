@@ -173,8 +173,8 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     + attention; the whole trunk), at peak LR lr * --shared-lr-scale, stored in the module file as
     shared.<trunk tensor name> for assembly (or `mfgguf sync`) to merge. Default none: the FFN only.
 
-    --complement trains the expert as a two-way MoE of [the frozen seed FFN, its own FFN starting
-    from the seed], gated as the assembled file gates (softmax, top-2 of 2), with the seed's router
+    --complement trains the expert as a two-way MoE of (the frozen seed FFN, its own FFN starting
+    from the seed), gated as the assembled file gates (softmax, top-2 of 2), with the seed's router
     row frozen at zero and its own row learned; assembly then routes the seed as expert 0 too.
 
     --rounds R (with --shared) cuts the schedule into R rounds: each call trains the next round and
