@@ -85,10 +85,10 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
             tok.save(str(run.tokenizer))
         rng = np.random.default_rng([seed, 5])
         # training order is shuffled once, so a reader that streams the file sees mixed domains
-        train_tokens = _write_tokens(run.train_tokens, tokens, rng.permutation(train_idx), dtype, eos)
+        train_tokens = write_tokens(run.train_tokens, tokens, rng.permutation(train_idx), dtype, eos)
         shards = []
         for i, idx in enumerate(shard_docs, 1):
-            n = _write_tokens(run.shard(i), tokens, rng.permutation(idx), dtype, eos)
+            n = write_tokens(run.shard(i), tokens, rng.permutation(idx), dtype, eos)
             comp = {}
             for j in idx:
                 comp[domains[j]] = comp.get(domains[j], 0) + len(tokens[j]) + 1
@@ -96,7 +96,7 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
         heldout = {}
         for d in sorted(set(domains[i] for i in held_idx)):
             idx = [i for i in held_idx if domains[i] == d]
-            n = _write_tokens(run.heldout(d), tokens, idx, dtype, eos)
+            n = write_tokens(run.heldout(d), tokens, idx, dtype, eos)
             run.heldout_text(d).write_text("\n\n".join(docs[i].text for i in idx), encoding="utf-8")
             heldout[d] = {"docs": len(idx), "tokens": n}
         if partition == "cluster":
@@ -196,7 +196,7 @@ def _tokenize(tok, texts: list[str], dtype, progress: bool) -> list[np.ndarray]:
         return list(encode_documents(tok, texts, dtype=dtype, on_batch=on_batch))
 
 
-def _write_tokens(path: Path, tokens: list[np.ndarray], order, dtype, eos: int = EOS_ID) -> int:
+def write_tokens(path: Path, tokens: list[np.ndarray], order, dtype, eos: int = EOS_ID) -> int:
     """Docs in `order`, each followed by EOS, into one .npy (written in place via a memmap)."""
     order = list(order)
     total = sum(len(tokens[i]) + 1 for i in order)

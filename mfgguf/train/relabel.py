@@ -1,0 +1,292 @@
+"""`mfgguf relabel`: one EM round over the partition, the experts choosing their own documents.
+
+SmallTalk LM trains its experts on clusters and then reassigns every document to the expert whose
+model predicts it best, by the loss on the document's first tokens (the same prefix a router sees
+first). Here the trained experts of RUN score every document of their shards (trunk + that one
+expert, forward only, one expert in memory at a time), data/relabel.py assigns each to the best
+expert under a capacity, and a new RUN is written with the new shards and RUN's trunk, tokenizer,
+training mix and held-out split (hard links where possible): train its experts again there, then
+`router-stats` and `assemble` as usual. Shards of experts not selected are carried over unchanged.
+
+Example:
+    >>> relabel(Path("RUN"), Path("RUN-em"), experts=[1, 2, 4, 5])["relabel"]["moved_docs"]
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..data.prepare import write_tokens
+from ..data.relabel import assign_balanced, documents
+from ..errors import MfggufError
+from ..options import parse_experts
+from ..run import RunDir, finished_against, link_or_copy, module_name, read_json, read_module_meta, swap_dir_into_place, write_json
+from .expert import build_expert_model, load_trunk_meta
+from .loop import EVAL_HEAD_CHUNKS, EVAL_ROWS, LOGITS_CHUNK, autocast, load_tokens, resolve_device
+from .restat import precision_of
+from .weights import read_safetensors
+
+
+@dataclass
+class Relabelling:
+    """How documents are scored and reassigned."""
+
+    prefix: int = 256  # tokens of each document scored (SmallTalk LM routes by a 256-token prefix); shorter docs whole
+    cap: float = 1.5  # a new shard holds at most cap x the mean shard's tokens: a generalist cannot take everything
+    tokens: int | None = None  # documents drawn at random from each shard up to this many tokens are scored and
+    #                            form the new shards (the rest is left out); None = all. Scoring costs a forward per
+    #                            prefix token per expert, more than training when experts see a few % of their shard
+    keep_labels: bool = False  # the control of a study: the same draw, no scoring, every document in its old shard
+    seed: int = 0  # the new shards' document order (experts sample random windows; tune-router validates on the tail)
+
+
+def relabel(run: Path, out: Path, *, experts: str | list[int] | None = None, prefix: int = 256, cap: float = 1.5,
+            tokens: int | None = None, keep_labels: bool = False, force: bool = False, device: str = "cpu",
+            progress: bool = True) -> dict:
+    """Reassign the training documents of RUN's experts to the expert that predicts each best (one EM round,
+    as SmallTalk LM does) and write a new RUN at OUT with those shards, ready for `train-expert`.
+
+    Every document of the selected experts' shards is scored by each of them (trunk + that expert, forward only)
+    on its first PREFIX tokens; it goes to the lowest mean loss, under a capacity of CAP x the mean shard's
+    tokens placed surest-first (so no expert takes every shard). OUT gets RUN's trunk, tokenizer, base, training
+    mix and held-out split (hard-linked) and the new shards; no experts: train them there, then `router-stats`
+    and `assemble`. Its run.json records the moves (tokens from each old shard to each new one) and the mean
+    prefix loss under the old and the new assignment. Returns OUT's run.json.
+
+    Example:
+        >>> relabel(Path("RUN"), Path("RUN-em"), experts="1,2,4,5")["relabel"]["moved_docs"]
+    """
+    t0 = time.perf_counter()
+    rd, dst = RunDir(run), RunDir(out)
+    cfgr = Relabelling(prefix=int(prefix), cap=float(cap), tokens=None if tokens is None else int(tokens),
+                       keep_labels=bool(keep_labels))
+    info = rd.info()
+    ids = parse_experts(experts, int(info["n_experts"])) if not isinstance(experts, list) else experts
+    ids = list(range(1, int(info["n_experts"]) + 1)) if ids is None else [rd.check_expert_index(int(i)) for i in ids]
+    _check(rd, dst, ids, cfgr, force)
+    trunk = load_trunk_meta(rd)
+    metas = {} if cfgr.keep_labels else {i: _expert_meta(rd, trunk, i) for i in ids}  # the control scores nothing
+    cfg = ModelConfig.from_dict(trunk["config"])
+    eos = int(info["eos_id"])
+
+    shards = {i: load_tokens(rd.shard(i), f"shard {i}") for i in ids}
+    spans = [(i, s, e) for i in ids for s, e in _drawn(documents(shards[i], eos), cfgr, i)]  # (old shard, start, end)
+    weights = np.array([e - s + 1 for _, s, e in spans])  # (D,) tokens with its EOS
+    origin = np.array([ids.index(i) for i, _, _ in spans])  # (D,) column of its old shard
+    if cfgr.keep_labels:  # the control: the same draw, every document where it was
+        new, losses = origin.copy(), None
+    else:
+        prec = precision_of(next(iter(metas.values())))
+        losses = _score(rd, cfg, ids, shards, spans, cfgr.prefix, resolve_device(device), prec, progress)  # (D, E)
+        unscored = np.isnan(losses).any(axis=1)  # one-token documents: they stay where they were
+        losses[unscored] = np.inf
+        losses[unscored, origin[unscored]] = 0.0
+        new = assign_balanced(losses, weights, cfgr.cap)  # (D,) column of its new shard
+
+    record = _record(rd, ids, spans, weights, origin, new, losses, cfgr, info)
+    record["seconds"] = round(time.perf_counter() - t0, 2)
+    return _write_run(rd, dst, ids, shards, spans, new, record, info, cfgr)
+
+
+def _score(rd: RunDir, cfg: ModelConfig, ids: list[int], shards: dict, spans: list, prefix: int, dev, prec: str,
+           progress: bool) -> np.ndarray:
+    """(D, E) mean prefix loss of each document under each expert, one expert in memory at a time."""
+    model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=rd.module_file(0))
+    losses = np.full((len(spans), len(ids)), np.nan)
+    bar = _bar(progress, len(ids) * sum(min(e - s, prefix + 1) for _, s, e in spans))
+    try:
+        for col, i in enumerate(ids):
+            model.load_expert({k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
+            losses[:, col] = prefix_losses(model, shards, spans, prefix, dev, prec, bar, module_name(i))
+    finally:
+        if bar is not None:
+            bar.close()
+    return losses
+
+
+def _drawn(docs: list[tuple[int, int]], c: Relabelling, i: int) -> list[tuple[int, int]]:
+    """All of a shard's documents, or (with c.tokens) a random draw of them holding at least c.tokens tokens."""
+    if c.tokens is None:
+        return docs
+    order = np.random.default_rng([c.seed, 11, i]).permutation(len(docs))
+    sizes = np.array([e - s + 1 for s, e in docs])[order]
+    keep = order[: int(np.searchsorted(np.cumsum(sizes), c.tokens)) + 1]
+    return [docs[k] for k in sorted(keep)]
+
+
+@torch.no_grad()
+def prefix_losses(model, shards: dict, spans: list, prefix: int, dev, prec: str, bar=None, label: str = "") -> np.ndarray:
+    """(D,) mean next-token loss over each document's first `prefix` predictions (all of a shorter one's);
+    nan for a one-token document. Documents at least prefix+1 long run in batches of whole windows."""
+    model.eval()
+    out = np.full(len(spans), np.nan)
+    full = [d for d, (_, s, e) in enumerate(spans) if e - s >= prefix + 1]
+    rows = max(1, EVAL_ROWS // prefix)
+    for b in range(0, len(full), rows):
+        batch = full[b : b + rows]
+        w = np.stack([np.asarray(shards[i][s : s + prefix + 1], dtype=np.int64) for i, s, _ in (spans[d] for d in batch)])
+        out[batch] = _row_losses(model, torch.from_numpy(w).to(dev), dev, prec)  # w: (b, prefix+1)
+        _advance(bar, label, len(batch) * (prefix + 1))
+    for d, (i, s, e) in enumerate(spans):
+        if 2 <= e - s < prefix + 1:
+            w = torch.from_numpy(np.asarray(shards[i][s:e], dtype=np.int64)[None]).to(dev)  # (1, e-s)
+            out[d] = _row_losses(model, w, dev, prec)[0]
+            _advance(bar, label, e - s)
+    return out
+
+
+def _row_losses(model, w: torch.Tensor, dev, prec: str) -> np.ndarray:
+    """w (b, T+1) -> (b,) mean loss of each row's T predictions; the head a few rows at a time."""
+    b, T = w.shape[0], w.shape[1] - 1
+    step = max(1, max(1, LOGITS_CHUNK // model.cfg.vocab_size) * EVAL_HEAD_CHUNKS // T)  # rows per head chunk
+    out = []
+    with autocast(prec, dev):
+        x = model.hidden(w[:, :-1], route="single")  # (b, T, C)
+        for r in range(0, b, step):
+            logits = model.output(model.output_norm(x[r : r + step]))  # (rows, T, V)
+            nll = F.cross_entropy(logits.float().transpose(1, 2), w[r : r + step, 1:], reduction="none")  # (rows, T)
+            out.append(nll.mean(dim=1))
+    return torch.cat(out).float().cpu().numpy()
+
+
+# ---- checks, record, output ----------------------------------------------------------------------
+
+
+def _check(rd: RunDir, dst: RunDir, ids: list[int], c: Relabelling, force: bool) -> None:
+    if len(ids) < 2 or len(set(ids)) != len(ids):
+        raise MfggufError(f"relabelling needs at least two distinct experts to choose between, got {ids}; pass --experts")
+    if c.tokens is not None and c.tokens < 1:
+        raise MfggufError(f"--tokens must be a positive number of tokens per shard, got {c.tokens}")
+    if c.prefix < 1:
+        raise MfggufError(f"--prefix must be at least 1 token, got {c.prefix}")
+    if not c.cap >= 1.0:
+        raise MfggufError(f"--cap must be at least 1 (a shard may hold cap x the mean shard's tokens), got {c.cap}")
+    if dst.root.resolve() == rd.root.resolve():
+        raise MfggufError(f"OUT is RUN itself ({rd.root}); relabelling writes a new RUN: choose another -o")
+    if dst.root.exists() and not force:
+        raise MfggufError(f"{dst.root} already exists; choose another -o or pass --force to replace it")
+
+
+def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
+    if not rd.module_meta(i).is_file():
+        raise MfggufError(f"{module_name(i)} is not trained yet; relabelling scores documents with trained experts:"
+                          f" `mfgguf train-expert {rd.root} --expert {i}` first")
+    m = read_module_meta(rd, i)
+    if not finished_against(m, trunk["sha256"]):
+        raise MfggufError(f"{module_name(i)} has not finished training against the current trunk; finish it first")
+    if m.get("complement") or m.get("shared_tensors"):
+        raise MfggufError(f"{module_name(i)} was trained with --complement or --shared; relabelling scores plain"
+                          " experts (trunk + one FFN) only")
+    return m
+
+
+def _record(rd: RunDir, ids, spans, weights, origin, new, losses, c: Relabelling, info: dict) -> dict:
+    moves = {f"shard {i}": {f"shard {j}": int(weights[(origin == a) & (new == b)].sum()) for b, j in enumerate(ids)}
+             for a, i in enumerate(ids)}
+    out = {"from": str(rd.root), "experts": ids, **asdict(c), "docs": len(spans),
+           "moved_docs": int((new != origin).sum()), "moved_tokens": int(weights[new != origin].sum()),
+           "prefix_loss_before": None, "prefix_loss_after": None, "moves": moves}
+    if losses is None:
+        return out
+    d = np.arange(len(new))
+    finite = np.isfinite(losses[d, origin])  # one-token documents have no loss to average
+    w = np.where(finite, weights, 0)
+    before = float(np.sum(np.where(finite, losses[d, origin], 0) * w) / max(w.sum(), 1))  # token-weighted means
+    after = float(np.sum(np.where(finite, losses[d, new], 0) * w) / max(w.sum(), 1))
+    return {**out, "prefix_loss_before": round(before, 5), "prefix_loss_after": round(after, 5)}
+
+
+def _write_run(rd: RunDir, dst: RunDir, ids, shards, spans, new, record: dict, info: dict, c: Relabelling) -> dict:
+    dst.root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = RunDir(Path(tempfile.mkdtemp(prefix=f".{dst.root.name}.", suffix=".tmp", dir=dst.root.parent)))
+    try:
+        tmp.heldout_dir.mkdir(parents=True)
+        tmp.modules.mkdir()
+        for name in ("tokenizer.json",):
+            shutil.copy2(rd.root / name, tmp.root / name)
+        if (rd.root / "base").is_dir():
+            shutil.copytree(rd.root / "base", tmp.root / "base")
+        for f in (rd.module_file(0), rd.module_meta(0)):  # the trunk the experts scored against, shared by link
+            link_or_copy(f, tmp.modules / f.name)
+        man = read_json(rd.manifest, "the run manifest")
+        write_json(tmp.manifest, {**man, "modules": {"trunk": man["modules"]["trunk"]}})
+        link_or_copy(rd.train_tokens, tmp.train_tokens)
+        for f in rd.heldout_dir.iterdir():
+            link_or_copy(f, tmp.heldout_dir / f.name)
+        rows = {s["id"]: s for s in info["shards"]}
+        out_shards = []
+        rng = np.random.default_rng([c.seed, 7])
+        dtype = np.dtype(info["token_dtype"])
+        for k in range(1, int(info["n_experts"]) + 1):
+            if k not in ids:
+                link_or_copy(rd.shard(k), tmp.shard(k))
+                out_shards.append(rows[k])
+                continue
+            col = ids.index(k)
+            mine = rng.permutation(np.flatnonzero(new == col))
+            docs = [shards[spans[d][0]][spans[d][1]: spans[d][2]] for d in mine]
+            n = write_tokens(tmp.shard(k), docs, range(len(docs)), dtype, int(info["eos_id"]))
+            from_ = record["moves"]
+            got = {i: from_[f"shard {i}"][f"shard {k}"] for i in ids}
+            out_shards.append({"id": k, "docs": len(docs), "tokens": n, "domains": _domains(rows, got),
+                               "relabelled_from": {f"shard {i}": t for i, t in got.items() if t}})
+        new_info = {**info, "shards": out_shards, "relabel": record}
+        write_json(tmp.run_json, new_info)
+        swap_dir_into_place(tmp.root, dst.root)
+    except BaseException:
+        shutil.rmtree(tmp.root, ignore_errors=True)
+        raise
+    return new_info
+
+
+def _domains(rows: dict, got: dict[int, int]) -> dict[str, int]:
+    """A new shard's tokens per domain: each old shard's share spread by that shard's own composition
+    (exact when old shards hold one domain each, as `--partition label` makes them)."""
+    out: dict[str, float] = {}
+    for i, t in got.items():
+        comp = rows[i]["domains"]
+        total = sum(comp.values()) or 1
+        for d, v in comp.items():
+            out[d] = out.get(d, 0.0) + t * v / total
+    return {d: int(round(v)) for d, v in sorted(out.items()) if round(v)}
+
+
+def _advance(bar, label: str, n: int) -> None:
+    if bar is not None:
+        bar.advance(label, n)
+
+
+class _Bar:
+    """Scored tokens of all experts on stderr, with tokens/s and the time left."""
+
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.t0 = time.perf_counter()
+        self.done = 0
+        self.p = Progress(TextColumn("relabel {task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(), console=Console(stderr=True))
+        self.p.start()
+        self.task = self.p.add_task("", total=total, tps="-")
+
+    def advance(self, label: str, n: int) -> None:
+        self.done += n
+        tps = self.done / max(time.perf_counter() - self.t0, 1e-9)
+        self.p.update(self.task, description=label, advance=n, tps=f"{tps:,.0f}")
+
+    def close(self) -> None:
+        self.p.stop()
+
+
+def _bar(progress: bool, total: int):
+    return _Bar(total) if progress else None
