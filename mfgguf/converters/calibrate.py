@@ -45,8 +45,7 @@ import numpy as np
 from ..errors import MfggufError
 from ..run import STATS_PREFIX, RunDir, atomic_path, read_json
 from .ggufedit import copy_with_kv, read_f32, read_kv, set_f32, set_scalar, write_edited
-
-CALIBRATION_KEY = "mfgguf.calibration"
+from .schema import CALIBRATION_KEY
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,8 @@ from .merge import open_checked
 from .readback import verify
 from .router import RouterBuilder, keep_rows
 from .routerstats import StatsBlock, block_start, read_f32, with_offset
-from .schema import (ALIGNMENT, QTYPE_BY_ID, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS, RS_SOURCE_COUNTS, RS_SOURCES,
-                     blk)
+from .schema import (ALIGNMENT, QTYPE_BY_ID, ROUTING_RECORDS, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS,
+                     RS_SOURCE_COUNTS, RS_SOURCES, blk)
 from .stream import stream_modules
 
 EXPS_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
@@ -103,7 +103,7 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
     keep = src.kept(remove or [])
     adds = plan_with_stats(lambda: _additions(Path(add), experts, src), RunDir(add), progress=False,
                            verb="extend", experts=experts) if add else None
-    p = _plan(src, keep, adds)
+    p = _plan(src, keep, adds, keep_routing)
     with open(model, "rb") as fin:
         with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
             fd = os.open(tmp, os.O_RDWR)
@@ -306,7 +306,7 @@ class _Plan:
     old: dict[str, object] = field(default_factory=dict)  # old tensor infos by name
 
 
-def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
+def _plan(src: _Source, keep: list[int], adds: _Additions | None, keep_routing: bool = False) -> _Plan:
     v = src.h.value
     new = adds.mods if adds else []
     N = len(keep) + len(new)
@@ -344,7 +344,9 @@ def _plan(src: _Source, keep: list[int], adds: _Additions | None) -> _Plan:
     part = v("mfgguf.partition", "")
     if v("general.name") == f"mfgguf {part} {src.n}x".strip():
         repl["general.name"] = f"mfgguf {part} {N}x".strip()
-    kv = [(k, t, repl[k] if k in repl else val) for k, t, val in src.h.kv]
+    # recomputed rows are the closed form again: a calibration's or a tuning's record would describe rows that are gone
+    drop = () if keep_routing else ROUTING_RECORDS
+    kv = [(k, t, repl[k] if k in repl else val) for k, t, val in src.h.kv if k not in drop]
     slots = []
     for t in src.h.tensors:
         shape = t.shape

@@ -192,3 +192,9 @@ RS_RIDGE = "mfgguf.router.has_second_moments"  # BOOL: the block holds each sour
 RS_OFFSET = "mfgguf.router.stats_offset"  # UINT64: the block (means, then G), offset in the data section
 # files of mfgguf 0.1 carried the float arrays in the header instead, as base64 strings under these keys
 RS_OLD_BLOBS = ("mfgguf.router.means", "mfgguf.router.second_moments")
+
+# records of router rows edited after assembly (JSON strings); they describe those rows only, so `extend`
+# drops them when it recomputes the rows and keeps them with --keep-routing
+CALIBRATION_KEY = "mfgguf.calibration"  # `mfgguf calibrate`: top-k, temperature and bias chosen, perplexities
+TUNING_KEY = "mfgguf.router_tuning"  # `mfgguf tune-router`: settings and validation perplexities
+ROUTING_RECORDS = (CALIBRATION_KEY, TUNING_KEY)

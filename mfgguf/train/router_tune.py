@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 
 from ..converters.ggufedit import copy_with_kv, read_f32, read_kv, set_f32, write_edited
+from ..converters.schema import TUNING_KEY
 from ..errors import MfggufError
 from ..run import RunDir, atomic_path, read_module_meta
 
-TUNING_KEY = "mfgguf.router_tuning"
 VALIDATION_FRACTION = 0.1  # the tail of each shard that tuning never trains on: the keep-or-drop sample
 
 

@@ -166,3 +166,21 @@ def test_mixtral_layout_and_dense_model(f32_moe, tmp_path):
     code, text = _cli(dense, "--run", run, "-o", tmp_path / "x.gguf")
     assert code == 1 and text.count("\n") == 1 and "Mixture-of-Experts" in text
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_extend_drops_the_record_with_the_rows_it_recomputes(f32_moe, tmp_path):
+    from mfgguf.converters.extend import extend
+
+    run, gguf = f32_moe
+    cal = tmp_path / "cal.gguf"
+    calibrate(gguf, run, cal, grid=CalibrationGrid(top_k=(1,), temperature=(1.0,), bias=(1.0,)), tokens=2 * CTX,
+              ctx=CTX, threads=2, progress=False)
+    assert CALIBRATION_KEY in read_kv(cal)
+    extend(cal, tmp_path / "two.gguf", remove=[3])  # every row recomputed for the two left: the record is stale
+    extend(cal, tmp_path / "kept.gguf", remove=[3], keep_routing=True)  # the two keep their calibrated rows
+    assert CALIBRATION_KEY not in read_kv(tmp_path / "two.gguf")
+    assert read_kv(tmp_path / "kept.gguf")[CALIBRATION_KEY] == read_kv(cal)[CALIBRATION_KEY]
+    names = [f"blk.{l}.ffn_gate_inp.weight" for l in range(2)]
+    kept, before = read_f32(tmp_path / "kept.gguf", names), read_f32(cal, names)
+    for n in names:
+        np.testing.assert_array_equal(kept[n], before[n][:2])
