@@ -211,8 +211,8 @@ def _write_run(rd: RunDir, dst: RunDir, ids, shards, spans, new, record: dict, i
     try:
         tmp.heldout_dir.mkdir(parents=True)
         tmp.modules.mkdir()
-        for name in ("tokenizer.json",):
-            shutil.copy2(rd.root / name, tmp.root / name)
+        if rd.tokenizer.is_file():  # a RUN of an imported base has none: its tokenizer lives in base/
+            shutil.copy2(rd.tokenizer, tmp.tokenizer)
         if (rd.root / "base").is_dir():
             shutil.copytree(rd.root / "base", tmp.root / "base")
         for f in (rd.module_file(0), rd.module_meta(0)):  # the trunk the experts scored against, shared by link

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The levers on the 768-unit experts (docs/base-model.md, "Levers on the wide experts"), after
+# width-real-base.sh OUT has run: top-2, oracle routing, `calibrate`, the fifth (English) expert added with
+# `extend`, one EM round of `relabel` (with its control: the same draw, labels kept), experts that
+# complement the seed, and the practitioner's baselines with the 768-unit experts' FLOPs. Every file q8_0,
+# scored by llama.cpp on the same held-out split. About 150 minutes on 2 cores. Usage: bash wide-levers-real-base.sh OUT
+set -euo pipefail
+OUT=${1:-width-smol}
+R="$OUT/w768-lr1"
+score() { mfgguf perplexity "$1" --run "$2" --json > "${1%.gguf}.ppl.json"; }
+mfgguf assemble "$R" -o "$OUT/w768-top2.gguf" --experts 1,2,4,5 --quant q8_0 --top-k 2 --force
+score "$OUT/w768-top2.gguf" "$R"
+for e in 1 2 4 5; do                      # oracle routing: each domain through trunk + its own expert alone
+  mfgguf assemble "$R" -o "$OUT/w768-only$e.gguf" --experts "$e" --quant q8_0 --force
+  score "$OUT/w768-only$e.gguf" "$R"
+done
+mfgguf calibrate "$R.gguf" --run "$R" -o "$OUT/w768-cal.gguf" --force
+score "$OUT/w768-cal.gguf" "$R"
+# the held-out domain's expert, added to the finished four-expert file
+mfgguf train-expert "$R" --expert 3 --tokens 65536 --eval-tokens 4096 --lr 1e-3
+mfgguf extend "$R.gguf" --add "$R" --experts 3 -o "$OUT/w768-ext.gguf" --force
+mfgguf extend "$R.gguf" --add "$R" --experts 3 -o "$OUT/w768-extk.gguf" --force --keep-routing
+score "$OUT/w768-ext.gguf" "$R"
+score "$OUT/w768-extk.gguf" "$R"
+# one EM round: the experts choose their documents from a draw of 4 x their training tokens per shard
+mfgguf relabel "$R" -o "$OUT/w768-em" --experts 1,2,4,5 --prefix 256 --tokens 262144 --force
+mfgguf relabel "$R" -o "$OUT/w768-ctl" --experts 1,2,4,5 --tokens 262144 --keep-labels --force
+for X in w768-em w768-ctl; do
+  for e in 1 2 4 5; do
+    mfgguf train-expert "$OUT/$X" --expert "$e" --tokens 65536 --eval-tokens 4096 --lr 1e-3
+  done
+  mfgguf router-stats "$OUT/$X" --experts 1,2,4,5
+  mfgguf assemble "$OUT/$X" -o "$OUT/$X.gguf" --experts 1,2,4,5 --quant q8_0 --force
+  score "$OUT/$X.gguf" "$OUT/$X"
+done
+# the practitioner's alternatives with the 768-unit experts' FLOPs (4 x 65,536 x 637.4 MFLOP = 1.671e14)
+mfgguf train-base "$OUT/w192" -o "$OUT/full768" --mode full --tokens 200704 --lr 3e-4 --shards 1,2,4,5 --force
+mfgguf train-base "$OUT/w192" -o "$OUT/lora768" --mode lora --tokens 278528 --lr 3e-3 --shards 1,2,4,5 --force
+for b in full768 lora768; do
+  mfgguf assemble "$OUT/$b" -o "$OUT/$b.gguf" --experts none --quant q8_0 --force
+  score "$OUT/$b.gguf" "$OUT/w192"
+done
+# experts that complement the seed (a two-way MoE with it while training; top-2 in the file)
+C="$OUT/w768-c"
+rm -rf "$C" && cp -a "$R" "$C" && rm -rf "$C"/modules/expert_* "$C"/modules/router_stats.* "$C"/checkpoints
+for e in 1 2 4 5; do
+  mfgguf train-expert "$C" --expert "$e" --tokens 65536 --eval-tokens 4096 --lr 1e-3 --complement
+done
+mfgguf router-stats "$C" --experts 1,2,4,5
+for r in learned ridge ridge+learned; do
+  mfgguf assemble "$C" -o "$OUT/w768-c-$r.gguf" --experts 1,2,4,5 --quant q8_0 --top-k 2 --router "$r" --force
+  score "$OUT/w768-c-$r.gguf" "$C"
+done
