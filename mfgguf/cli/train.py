@@ -237,7 +237,7 @@ def relabel_cmd(
     loss = "" if r["prefix_loss_before"] is None else \
         f" mean prefix loss {r['prefix_loss_before']:.4f} -> {r['prefix_loss_after']:.4f};"
     typer.echo(f"{out}: {r['moved_docs']:,} of {r['docs']:,} documents ({r['moved_tokens']:,} tokens) moved;{loss}"
-               f" {r['seconds']:.1f} s")
+               f" {r['scored_tokens']:,} tokens scored ({r['forward_flops']:.3g} FLOPs), {r['seconds']:.1f} s")
     for s in info["shards"]:
         if "relabelled_from" in s:
             src = ", ".join(f"{k} {v:,}" for k, v in s["relabelled_from"].items())

@@ -28,6 +28,7 @@ from ..config import ModelConfig
 from ..data.prepare import write_tokens
 from ..data.relabel import assign_balanced, documents
 from ..errors import MfggufError
+from ..flops import expert_step_flops
 from ..options import parse_experts
 from ..run import RunDir, finished_against, link_or_copy, module_name, read_json, read_module_meta, swap_dir_into_place, write_json
 from .expert import build_expert_model, load_trunk_meta
@@ -60,7 +61,8 @@ def relabel(run: Path, out: Path, *, experts: str | list[int] | None = None, pre
     tokens placed surest-first (so no expert takes every shard). OUT gets RUN's trunk, tokenizer, base, training
     mix and held-out split (hard-linked) and the new shards; no experts: train them there, then `router-stats`
     and `assemble`. Its run.json records the moves (tokens from each old shard to each new one) and the mean
-    prefix loss under the old and the new assignment. Returns OUT's run.json.
+    prefix loss under the old and the new assignment, the tokens scored and their forward FLOPs. Returns OUT's
+    run.json.
 
     Example:
         >>> relabel(Path("RUN"), Path("RUN-em"), experts="1,2,4,5")["relabel"]["moved_docs"]
@@ -93,7 +95,10 @@ def relabel(run: Path, out: Path, *, experts: str | list[int] | None = None, pre
         new = assign_balanced(losses, weights, cfgr.cap)  # (D,) column of its new shard
 
     record = _record(rd, ids, spans, weights, origin, new, losses, cfgr, info)
-    record["seconds"] = round(time.perf_counter() - t0, 2)
+    scored = 0 if cfgr.keep_labels else len(ids) * sum(min(e - s, cfgr.prefix + 1) for _, s, e in spans)
+    # what the round costs beside the experts' training: a forward of every scored token through trunk + expert
+    record.update(scored_tokens=scored, forward_flops=scored * expert_step_flops(cfg).forward,
+                  seconds=round(time.perf_counter() - t0, 2))
     return _write_run(rd, dst, ids, shards, spans, new, record, info, cfgr)
 
 

@@ -44,6 +44,8 @@ def test_every_document_lands_in_exactly_one_new_shard(relabelled):
     assert old == new
     r = info["relabel"]
     assert r["docs"] == sum(old.values()) and r["prefix"] == 32 and r["experts"] == list(range(1, n + 1))
+    assert r["scored_tokens"] == n * sum(min(len(d) // np.load(src.shard(1)).itemsize, 33) * k for d, k in old.items())
+    assert r["forward_flops"] > 0 and r["forward_flops"] % r["scored_tokens"] == 0
     assert 0 < r["moved_docs"] < r["docs"]  # tiny experts disagree with the labels on some documents, not all
     assert r["prefix_loss_after"] < r["prefix_loss_before"]  # each moved document went to a lower loss
     total = sum(s["tokens"] for s in info["shards"])
