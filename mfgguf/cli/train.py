@@ -231,8 +231,8 @@ def relabel_cmd(
 ):
     from ..train.relabel import relabel
 
-    info = relabel(run, out, experts=experts, prefix=prefix, cap=cap, tokens=tokens, keep_labels=keep_labels, force=force, device=device,
-                   progress=progress)
+    info = relabel(run, out, experts=experts, prefix=prefix, cap=cap, tokens=tokens, keep_labels=keep_labels,
+                   force=force, device=device, progress=progress)
     r = info["relabel"]
     loss = "" if r["prefix_loss_before"] is None else \
         f" mean prefix loss {r['prefix_loss_before']:.4f} -> {r['prefix_loss_after']:.4f};"

@@ -85,7 +85,7 @@ def relabel(run: Path, out: Path, *, experts: str | list[int] | None = None, pre
     weights = np.array([e - s + 1 for _, s, e in spans])  # (D,) tokens with its EOS
     origin = np.array([ids.index(i) for i, _, _ in spans])  # (D,) column of its old shard
     if cfgr.keep_labels:  # the control: the same draw, every document where it was
-        new, losses = origin.copy(), None
+        new, losses, unscored = origin.copy(), None, None
     else:
         prec = precision_of(next(iter(metas.values())))
         losses = _score(rd, cfg, ids, shards, spans, cfgr.prefix, resolve_device(device), prec, progress)  # (D, E)
@@ -94,7 +94,7 @@ def relabel(run: Path, out: Path, *, experts: str | list[int] | None = None, pre
         losses[unscored, origin[unscored]] = 0.0
         new = assign_balanced(losses, weights, cfgr.cap)  # (D,) column of its new shard
 
-    record = _record(rd, ids, spans, weights, origin, new, losses, cfgr, info)
+    record = _record(rd, ids, spans, weights, origin, new, losses, unscored, cfgr)
     scored = 0 if cfgr.keep_labels else len(ids) * sum(min(e - s, cfgr.prefix + 1) for _, s, e in spans)
     # what the round costs beside the experts' training: a forward of every scored token through trunk + expert
     record.update(scored_tokens=scored, forward_flops=scored * expert_step_flops(cfg).forward,
@@ -105,7 +105,7 @@ def relabel(run: Path, out: Path, *, experts: str | list[int] | None = None, pre
 def _score(rd: RunDir, cfg: ModelConfig, ids: list[int], shards: dict, spans: list, prefix: int, dev, prec: str,
            progress: bool) -> np.ndarray:
     """(D, E) mean prefix loss of each document under each expert, one expert in memory at a time."""
-    model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", trunk_path=rd.module_file(0))
+    model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16")
     losses = np.full((len(spans), len(ids)), np.nan)
     bar = _bar(progress, len(ids) * sum(min(e - s, prefix + 1) for _, s, e in spans))
     try:
@@ -194,7 +194,7 @@ def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
     return m
 
 
-def _record(rd: RunDir, ids, spans, weights, origin, new, losses, c: Relabelling, info: dict) -> dict:
+def _record(rd: RunDir, ids, spans, weights, origin, new, losses, unscored, c: Relabelling) -> dict:
     moves = {f"shard {i}": {f"shard {j}": int(weights[(origin == a) & (new == b)].sum()) for b, j in enumerate(ids)}
              for a, i in enumerate(ids)}
     out = {"from": str(rd.root), "experts": ids, **asdict(c), "docs": len(spans),
@@ -203,10 +203,9 @@ def _record(rd: RunDir, ids, spans, weights, origin, new, losses, c: Relabelling
     if losses is None:
         return out
     d = np.arange(len(new))
-    finite = np.isfinite(losses[d, origin])  # one-token documents have no loss to average
-    w = np.where(finite, weights, 0)
-    before = float(np.sum(np.where(finite, losses[d, origin], 0) * w) / max(w.sum(), 1))  # token-weighted means
-    after = float(np.sum(np.where(finite, losses[d, new], 0) * w) / max(w.sum(), 1))
+    w = np.where(unscored, 0, weights)  # one-token documents have no loss to average
+    before = float(np.sum(np.where(unscored, 0, losses[d, origin]) * w) / max(w.sum(), 1))  # token-weighted means
+    after = float(np.sum(np.where(unscored, 0, losses[d, new]) * w) / max(w.sum(), 1))
     return {**out, "prefix_loss_before": round(before, 5), "prefix_loss_after": round(after, 5)}
 
 
