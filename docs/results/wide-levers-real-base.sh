@@ -40,7 +40,8 @@ for b in full768 lora768; do
   mfgguf assemble "$OUT/$b" -o "$OUT/$b.gguf" --experts none --quant q8_0 --force
   score "$OUT/$b.gguf" "$OUT/w192"
 done
-# experts that complement the seed (a two-way MoE with it while training; top-2 in the file)
+# experts that complement the seed (a two-way MoE with it while training; top-2 in the file; not finished in the
+# stop that wrote the docs: two of four experts trained)
 C="$OUT/w768-c"
 rm -rf "$C" && cp -a "$R" "$C" && rm -rf "$C"/modules/expert_* "$C"/modules/router_stats.* "$C"/checkpoints
 for e in 1 2 4 5; do
