@@ -26,7 +26,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from functools import cache
 
-from .config import ModelConfig, TrainConfig, get_preset
+from .config import ModelConfig, TrainConfig
 from .errors import MfggufError
 
 # ModelConfig fields a trunk may change; vocab_size and n_experts come from the RUN, top_k is assembly's.

@@ -415,6 +415,19 @@ def finished_against(expert_meta: dict, trunk_sha256: str) -> bool:
             and int(expert_meta.get("round", 1)) >= int(expert_meta.get("rounds", 1)))
 
 
+def trained_expert_meta(rd: "RunDir", trunk_sha256: str, i: int, verb: str) -> dict:
+    """Expert i's JSON record, when it has finished training against this trunk; else the error that says
+    what to run before `verb` (the verb that needs it, as the user types it: "mfgguf router-stats")."""
+    if not rd.module_meta(i).is_file():
+        raise MfggufError(f"{module_name(i)} is not trained yet; `{verb}` needs trained experts:"
+                          f" `mfgguf train-expert {rd.root} --expert {i}` first")
+    m = read_module_meta(rd, i)
+    if not finished_against(m, trunk_sha256):
+        raise MfggufError(f"{module_name(i)} has not finished training against the current trunk; finish it"
+                          f" (`mfgguf train-expert {rd.root} --expert {i}`, `mfgguf sync {rd.root}`) before `{verb}`")
+    return m
+
+
 def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -> str | None:
     """Why pooled router statistics (their JSON `meta`) do not describe this trunk and these experts
     ({name: sha256}), or None when they do."""

@@ -195,19 +195,23 @@ def smooth(history: list, n: int = 10) -> float:
 
 
 class Progress:
-    """A rich progress bar over tokens, with loss, tokens/s and the time left."""
+    """A rich progress bar over tokens, with loss, tokens/s and the time left (a loss of None shows "-",
+    for passes that score rather than train; `stderr` keeps stdout clean for a verb's JSON)."""
 
-    def __init__(self, label: str, total: int, done: int):
+    def __init__(self, label: str, total: int, done: int, *, stderr: bool = False):
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
 
         self.p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                               TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-                              TimeRemainingColumn())
+                              TimeRemainingColumn(), console=Console(stderr=True) if stderr else None)
         self.p.start()
         self.task = self.p.add_task(label, total=total, completed=done, loss="-", tps="-")
 
-    def update(self, done: int, loss: float, dt: float, tokens: int):
-        self.p.update(self.task, completed=done, loss=f"{loss:.3f}", tps=f"{tokens / max(dt, 1e-9):,.0f}")
+    def update(self, done: int, loss: float | None, dt: float, tokens: int, label: str | None = None):
+        fields = {"description": label} if label is not None else {}
+        self.p.update(self.task, completed=done, loss="-" if loss is None else f"{loss:.3f}",
+                      tps=f"{tokens / max(dt, 1e-9):,.0f}", **fields)
 
     def close(self):
         self.p.stop()

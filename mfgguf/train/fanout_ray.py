@@ -263,7 +263,6 @@ def _receive(rd: RunDir, i: int, out: dict) -> None:
     files, meta = out["files"], out["meta"]
     mod_rel = str(rd.module_file(i).relative_to(rd.root))
     ckpt = rd.checkpoint_dir(i)
-    ckpt_rel = str(ckpt.relative_to(rd.root)) + os.sep
     with atomic_path(rd.module_file(i)) as tmp:
         tmp.write_bytes(files[mod_rel])
         if sha256_file(tmp) != meta["sha256"]:

@@ -122,8 +122,18 @@ def load_tokens(path: Path, what: str) -> np.ndarray:
 
 
 def _head_loss_sum(model: Transformer, x, y):  # x: (N, C), y: (N,) -> summed cross-entropy
+    return head_loss(model, x, y, "sum")
+
+
+def head_loss(model: Transformer, x, y, reduction: str = "sum"):  # x: (N, C), y: (N,) -> () or (N,) with "none"
+    """The output norm, head and cross-entropy of N positions (call it on scoring_positions(model) at a time)."""
     logits = model.output(model.output_norm(x))  # (N, V)
-    return F.cross_entropy(logits.float(), y, reduction="sum")
+    return F.cross_entropy(logits.float(), y, reduction=reduction)
+
+
+def scoring_positions(model: Transformer) -> int:
+    """Positions whose logits scoring computes at once (no backward keeps them): EVAL_HEAD_CHUNKS LOGITS_CHUNKs."""
+    return max(1, LOGITS_CHUNK // model.cfg.vocab_size) * EVAL_HEAD_CHUNKS
 
 
 def forward_loss(model: Transformer, idx, targets, route: str, recompute: bool = False, hook=None):
@@ -168,7 +178,7 @@ def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str
     if not n_win:
         return float("nan"), 0
     bs = max(1, EVAL_ROWS // win)
-    head = max(1, LOGITS_CHUNK // model.cfg.vocab_size) * EVAL_HEAD_CHUNKS
+    head = scoring_positions(model)
     total, count = 0.0, 0
     model.eval()
     for b in range(0, n_win, bs):

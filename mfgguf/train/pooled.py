@@ -35,7 +35,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import MfggufError
-from ..run import RunDir, finished_against, module_name, read_module_meta, write_router_stats
+from ..run import RunDir, module_name, read_module_meta, trained_expert_meta, write_router_stats
 from .complement import ROUTE, load_module, two_way
 from .expert import build_expert_model, load_trunk_meta
 from .loop import evaluate, load_tokens, resolve_device
@@ -79,7 +79,7 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
         ids = range(1, info["n_experts"] + 1) if experts is None else [rd.check_expert_index(int(i)) for i in experts]
         if not ids:
             raise MfggufError("no experts to pool router statistics over; pass --experts with at least one")
-        metas = {i: _expert_meta(rd, trunk, i) for i in ids}
+        metas = {i: trained_expert_meta(rd, trunk["sha256"], i, "mfgguf router-stats") for i in ids}
         prec = precision_of(next(iter(metas.values())))
         comp = any(m.get("complement") for m in metas.values())  # complementing experts: their own forward
         if comp and not all(m.get("complement") for m in metas.values()):
@@ -123,17 +123,6 @@ def _write(rd: RunDir, stats: RouterStats, trunk: dict, source: str, experts: di
 def _stats_tokens(meta: dict) -> int:
     """Tokens of its shard an expert's own statistics measured (stats.stats_tokens)."""
     return stats_tokens(meta.get("train", {}))
-
-
-def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
-    if not rd.module_meta(i).is_file():
-        raise MfggufError(f"{module_name(i)} is not trained yet; train every expert before `mfgguf router-stats`"
-                          " (or use --source trunk)")
-    m = read_module_meta(rd, i)
-    if not finished_against(m, trunk["sha256"]):
-        raise MfggufError(f"{module_name(i)} has not finished training against the current trunk; finish it"
-                          f" (`mfgguf train-expert {rd.root} --expert {i}`, `mfgguf sync {rd.root}`) first")
-    return m
 
 
 class _Bar:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..data.prepare import write_tokens
@@ -30,9 +29,10 @@ from ..data.relabel import assign_balanced, documents
 from ..errors import MfggufError
 from ..flops import expert_step_flops
 from ..options import parse_experts
-from ..run import RunDir, finished_against, link_or_copy, module_name, read_json, read_module_meta, swap_dir_into_place, write_json
+from ..run import RunDir, link_or_copy, module_name, read_json, swap_dir_into_place, trained_expert_meta, write_json
+from .driver import Progress
 from .expert import build_expert_model, load_trunk_meta
-from .loop import EVAL_HEAD_CHUNKS, EVAL_ROWS, LOGITS_CHUNK, autocast, load_tokens, resolve_device
+from .loop import EVAL_ROWS, autocast, head_loss, load_tokens, resolve_device, scoring_positions
 from .restat import precision_of
 from .weights import read_safetensors
 
@@ -150,17 +150,14 @@ def prefix_losses(model, shards: dict, spans: list, prefix: int, dev, prec: str,
 
 
 def _row_losses(model, w: torch.Tensor, dev, prec: str) -> np.ndarray:
-    """w (b, T+1) -> (b,) mean loss of each row's T predictions; the head a few rows at a time."""
+    """w (b, T+1) -> (b,) mean loss of each row's T predictions; the head as scoring chunks it."""
     b, T = w.shape[0], w.shape[1] - 1
-    step = max(1, max(1, LOGITS_CHUNK // model.cfg.vocab_size) * EVAL_HEAD_CHUNKS // T)  # rows per head chunk
-    out = []
+    step = scoring_positions(model)
     with autocast(prec, dev):
-        x = model.hidden(w[:, :-1], route="single")  # (b, T, C)
-        for r in range(0, b, step):
-            logits = model.output(model.output_norm(x[r : r + step]))  # (rows, T, V)
-            nll = F.cross_entropy(logits.float().transpose(1, 2), w[r : r + step, 1:], reduction="none")  # (rows, T)
-            out.append(nll.mean(dim=1))
-    return torch.cat(out).float().cpu().numpy()
+        x = model.hidden(w[:, :-1], route="single").reshape(b * T, -1)  # (b*T, C)
+        y = w[:, 1:].reshape(-1)  # (b*T,)
+        nll = torch.cat([head_loss(model, x[s : s + step], y[s : s + step], "none") for s in range(0, b * T, step)])
+    return nll.view(b, T).mean(dim=1).float().cpu().numpy()
 
 
 # ---- checks, record, output ----------------------------------------------------------------------
@@ -182,12 +179,7 @@ def _check(rd: RunDir, dst: RunDir, ids: list[int], c: Relabelling, force: bool)
 
 
 def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
-    if not rd.module_meta(i).is_file():
-        raise MfggufError(f"{module_name(i)} is not trained yet; relabelling scores documents with trained experts:"
-                          f" `mfgguf train-expert {rd.root} --expert {i}` first")
-    m = read_module_meta(rd, i)
-    if not finished_against(m, trunk["sha256"]):
-        raise MfggufError(f"{module_name(i)} has not finished training against the current trunk; finish it first")
+    m = trained_expert_meta(rd, trunk["sha256"], i, "mfgguf relabel")
     if m.get("complement") or m.get("shared_tensors"):
         raise MfggufError(f"{module_name(i)} was trained with --complement or --shared; relabelling scores plain"
                           " experts (trunk + one FFN) only")
@@ -269,28 +261,20 @@ def _advance(bar, label: str, n: int) -> None:
         bar.advance(label, n)
 
 
-class _Bar:
-    """Scored tokens of all experts on stderr, with tokens/s and the time left."""
+class _Scored:
+    """Tokens scored so far, over every expert, shown by the training bar (no loss column)."""
 
     def __init__(self, total: int):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.t0 = time.perf_counter()
-        self.done = 0
-        self.p = Progress(TextColumn("relabel {task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[tps]} tok/s"), TimeRemainingColumn(), console=Console(stderr=True))
-        self.p.start()
-        self.task = self.p.add_task("", total=total, tps="-")
+        self.t0, self.done = time.perf_counter(), 0
+        self.bar = Progress("relabel", total, 0, stderr=True)
 
     def advance(self, label: str, n: int) -> None:
         self.done += n
-        tps = self.done / max(time.perf_counter() - self.t0, 1e-9)
-        self.p.update(self.task, description=label, advance=n, tps=f"{tps:,.0f}")
+        self.bar.update(self.done, None, time.perf_counter() - self.t0, self.done, label=f"relabel {label}")
 
     def close(self) -> None:
-        self.p.stop()
+        self.bar.close()
 
 
 def _bar(progress: bool, total: int):
-    return _Bar(total) if progress else None
+    return _Scored(total) if progress else None
