@@ -35,6 +35,8 @@ from .loop import (check_token_range, heldout_losses, limit_heap_retention, load
                    resolve_precision, result_meta, run_loop)
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
+ONE_SEQUENCE_BUDGET = 11 << 27  # 1.375 GiB: one sequence's activations + the trunk in bf16, for micro-batches of 1
+#                                 (SmolLM2 at ctx 512 estimates 1.24 GiB and trains so; `1b` 1.51 GiB: recompute)
 STREAMED_ACCUM = 4  # streamed runs: sequences per step = batch_size x this unless --accum says otherwise
 #                     (the step's I/O is fixed; see docs/results/bench-trunk-stream.jsonl)
 
@@ -55,16 +57,22 @@ def plan_activations(cfg, batch_size: int) -> tuple[bool, int]:
     """(recompute, sequences per micro-batch) of an expert step under ACTIVATION_BUDGET.
 
     The whole batch when it fits; else the largest micro-batch of at least 2 sequences that fits,
-    its gradients accumulated over the batch, without recompute; else recompute over the whole batch.
-    Measured at SmolLM2's shape (batch 16 x 256, bf16, AVX512-BF16; scripts/bench_train_real.py):
-    micro-batches of 2 ran 702 tokens/s at 1.7 GB, recompute 269 tokens/s at 1.2 GB (515 at 2.7 GB
-    without the heap limit it needs), the whole batch 601 tokens/s at 6.7 GB. Single sequences ran
-    slower (630) and are where the largest shapes (`1b`) keep recompute's smaller peak.
+    its gradients accumulated over the batch, without recompute; else single sequences where one
+    sequence's activations and the trunk's bf16 weights fit ONE_SEQUENCE_BUDGET; else recompute over
+    the whole batch. Measured at SmolLM2's shape (bf16, AVX512-BF16; scripts/bench_train_real.py):
+    at 16 x 256, micro-batches of 2 ran 702 tokens/s at 1.7 GB, recompute 269 tokens/s at 1.2 GB
+    (515 at 2.7 GB without the heap limit it needs), the whole batch 601 tokens/s at 6.7 GB, single
+    sequences 630; at 8 x 512, single sequences 523 tokens/s at 1.66 GB against recompute's 238 at
+    1.21 GB. The `1b` preset (its trunk twice SmolLM2's) keeps recompute and its 1.5 GB goal.
     """
     if not wants_recompute(cfg, batch_size):
         return False, batch_size
     fits = [d for d in range(2, batch_size) if batch_size % d == 0 and activation_bytes(cfg, d) <= ACTIVATION_BUDGET]
-    return (False, max(fits)) if fits else (True, batch_size)
+    if fits:
+        return False, max(fits)
+    if activation_bytes(cfg, 1) + 2 * cfg.trunk_params() <= ONE_SEQUENCE_BUDGET:
+        return False, 1
+    return True, batch_size
 
 
 def in_memory_bytes(cfg, batch_size: int) -> int:

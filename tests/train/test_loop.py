@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -110,6 +112,8 @@ def test_micro_batches_take_the_whole_batch_step(tmp_path):
                          ctx_len=256, seed_expert=True)
     assert plan_activations(smol, 16) == (False, 2) and plan_activations(cfg, 8) == (False, 8)
     assert plan_activations(get_preset("1b").model, get_preset("1b").expert.batch_size)[0]  # recompute keeps 1b small
+    assert plan_activations(replace(smol, ctx_len=512), 8) == (False, 1)  # two sequences no longer fit: one at a time
+    assert plan_activations(replace(smol, ctx_len=1024), 4) == (True, 4)  # not even one
 
 
 def test_scoring_in_batches_gives_the_per_window_loss(monkeypatch):
