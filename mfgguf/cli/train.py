@@ -200,7 +200,7 @@ def router_stats_cmd(
                                " (as the experts' own statistics); trunk: the trunk alone over the mixed data"
                                " (cheaper, measured worse)."),
     tokens: int = typer.Option(None, "--tokens", help="Tokens per expert (source experts) or in all (source trunk);"
-                               " default: 4 x the eval tokens, as each expert's own statistics."),
+                               " default: each expert's own statistics' sample (16,384 for every preset; 4 x its eval tokens)."),
     experts: str = typer.Option(None, "--experts", help="Experts to pool over, e.g. 1,3 or 1-4 (default all; the ones"
                                 " `assemble --experts` takes)."),
     device: str = _DEVICE, progress: bool = _PROGRESS,

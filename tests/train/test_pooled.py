@@ -90,6 +90,18 @@ def test_router_stats_needs_every_expert_or_the_trunk_source(trained_run, tmp_pa
     code, text = _cli("router-stats", run, "--source", "trunk", "--no-progress")
     assert code == 0, text
     meta = json.loads(rd.router_stats_meta.read_text())
-    assert meta["source"] == "trunk" and meta["experts"] == {}
+    assert meta["source"] == "trunk" and meta["experts"] == {} and meta["tokens_per_source"] == 16_384  # the experts' sample
     out = tmp_path / "m.gguf"  # the trunk's statistics hold for any experts
     assert assemble(run, out, quant="f32", experts=[1, 2], progress=False)["router"] == "ridge"
+
+
+def test_an_imported_base_passes_at_the_precision_its_experts_train_in():
+    """An imported trunk records fp32 without having trained here; its trunk-alone pass must not run at fp32
+    where experts train at bf16 (3x slower and a different forward than the experts' statistics saw)."""
+    from mfgguf.train.loop import resolve_precision
+    from mfgguf.train.pooled import trunk_pass_precision
+
+    cpu = torch.device("cpu")
+    assert trunk_pass_precision({"precision": "fp32"}, cpu) == "fp32"  # a trunk trained here: as it trained
+    assert trunk_pass_precision({"precision": "bf16"}, cpu) == "bf16"
+    assert trunk_pass_precision({"precision": "fp32", "source": "base"}, cpu) == resolve_precision("auto", cpu)
