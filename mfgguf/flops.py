@@ -77,7 +77,7 @@ def _cfg(cfg) -> ModelConfig:
 
 
 def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
-          layers: Collection[int] | None = None) -> StepFlops:
+          layers: Collection[int] | None = None, complement: bool = False) -> StepFlops:
     """Walk the forward graph in order; `live` = the residual stream depends on a trained tensor."""
     C, L, V, H, KV, hd = cfg.dim, cfg.n_layers, cfg.vocab_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     keys = (cfg.ctx_len + 1) / 2 if causal else cfg.ctx_len  # keys per query, mean over a window
@@ -115,6 +115,9 @@ def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
         if with_expert or cfg.seed_expert:  # an expert job's expert, or the trunk's seed FFN (trains with it)
             e = layers is None or l in layers  # elsewhere the expert runs frozen (--expert-layers)
             out = swiglu(cfg.expert_ff, (e, e, e), f_in) or out
+            if complement:  # the frozen seed FFN beside it and the gate's learned row (train/complement.py)
+                out = swiglu(cfg.expert_ff, (False, False, False), f_in) or out
+                mm(C, e, f_in)
         live = live or f_in or out
     mm(C * V, "output.weight" in trained, live or "output_norm.weight" in trained)
     return StepFlops(fwd, bwd)
@@ -126,11 +129,13 @@ def trunk_step_flops(cfg, *, causal: bool = True) -> StepFlops:
     return _step(cfg, set(shared_tensor_names(cfg, "all")), False, causal)
 
 
-def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True, layers: str = "all") -> StepFlops:
+def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True, layers: str = "all",
+                      complement: bool = False) -> StepFlops:
     """FLOPs per token of an expert job's step: the expert FFNs of `layers` (TrainConfig.expert_layers) train,
-    plus private copies of `shared_tensors`."""
+    plus private copies of `shared_tensors`; with `complement` the frozen seed FFN runs beside each expert
+    (forward and activation gradients) under a learned two-row gate."""
     cfg = _cfg(cfg)
-    return _step(cfg, set(shared_tensors or ()), True, causal, expert_layers(layers, cfg.n_layers))
+    return _step(cfg, set(shared_tensors or ()), True, causal, expert_layers(layers, cfg.n_layers), complement)
 
 
 def adapter_base_flops(cfg, *, causal: bool = True) -> StepFlops:
@@ -163,7 +168,8 @@ def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
         return continued_step_flops(meta["config"], c["mode"], c.get("rank") or 16, causal=causal)
     if meta.get("kind") == "expert":
         return expert_step_flops(meta["config"], meta.get("shared_tensors") or (), causal=causal,
-                                 layers=meta.get("train", {}).get("expert_layers", "all"))
+                                 layers=meta.get("train", {}).get("expert_layers", "all"),
+                                 complement=bool(meta.get("complement")))
     return trunk_step_flops(meta["config"], causal=causal)
 
 
