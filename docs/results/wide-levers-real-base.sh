@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The levers on the 768-unit experts (docs/base-model.md, "Levers on the wide experts"), after
 # width-real-base.sh OUT has run: top-2, oracle routing, `calibrate`, the fifth (English) expert added with
-# `extend`, one EM round of `relabel` (with its control: the same draw, labels kept), experts that
+# `extend` (and a bias searched on it), one EM round of `relabel` (with its control: the same draw, labels kept), experts that
 # complement the seed, and the practitioner's baselines with the 768-unit experts' FLOPs. Every file q8_0,
-# scored by llama.cpp on the same held-out split. About 150 minutes on 2 cores. Usage: bash wide-levers-real-base.sh OUT
+# scored by llama.cpp on the same held-out split. About 3 hours on 2 cores. Usage: bash wide-levers-real-base.sh OUT
 set -euo pipefail
 OUT=${1:-width-smol}
 R="$OUT/w768-lr1"
@@ -22,6 +22,9 @@ mfgguf extend "$R.gguf" --add "$R" --experts 3 -o "$OUT/w768-ext.gguf" --force
 mfgguf extend "$R.gguf" --add "$R" --experts 3 -o "$OUT/w768-extk.gguf" --force --keep-routing
 score "$OUT/w768-ext.gguf" "$R"
 score "$OUT/w768-extk.gguf" "$R"
+# a per-expert bias searched on the extended file (does it keep the old domains where they were?)
+mfgguf calibrate "$OUT/w768-ext.gguf" --run "$R" -o "$OUT/w768-ext-bias.gguf" --top-k 1 --bias=-1,-0.5,0.5 --force
+score "$OUT/w768-ext-bias.gguf" "$R"
 # one EM round: the experts choose their documents from a draw of 4 x their training tokens per shard
 mfgguf relabel "$R" -o "$OUT/w768-em" --experts 1,2,4,5 --prefix 256 --tokens 262144 --force
 mfgguf relabel "$R" -o "$OUT/w768-ctl" --experts 1,2,4,5 --tokens 262144 --keep-labels --force
@@ -40,8 +43,7 @@ for b in full768 lora768; do
   mfgguf assemble "$OUT/$b" -o "$OUT/$b.gguf" --experts none --quant q8_0 --force
   score "$OUT/$b.gguf" "$OUT/w192"
 done
-# experts that complement the seed (a two-way MoE with it while training; top-2 in the file; not finished in the
-# stop that wrote the docs: two of four experts trained)
+# experts that complement the seed (a two-way MoE with it while training; the seed is expert 0 of the file, top-2)
 C="$OUT/w768-c"
 rm -rf "$C" && cp -a "$R" "$C" && rm -rf "$C"/modules/expert_* "$C"/modules/router_stats.* "$C"/checkpoints
 for e in 1 2 4 5; do
