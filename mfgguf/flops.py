@@ -133,7 +133,7 @@ def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True, layers: st
                       complement: bool = False) -> StepFlops:
     """FLOPs per token of an expert job's step: the expert FFNs of `layers` (TrainConfig.expert_layers) train,
     plus private copies of `shared_tensors`; with `complement` the frozen seed FFN runs beside each expert
-    (forward and activation gradients) under a learned two-row gate."""
+    (forward and activation gradients) beside its learned gate row."""
     cfg = _cfg(cfg)
     return _step(cfg, set(shared_tensors or ()), True, causal, expert_layers(layers, cfg.n_layers), complement)
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 CONFIGS = ("expert", "expert-upper", "expert-whole-batch", "expert-recompute", "full", "full-ckpt", "lora", "lora-ckpt")
-LEVERS = ("expert-compile", "expert-chunked-head", "expert-micro1")  # measured on request (--configs): neither is train-expert's default
+LEVERS = ("expert-compile", "expert-chunked-head", "expert-micro1")  # measured on request (--configs): none is train-expert's default
 LORA_RANK = 16
 
 
@@ -153,20 +153,12 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
 
 
 def chunked_head_loss(model, idx, targets, route: str):
-    """The micro-batch's mean loss with the head's logits LOGITS_CHUNK at a time, each chunk recomputed in
-    the backward pass: the (rows, vocabulary) logits, their f32 copy and gradient never exist whole."""
-    from torch.utils.checkpoint import checkpoint
-
-    from mfgguf.train.loop import LOGITS_CHUNK, head_loss
+    """The micro-batch's mean loss with the head in checkpointed chunks (loop.checkpointed_head_loss, what
+    recompute runs), the blocks as usual."""
+    from mfgguf.train.loop import checkpointed_head_loss
 
     B, T = idx.shape
-    x = model.hidden(idx, route).reshape(B * T, -1)  # (N, C)
-    y = targets.reshape(-1)  # (N,)
-    step = max(1, LOGITS_CHUNK // model.cfg.vocab_size)
-    total = 0.0
-    for s in range(0, B * T, step):
-        total = total + checkpoint(head_loss, model, x[s : s + step], y[s : s + step], use_reentrant=False)
-    return total / (B * T)
+    return checkpointed_head_loss(model, model.hidden(idx, route).reshape(B * T, -1), targets.reshape(-1))
 
 
 def _peer(kind: str, prec: str):

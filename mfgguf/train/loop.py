@@ -121,10 +121,6 @@ def load_tokens(path: Path, what: str) -> np.ndarray:
 # ---- forward with optional recompute and chunked loss ---------------------------------------------
 
 
-def _head_loss_sum(model: Transformer, x, y):  # x: (N, C), y: (N,) -> summed cross-entropy
-    return head_loss(model, x, y, "sum")
-
-
 def head_loss(model: Transformer, x, y, reduction: str = "sum"):  # x: (N, C), y: (N,) -> () or (N,) with "none"
     """The output norm, head and cross-entropy of N positions (call it on scoring_positions(model) at a time)."""
     logits = model.output(model.output_norm(x))  # (N, V)
@@ -146,12 +142,17 @@ def forward_loss(model: Transformer, idx, targets, route: str, recompute: bool =
     x = model.tok_embd(idx)  # (B, T, C)
     for i, layer in enumerate(model.layers):
         x = _ckpt(layer, x, cos, sin, route, hook, i, use_reentrant=False)
-    x, y = x.reshape(B * T, -1), targets.reshape(-1)  # (N, C), (N,)
+    return checkpointed_head_loss(model, x.reshape(B * T, -1), targets.reshape(-1))
+
+
+def checkpointed_head_loss(model: Transformer, x, y):  # x: (N, C), y: (N,) -> mean cross-entropy
+    """The head's mean loss LOGITS_CHUNK logits at a time, each chunk recomputed in the backward pass: the
+    (N, vocabulary) logits, their f32 copy and gradient never exist whole."""
     step = max(1, LOGITS_CHUNK // model.cfg.vocab_size)
     total = 0.0
-    for s in range(0, B * T, step):
-        total = total + _ckpt(_head_loss_sum, model, x[s : s + step], y[s : s + step], use_reentrant=False)
-    return total / (B * T)
+    for s in range(0, len(y), step):
+        total = total + _ckpt(head_loss, model, x[s : s + step], y[s : s + step], use_reentrant=False)
+    return total / len(y)
 
 
 def eval_windows(tokens: np.ndarray, ctx_len: int, max_tokens: int) -> tuple[np.ndarray, int]:
@@ -188,7 +189,7 @@ def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str
             x = model.hidden(w[:, :-1], route=route, hook=hook)  # (b, win, C)
             x, y = x.reshape(-1, x.size(-1)), w[:, 1:].reshape(-1)  # (N, C), (N,)
             for s in range(0, len(y), head):  # the (rows, vocab) logits a chunk at a time
-                total += float(_head_loss_sum(model, x[s : s + head], y[s : s + head]))
+                total += float(head_loss(model, x[s : s + head], y[s : s + head]))
         count += len(y)
     return total / count, count
 

@@ -84,18 +84,20 @@ def relabel(run: Path, out: Path, *, experts: str | list[int] | None = None, pre
     spans = [(i, s, e) for i in ids for s, e in _drawn(documents(shards[i], eos), cfgr, i)]  # (old shard, start, end)
     weights = np.array([e - s + 1 for _, s, e in spans])  # (D,) tokens with its EOS
     origin = np.array([ids.index(i) for i, _, _ in spans])  # (D,) column of its old shard
+    # token forwards of the scoring: each document's first prefix+1 tokens, once per expert (the control: none)
+    scored = 0 if cfgr.keep_labels else len(ids) * sum(min(e - s, cfgr.prefix + 1) for _, s, e in spans)
     if cfgr.keep_labels:  # the control: the same draw, every document where it was
         new, losses, unscored = origin.copy(), None, None
     else:
         prec = precision_of(next(iter(metas.values())))
-        losses = _score(rd, cfg, ids, shards, spans, cfgr.prefix, resolve_device(device), prec, progress)  # (D, E)
+        losses = _score(rd, cfg, ids, shards, spans, cfgr.prefix, resolve_device(device), prec,
+                        _bar(progress, scored))  # (D, E)
         unscored = np.isnan(losses).any(axis=1)  # one-token documents: they stay where they were
         losses[unscored] = np.inf
         losses[unscored, origin[unscored]] = 0.0
         new = assign_balanced(losses, weights, cfgr.cap)  # (D,) column of its new shard
 
     record = _record(rd, ids, spans, weights, origin, new, losses, unscored, cfgr)
-    scored = 0 if cfgr.keep_labels else len(ids) * sum(min(e - s, cfgr.prefix + 1) for _, s, e in spans)
     # what the round costs beside the experts' training: a forward of every scored token through trunk + expert
     record.update(scored_tokens=scored, forward_flops=scored * expert_step_flops(cfg).forward,
                   seconds=round(time.perf_counter() - t0, 2))
@@ -103,12 +105,11 @@ def relabel(run: Path, out: Path, *, experts: str | list[int] | None = None, pre
 
 
 def _score(rd: RunDir, cfg: ModelConfig, ids: list[int], shards: dict, spans: list, prefix: int, dev, prec: str,
-           progress: bool) -> np.ndarray:
+           bar) -> np.ndarray:
     """(D, E) mean prefix loss of each document under each expert, one expert in memory at a time."""
-    model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16")
     losses = np.full((len(spans), len(ids)), np.nan)
-    bar = _bar(progress, len(ids) * sum(min(e - s, prefix + 1) for _, s, e in spans))
-    try:
+    try:  # the bar is already running: stop it whatever fails
+        model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16")
         for col, i in enumerate(ids):
             model.load_expert({k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
             losses[:, col] = prefix_losses(model, shards, spans, prefix, dev, prec, bar, module_name(i))
