@@ -415,17 +415,26 @@ def finished_against(expert_meta: dict, trunk_sha256: str) -> bool:
             and int(expert_meta.get("round", 1)) >= int(expert_meta.get("rounds", 1)))
 
 
+def untrained_reason(rd: "RunDir", trunk_sha256: str, i: int) -> str | None:
+    """Why expert i cannot be used with this trunk ("expert_003 is not trained yet", or has not finished
+    training against it), or None when its module is here and finished."""
+    if not rd.module_meta(i).is_file() or not rd.module_file(i).is_file():
+        return f"{module_name(i)} is not trained yet"
+    if not finished_against(read_module_meta(rd, i), trunk_sha256):
+        return f"{module_name(i)} has not finished training against the current trunk"
+    return None
+
+
 def trained_expert_meta(rd: "RunDir", trunk_sha256: str, i: int, verb: str) -> dict:
     """Expert i's JSON record, when it has finished training against this trunk; else the error that says
     what to run before `verb` (the verb that needs it, as the user types it: "mfgguf router-stats")."""
-    if not rd.module_meta(i).is_file():
-        raise MfggufError(f"{module_name(i)} is not trained yet; `{verb}` needs trained experts:"
-                          f" `mfgguf train-expert {rd.root} --expert {i}` first")
-    m = read_module_meta(rd, i)
-    if not finished_against(m, trunk_sha256):
-        raise MfggufError(f"{module_name(i)} has not finished training against the current trunk; finish it"
-                          f" (`mfgguf train-expert {rd.root} --expert {i}`, `mfgguf sync {rd.root}`) before `{verb}`")
-    return m
+    why = untrained_reason(rd, trunk_sha256, i)
+    if why is not None and why.endswith("yet"):
+        raise MfggufError(f"{why}; `{verb}` needs trained experts: `mfgguf train-expert {rd.root} --expert {i}` first")
+    if why is not None:
+        raise MfggufError(f"{why}; finish it (`mfgguf train-expert {rd.root} --expert {i}`, `mfgguf sync {rd.root}`)"
+                          f" before `{verb}`")
+    return read_module_meta(rd, i)
 
 
 def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -> str | None:

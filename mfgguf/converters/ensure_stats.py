@@ -19,7 +19,7 @@ import sys
 from typing import Callable, TypeVar
 
 from ..errors import MfggufError
-from ..run import RunDir, finished_against, module_name, read_module_meta
+from ..run import RunDir, read_module_meta, untrained_reason
 from .layout import PooledStatsNeeded
 
 T = TypeVar("T")
@@ -53,10 +53,8 @@ def cannot_pool(rd: RunDir, source: str = "experts", experts: list[int] | None =
         return None if rd.train_tokens.is_file() else f"the training tokens data/{rd.train_tokens.name} are absent"
     trunk_sha = read_module_meta(rd, 0).get("sha256")
     for i in range(1, int(rd.info()["n_experts"]) + 1) if experts is None else experts:
-        if not rd.module_file(i).is_file() or not rd.module_meta(i).is_file():
-            return f"{module_name(i)} is not trained on this machine"
-        if not finished_against(read_module_meta(rd, i), trunk_sha):
-            return f"{module_name(i)} has not finished training against the current trunk"
+        if (why := untrained_reason(rd, trunk_sha, i)) is not None:
+            return why
         if not rd.shard(i).is_file():
             return f"shard {i} (data/{rd.shard(i).name}) is absent"
     return None
