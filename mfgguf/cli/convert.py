@@ -9,6 +9,7 @@ import typer
 
 from ..converters.assemble import assemble
 from ..converters.extend import extend
+from ..converters.guard import Guard
 from ..converters.complement import ROUTERS as COMPLEMENT_ROUTERS
 from ..converters.inspect import format_inspect, inspect_gguf
 from ..converters.merge import DEFAULT_DENSITY, MERGES
@@ -62,13 +63,23 @@ def extend_cmd(
     threads: int = typer.Option(None, "--threads", help="Quantizer threads (default: all cores)."),
     keep_routing: bool = typer.Option(False, "--keep-routing", help="Keep the router rows of the experts already in"
                                       " the file; only added experts get new rows."),
+    guard: float = typer.Option(None, "--guard", help="Implies --keep-routing: lower the added experts' logits until"
+                                " no old expert's training shard moves by more than this many percent (e.g. 0.5)."),
+    guard_run: Path = typer.Option(None, "--guard-run", help="The RUN the file's experts were trained in, for their"
+                                   " shards (default: the --add RUN)."),
 ):
+    if guard_run is not None and guard is None:
+        raise MfggufError("--guard-run names the RUN --guard reads the old experts' shards from; pass --guard PCT too")
     r = extend(model, out, add=add, experts=parse_experts(experts), remove=_slots(remove), force=force, threads=threads,
-               keep_routing=keep_routing)
-    how = "rows kept, new ones from" if keep_routing else "recomputed from"
+               keep_routing=keep_routing, guard=None if guard is None else Guard(max_move=guard / 100, run=guard_run))
+    how = "rows kept, new ones from" if r["keep_routing"] else "recomputed from"
     typer.echo(f"wrote {r['path']}: {r['experts']} experts ({r['added']} added, {r['removed']} removed), router"
                f" {r['router']} {how} {r['sources']} source{'s' * (r['sources'] != 1)}, "
                f"{r['bytes'] / 1e6:.1f} MB in {r['seconds']:.1f} s")
+    if (g := r["guard"]) is not None:
+        typer.echo(f"guard: new rows {g['bias']:+g} nats; old experts' shards moved at most {100 * g['max_move']:+.2f}%"
+                   f" (limit {100 * g['limit']:.2f}%{'' if g['met'] else ': NOT met'}), the new ones' "
+                   + ", ".join(f"{k} {100 * v:+.2f}%" for k, v in g["new"].items()))
 
 
 def _slots(spec: str | None) -> list[int] | None:

@@ -176,6 +176,11 @@ def training_sample(rd: RunDir, n: int, ctx: int) -> np.ndarray:
     path = rd.train_tokens
     if not path.is_file():
         raise MfggufError(f"{path} is missing: calibration samples the RUN's training tokens; re-create the run with `mfgguf prepare`")
+    return window_sample(path, n, ctx)
+
+
+def window_sample(path: Path, n: int, ctx: int) -> np.ndarray:
+    """`n` tokens (whole windows of ctx, at least one) of the token file `path`, evenly spaced over it."""
     t = np.load(path, mmap_mode="r", allow_pickle=False)  # (T,) uint16/uint32
     w = max(1, n // ctx)
     if len(t) < ctx:
@@ -209,8 +214,7 @@ def bias_directions(rd: RunDir, kv: dict, L: int) -> tuple[np.ndarray, list[floa
         n += c
     if n <= 0:
         raise MfggufError("the experts recorded no router statistics; pass --bias none")
-    m /= n  # (L, dim)
-    u = m / np.maximum((m * m).sum(1, keepdims=True), 1e-12)  # (L, dim)
+    u = bias_direction(m / n)  # (L, dim)
     spread = None
     if rd.router_stats.is_file():
         with safe_open(str(rd.router_stats), "numpy") as f:
@@ -219,6 +223,12 @@ def bias_directions(rd: RunDir, kv: dict, L: int) -> tuple[np.ndarray, list[floa
                 G = f.get_tensor(f"{STATS_PREFIX}blk.{l}.second_moment").astype(np.float64)  # (dim, dim)
                 spread.append(float(np.sqrt(max(u[l] @ G @ u[l] - 1.0, 0.0))))
     return u, spread
+
+
+def bias_direction(m: np.ndarray) -> np.ndarray:
+    """u = m / |m|^2 per layer for pooled mean FFN inputs m (L, dim): x . u is 1 at the mean, so adding b u to a
+    router row adds about b nats to that expert's logit."""
+    return m / np.maximum((m * m).sum(1, keepdims=True), 1e-12)  # (L, dim)
 
 
 def _top_ks(grid: CalibrationGrid, n_exp: int) -> tuple[int, ...]:

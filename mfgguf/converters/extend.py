@@ -53,6 +53,7 @@ from ..run import RunDir, atomic_path, finished_against, read_manifest, router_s
 from . import quant as Q
 from .ensure_stats import plan_with_stats
 from .fileio import pread_into, pwrite_all, truncated
+from .guard import Guard, guard_new_rows
 from .ggufheader import Header, read_gguf_header
 from .layout import Module, PooledStatsNeeded, Slot, header_bytes, load_module, read_header, run_tokenizer_kv, \
     write_header
@@ -72,7 +73,7 @@ COPY_BYTES = 64 << 20  # bytes per copy_file_range call
 
 def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int] | None = None,
            remove: list[int] | None = None, force: bool = False, threads: int | None = None,
-           keep_routing: bool = False) -> dict:
+           keep_routing: bool = False, guard: Guard | None = None) -> dict:
     """Add experts trained later against the same trunk to a finished MoE GGUF, or remove experts
     from it, without the original modules and without retraining: the router is recomputed in closed
     form from the statistics `assemble` recorded in the file. --add RUN takes the experts of RUN
@@ -82,7 +83,11 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
     Removing what was added gives back the original file. An existing OUT is replaced only with
     --force. --keep-routing leaves the experts already in the file their router rows exactly (tokens
     rank them as before) and puts an added expert's closed-form row on their scale, instead of
-    recomputing every row: a domain opted in or out moves the others less.
+    recomputing every row: a domain opted in or out moves the others less. --guard PCT keeps the rows too and
+    lowers the added experts' logits by the fewest nats (searched: 0, 0.25, 0.5, 1, ..., then halved gaps) under
+    which every old expert's training shard (a 4,096-token sample from --guard-run RUN, default the --add RUN,
+    scored by llama.cpp) moves by at most PCT percent of perplexity: the price, the new domain's own gain given
+    back, is printed.
 
     Example:
         mfgguf extend model.gguf --add RUN2 --experts 1 -o model4.gguf
@@ -99,6 +104,13 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
         raise MfggufError("nothing to do: pass --add RUN (and --experts LIST) and/or --remove K[,K...]")
     if experts is not None and add is None:
         raise MfggufError("--experts selects experts of the RUN given with --add; pass --add RUN")
+    if guard is not None and (add is None or remove):
+        raise MfggufError("--guard keeps the old experts' domains in place when experts are added: pass --add RUN,"
+                          " and remove experts in an extend of its own")
+    if guard is not None and not 0 < guard.max_move < 1:
+        raise MfggufError(f"--guard {100 * guard.max_move:g} is out of range; give the largest move allowed in percent,"
+                          " e.g. 0.5")
+    keep_routing = keep_routing or guard is not None
     src = _Source.read(model)
     keep = src.kept(remove or [])
     adds = plan_with_stats(lambda: _additions(Path(add), experts, src), RunDir(add), progress=False,
@@ -112,12 +124,14 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
             finally:
                 os.close(fd)
             verify(p, tmp)
+            guarded = guard_new_rows(model, tmp, RunDir(add), new_slots=list(range(len(keep), len(p.slot_of))),
+                                     guard=guard, threads=threads) if guard else None
             m = os.umask(0)
             os.umask(m)
             os.chmod(tmp, 0o644 & ~m)
     return {"path": str(out), "bytes": p.total_size, "experts": len(p.slot_of), "added": len(p.new),
             "removed": src.n - len(keep), "router": src.router, "sources": len(p.sources), "keep_routing": keep_routing,
-            "seconds": round(time.perf_counter() - t0, 3)}
+            "guard": guarded, "seconds": round(time.perf_counter() - t0, 3)}
 
 
 # ---- the file we start from ----------------------------------------------------------------------

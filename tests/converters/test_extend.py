@@ -374,3 +374,55 @@ def test_removing_the_fourth_gives_back_the_three_expert_logits(real, tmp_path):
     assert not np.array_equal(a, llama_logits(four, ids, 128))  # the fourth expert did change the model
     assert back.read_bytes() == three.read_bytes()
     assert os.path.getsize(four) > os.path.getsize(three)
+
+
+def test_guard_biases_only_the_new_row_and_keeps_the_old_domains(real, tmp_path):
+    """--guard: the old experts' rows stay byte for byte, the new row is the --keep-routing row lowered along
+    the pooled mean direction, by the first step of the ladder that holds every old expert's shard within the
+    limit (which the returned record shows was measured, not assumed); removing the expert gives the
+    original file back; the CLI states the price."""
+    from mfgguf.converters.guard import Guard
+
+    run, run2, three, four, new = real
+    kept, guarded = tmp_path / "kept.gguf", tmp_path / "guarded.gguf"
+    extend(three, kept, add=run2, keep_routing=True)
+    g = extend(three, guarded, add=run2, guard=Guard(max_move=0.003, run=run))["guard"]
+    print(json.dumps(g))
+    assert g["met"] and g["max_move"] <= 0.003 and g["bias"] < 0, g
+    ladder = len(g["candidates"]) - Guard().refine  # the ladder down to its first step within the limit, then halvings
+    assert [c["bias"] for c in g["candidates"][:ladder]] == list(Guard().steps[:ladder])
+    within = [c["bias"] for c in g["candidates"] if c["max_move"] <= 0.003]
+    assert g["bias"] == max(within) and Guard().steps[ladder - 2] > g["bias"] >= Guard().steps[ladder - 1]
+    old, k, new_rows = _rows(three), _rows(kept), _rows(guarded)
+    for l in old:
+        assert new_rows[l][:3].tobytes() == old[l].tobytes()
+        d = new_rows[l][3] - k[l][3]  # b u_l
+        assert not np.allclose(d, 0)
+    back = tmp_path / "back.gguf"
+    extend(guarded, back, remove=[4], keep_routing=True)
+    assert back.read_bytes() == three.read_bytes()
+    r = CliRunner().invoke(app, ["extend", str(three), "--add", str(run2), "-o", str(tmp_path / "c.gguf"),
+                                 "--guard", "0.3", "--guard-run", str(run)])
+    assert r.exit_code == 0 and f"guard: new rows {g['bias']:+g} nats" in r.output, r.output
+    assert (tmp_path / "c.gguf").read_bytes() == guarded.read_bytes()
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--guard", "150"], "--guard 150 is out of range"),
+    (["--remove", "1", "--guard", "0.5"], "remove experts in an extend of its own"),
+    (["--guard-run", "x"], "pass --guard PCT too"),
+])
+def test_guard_refuses_what_it_cannot_do(syn, files, tmp_path, args, msg):
+    r = CliRunner().invoke(app, ["extend", str(files["123"]), "--add", str(syn), "--experts", "4", "-o",
+                                 str(tmp_path / "x.gguf"), *args])
+    assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_guard_needs_the_old_experts_shards(real, tmp_path):
+    """The new expert's RUN holds no shard of the old experts: one line naming --guard-run, nothing written."""
+    run, run2, three, _, _ = real
+    r = CliRunner().invoke(app, ["extend", str(three), "--add", str(run2), "-o", str(tmp_path / "x.gguf"),
+                                 "--guard", "0.5"])
+    assert r.exit_code == 1 and "pass --guard-run" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not list(tmp_path.iterdir())
