@@ -21,7 +21,7 @@ from pathlib import Path
 from .budget import plan_tokens
 from .config import get_preset
 from .errors import MfggufError
-from .run import RunDir, router_stats_current, write_json, write_text
+from .run import RunDir, read_module_meta, router_stats_current, write_json, write_text
 from .stages import StageResult, run_stage
 
 
@@ -70,12 +70,14 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     trunk_gguf = out / f"trunk-{cfg.quant}.gguf"
     results: list[StageResult] = []
 
-    def stage(name: str, done: bool, args: list[str]) -> None:
+    def stage(name: str, done: bool, args: list[str], module: int | None = None) -> None:
         if done:
             results.append(StageResult(name, 0.0, 0.0, skipped=True))
             return
         _banner(name)
         results.append(run_stage(name, args)[0])
+        if module is not None:  # a training stage: its steps' share of the wall, from the module it wrote
+            results[-1].train_s = round(float(read_module_meta(run, module).get("train_s") or 0.0), 2)
 
     stage("prepare", run.run_json.is_file(), [
         "prepare", "builtin", "--out", run.root, "--experts", cfg.experts, "--partition", cfg.partition,
@@ -92,13 +94,13 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
         trunk_tokens, expert_tokens = plan["trunk_tokens"], plan["expert_tokens"]
     tok = ["--tokens", trunk_tokens, "--schedule", cfg.schedule, *ev]
     seed = ["--seed-expert"] if cfg.seed_expert else []
-    stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok, *seed])
+    stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok, *seed], 0)
     etok = ["--tokens", expert_tokens, "--schedule", cfg.schedule, *ev]
     shared = ["--shared", cfg.shared, "--shared-lr-scale", cfg.shared_lr_scale, "--rounds", cfg.rounds]
     for r in range(1, cfg.rounds + 1):
         for i in range(1, n + 1):
             name = f"train-expert {i}" + (f" round {r}" if cfg.rounds > 1 else "")
-            stage(name, _round_of(run, i) >= r, ["train-expert", run.root, "--expert", i, *shared, *etok])
+            stage(name, _round_of(run, i) >= r, ["train-expert", run.root, "--expert", i, *shared, *etok], i)
         if cfg.shared != "none":  # merge the copies; the last sync also recomputes router statistics
             stage(f"sync {r}", _round_of(run, 0) >= r, ["sync", run.root])
     stage("router-stats", router_stats_current(run), ["router-stats", run.root, "--no-progress"])  # the last sync did it
@@ -199,11 +201,17 @@ def _overall(p: dict) -> float:
 
 
 def summary_markdown(s: dict) -> str:
-    lines = ["| stage | wall (s) | peak RSS (MB) |", "|---|---:|---:|"]
+    lines = ["| stage | wall (s) | of which training (s) | peak RSS (MB) |", "|---|---:|---:|---:|"]
     for r in s["stages"]:
         wall = "done earlier" if r["skipped"] else f"{r['wall_s']:.1f}"
+        train = "" if r.get("train_s") is None else f"{r['train_s']:.1f}"
         rss = "" if r["skipped"] or r["peak_rss_mb"] != r["peak_rss_mb"] else f"{r['peak_rss_mb']:.0f}"
-        lines.append(f"| {r['stage']} | {wall} | {rss} |")
+        lines.append(f"| {r['stage']} | {wall} | {train} | {rss} |")
+    trained = [r for r in s["stages"] if r.get("train_s") is not None]
+    if trained:
+        w, t = sum(r["wall_s"] for r in trained), sum(r["train_s"] for r in trained)
+        lines += ["", f"Training stages: {t:.0f} s of training steps in {w:.0f} s of wall ({t / w:.0%}); the rest is"
+                      " process start, held-out scoring, router statistics and saving."]
     b = s.get("budget")
     if b:
         lines += ["", f"Budget {b['minutes']:g} min on this CPU ({b['precision']}, {b['trunk_tokens_per_s']:,.0f} trunk"

@@ -28,6 +28,7 @@ class StageResult:
     wall_s: float
     peak_rss_mb: float
     skipped: bool = False  # finished in an earlier run (resumed)
+    train_s: float | None = None  # of wall_s, the training steps (the rest: start-up, scoring, statistics, saving)
 
     def to_dict(self) -> dict:
         return asdict(self)

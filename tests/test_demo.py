@@ -34,6 +34,10 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     e1 = json.loads((out / "run" / "modules" / "expert_001.json").read_text())  # from the stable phase
     assert e1["train"]["schedule"] == "wsd" and e1["branch_start"]["step"] == trunk["branch"]["step"]
     assert all(st["peak_rss_mb"] > 50 for st in s["stages"] if st["stage"].startswith("train"))
+    # each training stage says how much of its wall its steps took (the rest is its fixed cost)
+    assert all(0 < st["train_s"] < st["wall_s"] for st in s["stages"] if st["stage"].startswith("train"))
+    assert all(st["train_s"] is None for st in s["stages"] if not st["stage"].startswith("train"))
+    assert "s of training steps in" in (out / "summary.md").read_text()
     ppl = s["perplexity"]
     assert set(ppl) == {"trunk alone", "assembled MoE"}
     # Experts train on top of the trunk and start as a no-op: the assembled model must not be worse.
