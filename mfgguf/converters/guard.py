@@ -6,20 +6,22 @@ On SmolLM2 with 768-unit experts that moved manual pages by +1.15% and C++ by +0
 (docs/assembly.md). The guard lowers the added experts' logits by b nats and takes the first b of
 a ladder (0, -0.25, -0.5, ...) under which every old expert's own training shard moves by at most
 `max_move` of perplexity against the file before the change, scored by llama.cpp on an evenly
-spaced sample; two halvings of the gap to the step before then find a milder b that still holds. llama's router has no bias, so b is folded into the row along a direction u with
-x . u as near 1 for every token as the statistics the file carries allow (u ∝ G^-1 m, m the pooled
-mean FFN input, G the pooled second moment; `calibrate`'s m / |m|^2 where the file has no G): on
-the tiny test trunk that made the ladder monotone where m / |m|^2 was not. Far down the ladder the
-new experts are all but never chosen and the old function comes back; the new domain's sample is
-scored beside the old ones, so the price is stated.
+spaced sample; two halvings of the gap to the step before then look for a milder b that still holds.
 
-The samples are training tokens (each expert's shard in the RUN the experts were added from, the
-old experts checked to be the very modules the file was built from); the held-out split is never
-opened. Removing the added experts later still gives back the original file: only their rows move.
+llama's router has no bias, so b is folded into the row along a direction u with x . u as near 1
+for every token as the statistics the file carries allow (u ∝ G^-1 m, m the pooled mean FFN input,
+G the pooled second moment; `calibrate`'s m / |m|^2 where the file has no G): on the tiny test
+trunk that made the ladder monotone where m / |m|^2 was not. Far down the ladder the new experts
+are all but never chosen and the old function comes back; the new domain's sample is scored beside
+the old ones, so the price is stated.
+
+The samples are training tokens (each expert's shard in its RUN, the old experts checked to be the
+very modules the file was built from); the held-out split is never opened. Removing the added
+experts later still gives back the original file: only their rows move.
 
 Example:
     >>> guard_new_rows(Path("model.gguf"), Path("model5.gguf"), RunDir("RUN"), new_slots=[4])["bias"]
-    -1.0
+    -3.0
 """
 
 from __future__ import annotations
