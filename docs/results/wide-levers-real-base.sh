@@ -9,6 +9,14 @@ set -euo pipefail
 OUT=${1:-width-smol}
 R="$OUT/w768-lr1"
 score() { mfgguf perplexity "$1" --run "$2" --json > "${1%.gguf}.ppl.json"; }
+moe() {  # RUN -> RUN.gguf (the four experts, q8_0, top-1), scored
+  mfgguf router-stats "$1" --experts 1,2,4,5
+  mfgguf assemble "$1" -o "$1.gguf" --experts 1,2,4,5 --quant q8_0 --force
+  score "$1.gguf" "$1"
+}
+train4() {  # RUN LR: the four label experts, 65,536 tokens each
+  for e in 1 2 4 5; do mfgguf train-expert "$1" --expert "$e" --tokens 65536 --eval-tokens 4096 --lr "$2"; done
+}
 mfgguf assemble "$R" -o "$OUT/w768-top2.gguf" --experts 1,2,4,5 --quant q8_0 --top-k 2 --force
 score "$OUT/w768-top2.gguf" "$R"
 for e in 1 2 4 5; do                      # oracle routing: each domain through trunk + its own expert alone
@@ -33,12 +41,8 @@ score "$OUT/w768-extg.gguf" "$R"
 mfgguf relabel "$R" -o "$OUT/w768-em" --experts 1,2,4,5 --prefix 256 --tokens 262144 --force
 mfgguf relabel "$R" -o "$OUT/w768-ctl" --experts 1,2,4,5 --tokens 262144 --keep-labels --force
 for X in w768-em w768-ctl; do
-  for e in 1 2 4 5; do
-    mfgguf train-expert "$OUT/$X" --expert "$e" --tokens 65536 --eval-tokens 4096 --lr 1e-3
-  done
-  mfgguf router-stats "$OUT/$X" --experts 1,2,4,5
-  mfgguf assemble "$OUT/$X" -o "$OUT/$X.gguf" --experts 1,2,4,5 --quant q8_0 --force
-  score "$OUT/$X.gguf" "$OUT/$X"
+  train4 "$OUT/$X" 1e-3
+  moe "$OUT/$X"
 done
 # the practitioner's alternatives with the 768-unit experts' FLOPs (4 x 65,536 x 637.4 MFLOP = 1.671e14)
 mfgguf train-base "$OUT/w192" -o "$OUT/full768" --mode full --tokens 200704 --lr 3e-4 --shards 1,2,4,5 --force
@@ -61,12 +65,8 @@ done
 # an LR grid for the experts, as the baselines had: a third point, 5e-4 (2e-3 and 1e-3 ran in width-real-base.sh)
 L="$OUT/w768-lr05"
 rm -rf "$L" && cp -a "$R" "$L" && rm -rf "$L"/modules/expert_* "$L"/modules/router_stats.* "$L"/checkpoints
-for e in 1 2 4 5; do
-  mfgguf train-expert "$L" --expert "$e" --tokens 65536 --eval-tokens 4096 --lr 5e-4
-done
-mfgguf router-stats "$L" --experts 1,2,4,5
-mfgguf assemble "$L" -o "$L.gguf" --experts 1,2,4,5 --quant q8_0 --force
-score "$L.gguf" "$L"
+train4 "$L" 5e-4
+moe "$L"
 # each expert at the LR of the three with its best own-domain held-out loss: c 1e-3, cpp and man 2e-3, Python 5e-4
 M="$OUT/w768-mix"
 rm -rf "$M" && cp -a "$R" "$M" && rm -rf "$M"/modules/router_stats.* "$M"/checkpoints
@@ -77,6 +77,4 @@ from mfgguf.run import RunDir, read_module_meta, update_manifest
 rd = RunDir(sys.argv[1])
 for i in (2, 4, 5): update_manifest(rd, i, read_module_meta(rd, i))
 " "$M"
-mfgguf router-stats "$M" --experts 1,2,4,5
-mfgguf assemble "$M" -o "$M.gguf" --experts 1,2,4,5 --quant q8_0 --force
-score "$M.gguf" "$M"
+moe "$M"
