@@ -64,7 +64,6 @@ def guard_new_rows(before: Path, after: Path, rd: RunDir, *, new_slots: list[int
     Returns {"bias", "met", "max_move", "moves" {expert: relative move}, "new" {expert: relative move},
     "tokens", "candidates"}; every figure a relative change of perplexity against `before`.
     """
-    from ..runtime.llm import read_header
     from ..runtime.perplexity import WINDOW, perplexity_by_domain
 
     kv_a = read_kv(after)
@@ -72,7 +71,7 @@ def guard_new_rows(before: Path, after: Path, rd: RunDir, *, new_slots: list[int
     L, N = int(kv_a[f"{arch}.block_count"]), int(kv_a[f"{arch}.expert_count"])
     ids_a, shas_a = list(kv_a["mfgguf.experts"]), list(kv_a["mfgguf.module_sha256"])[1:]
     old = [q for q in range(N) if q not in new_slots]
-    ctx = min(WINDOW, read_header(after)["context_length"])  # `mfgguf perplexity`'s window
+    ctx = min(WINDOW, int(kv_a[f"{arch}.context_length"]))  # `mfgguf perplexity`'s window
     old_rd = RunDir(guard.run) if guard.run is not None else rd
     samples = {q: _shard_sample(rd if q in new_slots else old_rd, int(ids_a[q]), shas_a[q], guard.tokens, ctx)
                for q in range(N)}
