@@ -443,8 +443,11 @@ def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -
     if meta.get("trunk_sha256") != trunk_sha256:
         return "belong to another version of the trunk"
     if meta.get("source") != "trunk":  # the trunk's own pass holds for any experts
+        pooled = meta.get("experts") or {}
         for name, sha in experts.items():
-            if (meta.get("experts") or {}).get(name) != sha:
+            if name not in pooled:
+                return f"cover other experts, not {name}"
+            if pooled[name] != sha:
                 return f"predate {name} (trained since)"
     return None
 

@@ -158,12 +158,16 @@ def sync_cmd(
                                    " momentum 0 makes the merge the next trunk)."),
     outer_momentum: float = typer.Option(0.0, "--outer-momentum", help="Outer Nesterov momentum across syncs"
                                          " (DiLoCo: 0.9; kept in RUN/rounds/outer.safetensors)."),
+    experts: str = typer.Option(None, "--experts", help="Only these experts take part, e.g. 1,2,4,5 (one"
+                                          " held out of training); later syncs keep the first one's set. Default:"
+                                          " every expert."),
     device: str = _DEVICE, progress: bool = _PROGRESS,
 ):
+    from ..options import parse_experts
     from ..train.sync import sync
 
     r = sync(run, merge=merge, density=merge_density, restat=restat, device=device, progress=progress,
-             outer_lr=outer_lr, outer_momentum=outer_momentum)
+             outer_lr=outer_lr, outer_momentum=outer_momentum, experts=parse_experts(experts))
     before, after = r["before_heldout_loss"], r["heldout_loss"]
     held = ", ".join(f"{d} {before[d]:.3f}->{after[d]:.3f}" for d in after if d in before)
     if not r["final"]:

@@ -314,7 +314,12 @@ def _round(rd: RunDir, trunk: dict, tc, i: int) -> int:
         raise MfggufError("--rounds > 1 needs experts that train shared tensors (--shared norms|attn|all):"
                           " with --shared none there is nothing to sync between rounds")
     if trunk.get("final"):
-        raise MfggufError(f"{rd.root} is synced after its last round; its experts are final: assemble it")
+        synced = (trunk.get("sync") or {}).get("expert_ids")
+        if synced and i not in synced and tc.shared == "none" and tc.rounds == 1:
+            return 1  # an expert that sat out the syncs: a plain one on the final trunk, for `extend` or assembly
+        raise MfggufError(f"{rd.root} is synced after its last round; its experts are final: assemble it"
+                          + (f" (an expert that sat out the syncs, not {i}, may train later with --shared none)"
+                             if synced else ""))
     rnd = int(trunk.get("round", 0)) + 1
     if rnd > tc.rounds:
         raise MfggufError(f"the trunk has been through {rnd - 1} sync(s), so expert {i} would train round {rnd},"

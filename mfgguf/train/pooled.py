@@ -103,13 +103,14 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
     return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
 
 
-def write_pooled(rd: RunDir, stats: RouterStats, *, t0: float, tokens: int | None = None) -> dict:
-    """Write G from `stats` accumulated over trunk + every expert, as they are now (restat.py's passes
-    feed it during `sync`, so the final sync needs no second pass)."""
+def write_pooled(rd: RunDir, stats: RouterStats, *, t0: float, tokens: int | None = None,
+                 experts: list[int] | None = None) -> dict:
+    """Write G from `stats` accumulated over trunk + every expert (or `experts`), as they are now (restat.py's
+    passes feed it during `sync`, so the final sync needs no second pass)."""
     trunk = read_module_meta(rd, 0)
-    n = int(rd.info()["n_experts"])
-    experts = {module_name(i): read_module_meta(rd, i)["sha256"] for i in range(1, n + 1)}
-    per = tokens or _stats_tokens(read_module_meta(rd, 1))
+    ids = range(1, int(rd.info()["n_experts"]) + 1) if experts is None else experts
+    experts = {module_name(i): read_module_meta(rd, i)["sha256"] for i in ids}
+    per = tokens or _stats_tokens(read_module_meta(rd, next(iter(ids))))
     return _write(rd, stats, trunk, "experts", experts, per, "trunk + each expert over its shard", t0)
 
 

@@ -101,10 +101,23 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
 
 
 @torch.no_grad()
-def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = "cpu") -> dict:
-    """{domain: held-out loss} of the trunk alone (anchor, + its seed FFN if it has one) read from `trunk_path`."""
+def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = "cpu", experts: list[dict] = ()) -> dict:
+    """{domain: held-out loss} of the trunk alone (anchor, + its seed FFN if it has one) read from `trunk_path`.
+
+    A trunk trained here is scored as it scored itself. An imported base never trained here: its own settings
+    (65,536 tokens a domain, fp32) would make each sync on SmolLM2 a 6-minute pass, so it is scored as the
+    `experts` (their metadata) score themselves: their held-out tokens, their precision."""
     dev = resolve_device(device)
     model, route = trunk_alone(trunk_path, ModelConfig.from_dict(trunk_meta["config"]), dev)
+    eval_tokens, precision = trunk_scoring(trunk_meta, experts)
+    return heldout_losses(rd.heldout_dir, model, eval_tokens, route, dev, precision)
+
+
+def trunk_scoring(trunk_meta: dict, experts: list[dict] = ()) -> tuple[int, str]:
+    """(held-out tokens a domain, precision) the trunk is scored with: its own, or for an imported base its
+    `experts`' own (see heldout_trunk)."""
     eval_tokens = int(trunk_meta.get("train", {}).get("eval_tokens", 65_536))
-    return heldout_losses(rd.heldout_dir, model, eval_tokens, route, dev, precision_of(trunk_meta))
+    if trunk_meta.get("source") == "base" and experts:
+        return max(int(m.get("train", {}).get("eval_tokens", eval_tokens)) for m in experts), precision_of(experts[0])
+    return eval_tokens, precision_of(trunk_meta)
 

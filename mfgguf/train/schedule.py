@@ -131,9 +131,10 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
                 break
             if not _needs_sync(rd, ids):
                 break
-            if len(ids) < int(info["n_experts"]):
-                _say(progress, f"round {r}: the {len(ids)} selected experts are trained; sync needs all"
-                               f" {info['n_experts']}: train the others, then `mfgguf sync {rd.root}`")
+            if len(ids) < int(info["n_experts"]) and sorted(ids) != (trunk.get("sync") or {}).get("expert_ids"):
+                _say(progress, f"round {r}: the {len(ids)} selected experts are trained; train the others, then"
+                               f" `mfgguf sync {rd.root}`, or merge these alone: `mfgguf sync {rd.root} --experts"
+                               f" {','.join(map(str, ids))}`")
                 break
             from .sync import sync
 

@@ -44,7 +44,8 @@ SYNC_FORMAT = "mfgguf-sync"
 
 
 def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, restat: bool = True,
-         device: str = "cpu", progress: bool = True, outer_lr: float = 1.0, outer_momentum: float = 0.0) -> dict:
+         device: str = "cpu", progress: bool = True, outer_lr: float = 1.0, outer_momentum: float = 0.0,
+         experts: list[int] | None = None) -> dict:
     """Merge the experts' shared-tensor copies into the next trunk version (between sync rounds).
 
     Run it after every expert has trained its current round (`train-expert --shared ... --rounds R`).
@@ -55,8 +56,9 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     leaves both to `mfgguf restat RUN --expert I`, one process per expert on any machine, then
     `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density).
     --outer-lr / --outer-momentum: DiLoCo's outer Nesterov step on the pseudo-gradient trunk - merge
-    instead of taking the merge (1 and 0, the default, take it; DiLoCo uses 0.7 and 0.9). A killed
-    sync finishes when re-run.
+    instead of taking the merge (1 and 0, the default, take it; DiLoCo uses 0.7 and 0.9). --experts
+    I,J: only those experts take part (a domain held out of training, or trained later); later syncs
+    keep the set the first one recorded. A killed sync finishes when re-run.
 
     Example:
         >>> sync(Path("RUN"), merge="mean")["round"]
@@ -70,15 +72,17 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     plan_file = rd.pending_sync()
     if plan_file is None:
         trunk = read_module_meta(rd, 0) if rd.module_meta(0).is_file() else {}
+        ids = synced_experts(rd, trunk, experts)
         if trunk.get("final"):  # the last merge is published: only statistics passes can be left
-            restats = restat and [i for i in range(1, info["n_experts"] + 1) if needs_restat(rd, trunk, i)]
-            if not restats and (not restat or router_stats_current(rd)):
+            restats = restat and [i for i in ids if needs_restat(rd, trunk, i)]
+            if not restats and (not restat or router_stats_current(rd, ids)):
                 raise MfggufError(f"{rd.root} is already synced after its last round; assemble it with"
                                   f" `mfgguf assemble {rd.root}`")
             plan_file = sorted(rd.rounds.glob("sync_*/sync.json"))[-1]
         else:
-            plan_file = _stage(rd, info, merge, density, device, progress, outer_lr, outer_momentum)
+            plan_file = _stage(rd, info, ids, merge, density, device, progress, outer_lr, outer_momentum)
     plan = read_json(plan_file, "the sync plan")
+    ids = plan.get("expert_ids") or list(range(1, plan["experts"] + 1))
     _publish(rd, plan_file.parent, plan)
     plan["state"] = "published"
     write_json(plan_file, plan)
@@ -89,15 +93,15 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
 
         cfg = read_module_meta(rd, 0)["config"]
         acc = RouterStats(cfg["n_layers"], cfg["dim"], second_moment=True)  # the router's G, from the same passes
-        for i in range(1, plan["experts"] + 1):
+        for i in ids:
             _say(progress, f"router statistics of {module_name(i)} on the merged trunk")
             if restat_one(rd.root, i, device=device, pooled=acc)["restated"]:
                 restated.append(i)
-        if len(restated) == plan["experts"]:
-            write_pooled(rd, acc, t0=t0)
-        elif not router_stats_current(rd):  # some were restated by an earlier, killed sync: one more pass
+        if len(restated) == len(ids):
+            write_pooled(rd, acc, t0=t0, experts=ids)
+        elif not router_stats_current(rd, ids):  # some were restated by an earlier, killed sync: one more pass
             _say(progress, "pooled router statistics of the merged model")
-            pool_router_stats(rd.root, device=device, progress=False)
+            pool_router_stats(rd.root, device=device, progress=False, experts=ids)
     trunk = read_module_meta(rd, 0)
     return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
             "outer_lr": plan.get("outer_lr", 1.0), "outer_momentum": plan.get("outer_momentum", 0.0),
@@ -107,25 +111,42 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
             "dir": str(plan_file.parent)}
 
 
+def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[int]:
+    """The experts that take part in the sync rounds: `experts` where given, else the set the trunk's last sync
+    recorded (a held-out expert sits out every round), else every expert of the partition."""
+    n = int(rd.info()["n_experts"])
+    recorded = (trunk.get("sync") or {}).get("expert_ids")
+    if experts is None:
+        return list(recorded or range(1, n + 1))
+    ids = sorted({rd.check_expert_index(int(i)) for i in experts})
+    if not ids:
+        raise MfggufError("--experts selects no expert; name the experts whose shared copies to merge, e.g. 1-4")
+    if recorded and ids != list(recorded):
+        raise MfggufError(f"the earlier syncs of {rd.root} merged experts {','.join(map(str, recorded))}; every round"
+                          f" must merge the same experts: pass --experts {','.join(map(str, recorded))} (or leave it out)")
+    return ids
+
+
 # ---- staging: compute every new module under rounds/sync_<k>/after ------------------------------
 
 
-def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, progress: bool, outer_lr: float = 1.0,
-           outer_momentum: float = 0.0) -> Path:
+def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, device: str, progress: bool,
+           outer_lr: float = 1.0, outer_momentum: float = 0.0) -> Path:
     from ..converters.layout import load_module, trunk_shapes, model_config
     from .expert import load_trunk_meta
     from .outer import check_outer, previous_momentum
 
     check_outer(outer_lr, outer_momentum)
-    n = info["n_experts"]
+    n = len(ids)
     trunk = load_trunk_meta(rd)
     k = int(trunk.get("round", 0))
     metas = {}
-    missing = [i for i in range(1, n + 1) if not rd.module_meta(i).is_file()]
+    missing = [i for i in ids if not rd.module_meta(i).is_file()]
     if missing:
         raise MfggufError(f"expert {missing[0]} has not trained round {k + 1} ({len(missing)} of {n} missing);"
-                          f" run `mfgguf train-expert {rd.root} --expert {missing[0]}` first")
-    for i in range(1, n + 1):
+                          f" run `mfgguf train-expert {rd.root} --expert {missing[0]}` first, or leave it out of"
+                          f" every sync with --experts")
+    for i in ids:
         m = read_module_meta(rd, i)
         if m.get("trunk_sha256") != trunk["sha256"] or int(m.get("round", 1)) != k + 1:
             raise MfggufError(f"{module_name(i)} has not trained round {k + 1} against the current trunk;"
@@ -145,7 +166,7 @@ def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, prog
     manifest = read_manifest(rd)
     tmod = load_module(rd, 0, manifest)
     cfg = model_config(tmod, info.get("vocab_size") or trunk["config"]["vocab_size"])
-    mods = [load_module(rd, i, manifest) for i in range(1, n + 1)]
+    mods = [load_module(rd, i, manifest) for i in ids]
     shapes = trunk_shapes(cfg)
     what = merge_plan(mods, shapes, merge, density)
 
@@ -155,7 +176,7 @@ def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, prog
     before, after = d / "before", d / "after"
     before.mkdir(parents=True)
     after.mkdir()
-    for i in range(0, n + 1):  # the inputs, kept (hard links cost nothing; the next round replaces the files)
+    for i in [0, *ids]:  # the inputs, kept (hard links cost nothing; the next round replaces the files)
         for src in (rd.module_file(i), rd.module_meta(i)):
             link_or_copy(src, before / src.name)
 
@@ -165,22 +186,26 @@ def _stage(rd: RunDir, info: dict, merge: str, density: float, device: str, prog
     _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({how}) from {n} experts")
     new_trunk = after / rd.module_file(0).name
     _merged_trunk(tmod, mods, what, new_trunk, merge, density, outer, {nm: shapes[nm] for nm in what})
-    from .loop import mean
-    from .restat import heldout_trunk
+    from .base_score import reference_heldout
+    from .loop import mean, resolve_device
+    from .restat import heldout_trunk, trunk_scoring
 
-    held = heldout_trunk(rd, new_trunk, trunk, device)
+    held = heldout_trunk(rd, new_trunk, trunk, device, list(metas.values()))
+    # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
+    tokens, precision = trunk_scoring(trunk, list(metas.values()))
+    before_held = reference_heldout(rd, trunk, tokens, resolve_device(device), precision)
     tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
              "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
              "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
              "heldout_loss": held, "heldout_loss_mean": mean(held),
              "sync": {"merge": merge, "density": density, "merged_tensors": list(what), "experts": n,
-                      "outer_lr": outer_lr, "outer_momentum": outer_momentum}}
+                      "expert_ids": ids, "outer_lr": outer_lr, "outer_momentum": outer_momentum}}
     tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
     metas_after = {"trunk": tfull}
     plan = {"format": SYNC_FORMAT, "state": "staged", "round": k + 1, "rounds": R, "final": final, "merge": merge,
             "density": density, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
-            "merged_tensors": len(what), "experts": n,
-            "before_heldout_loss": trunk.get("heldout_loss", {}), "modules": metas_after}
+            "merged_tensors": len(what), "experts": n, "expert_ids": ids,
+            "before_heldout_loss": before_held, "modules": metas_after}
     write_json(d / "sync.json", plan)
     return d / "sync.json"
 

@@ -23,7 +23,8 @@ from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.converters.merge import merge_arrays
 from mfgguf.errors import MfggufError
-from mfgguf.run import SHARED_PREFIX, STATS_PREFIX, RunDir, router_stats_current, sha256_file, update_manifest
+from mfgguf.run import (SHARED_PREFIX, STATS_PREFIX, RunDir, router_stats_current, router_stats_stale, sha256_file,
+                        update_manifest)
 from mfgguf.train.expert import train_expert
 from mfgguf.options import TrainOptions
 from mfgguf.train.pooled import pool_router_stats
@@ -167,6 +168,50 @@ def test_the_assembled_synced_model_matches_the_reference(finished, tmp_path):
     assert rel_diff(got, ref) <= 1e-3, rel_diff(got, ref)
 
 
+def test_a_held_out_expert_sits_out_every_sync(round1, tmp_path):
+    """`sync --experts 1,2`: expert 3 (a domain held out of training, or added later by `extend`) takes no part:
+    the merge is the mean of the others' copies, later syncs keep the set, and the final one restats only them."""
+    run = _copy_mid_run(round1, tmp_path / "run")
+    rd, old, copies, tokens = _sync_inputs(run)
+    three = sha256_file(rd.module_file(3))
+    code, out = _cli("sync", run, "--experts", "1,2", "--no-progress")
+    assert code == 0 and "from 2 experts" in out, out
+    t, m = load_file(rd.module_file(0)), _meta(run, 0)
+    assert m["sync"]["expert_ids"] == [1, 2]
+    for name in m["sync"]["merged_tensors"]:
+        want = merge_arrays("mean", old[name], [copies[i][SHARED_PREFIX + name] for i in (1, 2)], tokens[:2])
+        assert np.array_equal(t[name], want), name
+    for i in (1, 2):
+        train_expert(run, i, progress=False, options=TrainOptions(shared="attn", rounds=R))
+    code, out = _cli("sync", run, "--experts", "1-3")  # another set than round 1's: one line, nothing written
+    assert code == 1 and "--experts 1,2" in out and len(out.splitlines()) == 1
+    code, out = _cli("sync", run, "--no-progress")  # no --experts: the set the first sync recorded
+    assert code == 0 and "from 2 experts" in out and "recomputed" in out, out
+    assert [_meta(run, i).get("shared_merged") for i in EXPERTS] == [True, True, None]
+    assert sha256_file(rd.module_file(3)) == three
+    assert router_stats_current(rd, [1, 2]) and not router_stats_current(rd)
+    code, out = _cli("sync", run)
+    assert code == 1 and "already synced after its last round" in out
+    # the expert that sat out trains later as a plain expert on the merged trunk; a synced one may not
+    code, out = _cli("train-expert", run, "--expert", "1", "--no-progress")
+    assert code == 1 and "sat out the syncs" in out and len(out.splitlines()) == 1
+    m3 = train_expert(run, 3, progress=False, restart=True)  # its round-1 checkpoint (it trained one here) goes
+    assert m3["trunk_sha256"] == _meta(run, 0)["sha256"] and not m3.get("shared_tensors")
+    pooled = json.loads(rd.router_stats_meta.read_text())  # over 1 and 2: assembly with 3 pools again, and says why
+    assert router_stats_stale(pooled, m3["trunk_sha256"], {"expert_003": m3["sha256"]}) == "cover other experts, not expert_003"
+    r = assemble(run, tmp_path / "all.gguf", quant="f32", progress=False)
+    assert r["experts"] == list(EXPERTS) and r["merged_tensors"] == 0
+
+
+def test_an_imported_base_is_scored_as_its_experts_score_themselves():
+    from mfgguf.train.restat import trunk_scoring
+
+    trunk = {"source": "base", "precision": "fp32", "train": {"eval_tokens": 65_536}}
+    experts = [{"precision": "bf16", "train": {"eval_tokens": 4_096}}, {"precision": "bf16", "train": {"eval_tokens": 2_048}}]
+    assert trunk_scoring(trunk, experts) == (4_096, "bf16")  # 6 minutes a sync on SmolLM2 at (65,536, fp32)
+    assert trunk_scoring({**trunk, "source": None}, experts) == (65_536, "fp32")  # trained here: its own settings
+
+
 def test_a_killed_sync_finishes_with_the_same_bytes(round1, tmp_path):
     from mfgguf.train import sync as sync_mod
 
@@ -175,7 +220,7 @@ def test_a_killed_sync_finishes_with_the_same_bytes(round1, tmp_path):
     # the state a SIGKILL after the first rename leaves: plan staged, trunk file replaced, its JSON not
     rd = RunDir(killed)
     info = rd.info()
-    plan_file = sync_mod._stage(rd, info, "mean", 0.2, "cpu", False)
+    plan_file = sync_mod._stage(rd, info, list(EXPERTS), "mean", 0.2, "cpu", False)
     os.replace(plan_file.parent / "after" / "trunk.safetensors", rd.module_file(0))
     for args in (["train-expert", killed, "--expert", "1", "--shared", "attn", "--rounds", "2", "--no-progress"],
                  ["assemble", killed, "-o", tmp_path / "x.gguf"]):
@@ -329,7 +374,7 @@ def test_a_stale_outer_momentum_is_refused_and_a_killed_outer_sync_finishes(roun
     whole, killed = (_copy_mid_run(round1, tmp_path / name) for name in ("whole", "killed"))
     sync(whole, progress=False, outer_lr=0.7, outer_momentum=0.9)
     rd = RunDir(killed)  # killed after the momentum's rename, before the trunk's
-    plan_file = sync_mod._stage(rd, rd.info(), "mean", 0.2, "cpu", False, 0.7, 0.9)
+    plan_file = sync_mod._stage(rd, rd.info(), list(EXPERTS), "mean", 0.2, "cpu", False, 0.7, 0.9)
     os.replace(plan_file.parent / "after" / OUTER_FILE, rd.rounds / OUTER_FILE)
     code, out = _cli("sync", killed, "--no-progress")
     assert code == 0, out
