@@ -437,6 +437,11 @@ def trained_expert_meta(rd: "RunDir", trunk_sha256: str, i: int, verb: str) -> d
     return read_module_meta(rd, i)
 
 
+def recorded_experts(trunk_meta: dict) -> list[int] | None:
+    """The experts the trunk's syncs merged (`sync --experts`), or None where no sync recorded a set."""
+    return (trunk_meta.get("sync") or {}).get("expert_ids")
+
+
 def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -> str | None:
     """Why pooled router statistics (their JSON `meta`) do not describe this trunk and these experts
     ({name: sha256}), or None when they do."""

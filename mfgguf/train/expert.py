@@ -27,7 +27,7 @@ from ..errors import MfggufError
 from ..model import SEED_FFN, Transformer, trunk_name_map
 from ..options import TrainOptions
 from ..plots import loss_curve
-from ..run import RunDir, module_name, read_manifest, read_module_meta, sha256_file, write_module
+from ..run import RunDir, module_name, read_manifest, read_module_meta, recorded_experts, sha256_file, write_module
 from . import branch as br
 from . import checkpoint as ckpt_io
 from . import complement as cx
@@ -314,7 +314,7 @@ def _round(rd: RunDir, trunk: dict, tc, i: int) -> int:
         raise MfggufError("--rounds > 1 needs experts that train shared tensors (--shared norms|attn|all):"
                           " with --shared none there is nothing to sync between rounds")
     if trunk.get("final"):
-        synced = (trunk.get("sync") or {}).get("expert_ids")
+        synced = recorded_experts(trunk)
         if synced and i not in synced and tc.shared == "none" and tc.rounds == 1:
             return 1  # an expert that sat out the syncs: a plain one on the final trunk, for `extend` or assembly
         raise MfggufError(f"{rd.root} is synced after its last round; its experts are final: assemble it"

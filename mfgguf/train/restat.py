@@ -101,21 +101,21 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
 
 
 @torch.no_grad()
-def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = "cpu", experts: list[dict] = ()) -> dict:
-    """{domain: held-out loss} of the trunk alone (anchor, + its seed FFN if it has one) read from `trunk_path`.
-
-    A trunk trained here is scored as it scored itself. An imported base never trained here: its own settings
-    (65,536 tokens a domain, fp32) took 377 s of a sync on SmolLM2 (15-18 s now), so it is scored as the
-    `experts` (their metadata) score themselves: their held-out tokens, their precision."""
+def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = "cpu",
+                  scoring: tuple[int, str] | None = None) -> dict:
+    """{domain: held-out loss} of the trunk alone (anchor, + its seed FFN if it has one) read from `trunk_path`,
+    over `scoring` = (held-out tokens a domain, precision); default trunk_scoring(trunk_meta)."""
     dev = resolve_device(device)
     model, route = trunk_alone(trunk_path, ModelConfig.from_dict(trunk_meta["config"]), dev)
-    eval_tokens, precision = trunk_scoring(trunk_meta, experts)
+    eval_tokens, precision = scoring or trunk_scoring(trunk_meta)
     return heldout_losses(rd.heldout_dir, model, eval_tokens, route, dev, precision)
 
 
 def trunk_scoring(trunk_meta: dict, experts: list[dict] = ()) -> tuple[int, str]:
-    """(held-out tokens a domain, precision) the trunk is scored with: its own, or for an imported base its
-    `experts`' own (see heldout_trunk)."""
+    """(held-out tokens a domain, precision) the trunk is scored with. A trunk trained here: as it scored
+    itself. An imported base never trained here: its own settings (65,536 tokens a domain, fp32) took 377 s
+    of a sync on SmolLM2 (15-18 s now), so it is scored as its `experts` (their metadata) score themselves:
+    their held-out tokens, their precision."""
     eval_tokens = int(trunk_meta.get("train", {}).get("eval_tokens", 65_536))
     if trunk_meta.get("source") == "base" and experts:
         return max(int(m.get("train", {}).get("eval_tokens", eval_tokens)) for m in experts), precision_of(experts[0])

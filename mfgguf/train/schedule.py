@@ -33,7 +33,8 @@ from pathlib import Path
 from ..errors import MfggufError
 from ..machine import mem_available
 from ..options import JobOptions, parse_experts
-from ..run import RunDir, finished_against, module_name, read_module_meta, router_stats_current, write_json
+from ..run import (RunDir, finished_against, module_name, read_module_meta, recorded_experts, router_stats_current,
+                   write_json)
 from .jobs import Job
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
@@ -131,13 +132,13 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
                 break
             if not _needs_sync(rd, ids):
                 break
-            if len(ids) < int(info["n_experts"]) and sorted(ids) != (trunk.get("sync") or {}).get("expert_ids"):
+            from .sync import sync
+
+            if len(ids) < int(info["n_experts"]) and sorted(ids) != recorded_experts(trunk):
                 _say(progress, f"round {r}: the {len(ids)} selected experts are trained; train the others, then"
                                f" `mfgguf sync {rd.root}`, or merge these alone: `mfgguf sync {rd.root} --experts"
                                f" {','.join(map(str, ids))}`")
                 break
-            from .sync import sync
-
             _say(progress, f"sync {r}/{rounds}")
             sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
             syncs += 1

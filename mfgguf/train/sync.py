@@ -37,7 +37,7 @@ from ..converters.fileio import pwrite_all
 from ..converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
 from ..errors import MfggufError
 from ..run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
-                   read_module_meta, router_stats_current, update_manifest, write_json)
+                   read_module_meta, recorded_experts, router_stats_current, update_manifest, write_json)
 from .outer import is_plain
 
 SYNC_FORMAT = "mfgguf-sync"
@@ -115,7 +115,7 @@ def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[i
     """The experts that take part in the sync rounds: `experts` where given, else the set the trunk's last sync
     recorded (a held-out expert sits out every round), else every expert of the partition."""
     n = int(rd.info()["n_experts"])
-    recorded = (trunk.get("sync") or {}).get("expert_ids")
+    recorded = recorded_experts(trunk)
     if experts is None:
         return list(recorded or range(1, n + 1))
     ids = sorted({rd.check_expert_index(int(i)) for i in experts})
@@ -190,9 +190,9 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
     from .loop import mean, resolve_device
     from .restat import heldout_trunk, trunk_scoring
 
-    held = heldout_trunk(rd, new_trunk, trunk, device, list(metas.values()))
-    # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
     tokens, precision = trunk_scoring(trunk, list(metas.values()))
+    held = heldout_trunk(rd, new_trunk, trunk, device, (tokens, precision))
+    # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
     before_held = reference_heldout(rd, trunk, tokens, resolve_device(device), precision)
     tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
              "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
