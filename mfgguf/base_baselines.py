@@ -7,13 +7,15 @@ trained experts' shards (an equal share of each):
   - flop:       continued pretraining of every parameter for the FLOPs every expert job spent
                 together (mfgguf/flops.py: an expert step is its forward, the backward through the
                 network and its own weight gradients; a full step is 6x the base's weights);
-  - wallclock:  the same for the wall time of the longest expert job (the critical path when each
-                expert has a machine): its training seconds x the FLOP-matched run's own tokens/s;
+  - wallclock:  the same for the MoE's critical path when each expert has a machine: the slowest
+                expert's wall over all its rounds (process start, scoring and statistics included) plus
+                every sync's wall, x the FLOP-matched run's own training tokens/s;
   - lora:       a peft LoRA (rank 16, every linear layer) for the experts' FLOPs.
-The peak LR of each kind is chosen by the same small grid (GRID): each value trains on half as
-many tokens as the longest expert did, and the lowest held-out loss on the trained domains
-(PyTorch, 4,096 tokens a domain) wins; the grid's losses are reported. Tokens are whole optimizer
-steps.
+The peak LR of each kind is chosen by the same small grid (GRID) run at the budget it is used with:
+each value trains for the experts' whole FLOPs, the lowest validation loss on the trained domains
+(PyTorch, 4,096 tokens a domain) wins, and that run is the baseline (no second run); the grid's
+losses are reported. The wall-clock-matched run reuses the full grid's LR, chosen at the FLOP
+budget (the larger one when experts run side by side). Tokens are whole optimizer steps.
 
 Example:
     >>> plans, grid = plan_and_train(rd, metas, out)
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from .config import ModelConfig
 from .flops import continued_step_flops, module_flops
-from .run import RunDir, read_module_meta
+from .run import RunDir, read_json, read_module_meta
 from .stages import run_stage
 
 GRID = {"full": (1e-4, 3e-4, 1e-3), "lora": (1e-3, 3e-3, 1e-2)}  # peak LRs tried for each kind of training
@@ -60,8 +62,7 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     shards = sorted(int(m["shard"]) for m in experts.values())
     trained = sorted({d for m in experts.values() for d in m.get("shard_domains") or []})
     flops = sum(module_flops(m) for m in experts.values())
-    longest = max(experts.values(), key=lambda m: m["train_s"])
-    grid_tokens = max(step, max(m["tokens_seen"] for m in experts.values()) // 2 // step * step)
+    critical_s = critical_path_s(rd, experts)
 
     def train(name: str, mode: str, tokens: int, lr: float) -> dict:
         view = RunDir(out / name)
@@ -77,29 +78,40 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     def held(m: dict) -> float:
         return sum(m["heldout_loss"][d] for d in trained) / len(trained)
 
-    grid, best = {}, {}
+    def flop_tokens(mode: str) -> int:
+        return max(step, round(flops / continued_step_flops(cfg, mode).total / step) * step)
+
+    grid, best, runs = {}, {}, {}
     for mode in sorted({MODE[k] for k in which}):
-        runs = {lr: train(f"grid-{mode}-lr{lr:g}", mode, grid_tokens, lr) for lr in GRID[mode]}
-        grid[mode] = {"tokens": grid_tokens, "heldout_loss_trained_domains": {f"{lr:g}": held(m) for lr, m in runs.items()}}
-        best[mode] = min(runs, key=lambda lr: held(runs[lr]))
+        tokens = flop_tokens(mode)
+        runs[mode] = {lr: train(f"grid-{mode}-lr{lr:g}", mode, tokens, lr) for lr in GRID[mode]}
+        grid[mode] = {"tokens": tokens, "heldout_loss_trained_domains": {f"{lr:g}": held(m) for lr, m in runs[mode].items()}}
+        best[mode] = min(runs[mode], key=lambda lr: held(runs[mode][lr]))
         grid[mode]["chosen_lr"] = best[mode]
     plans = []
-    for key in [k for k in ("flop", "lora", "wallclock") if k in which]:  # wallclock needs the full run's speed
+    for key in [k for k in ("flop", "lora", "wallclock") if k in which]:
         mode = MODE[key]
+        lr = best[mode]
         if key == "wallclock":
-            flop_run = next((p for p in plans if p.key == "flop"), None)
-            speed = (read_module_meta(RunDir(flop_run.run), 0)["tokens_per_s"] if flop_run else
-                     grid_speed(out, mode, best[mode]))
-            budget = float(longest["train_s"])
+            budget = critical_s
+            speed = float(runs[mode][lr]["tokens_per_s"])
             tokens = max(step, math.floor(speed * budget / step) * step)
-        else:
-            budget = flops
-            tokens = max(step, round(flops / continued_step_flops(cfg, mode).total / step) * step)
-        m = train(f"base-{key}", mode, tokens, best[mode])
-        plans.append(BasePlan(key, LABELS[key], mode, m["tokens_seen"], best[mode], budget, out / f"base-{key}"))
+            m, name = train(f"base-{key}", mode, tokens, lr), f"base-{key}"
+        else:  # the grid's best run is the FLOP-matched baseline itself
+            budget, m, name = flops, runs[mode][lr], f"grid-{mode}-lr{lr:g}"
+        plans.append(BasePlan(key, LABELS[key], mode, m["tokens_seen"], lr, budget, out / name))
     return plans, grid
 
 
-def grid_speed(out: Path, mode: str, lr: float) -> float:
-    """Training tokens/s the grid's run of `mode` at `lr` measured."""
-    return float(read_module_meta(RunDir(out / f"grid-{mode}-lr{lr:g}"), 0)["tokens_per_s"])
+def critical_path_s(rd: RunDir, experts: dict) -> float:
+    """Seconds of the MoE's critical path with a machine per expert: the slowest expert's walls summed over its rounds
+    (each round's record is kept under rounds/sync_k/before/), plus the wall of every sync (recorded in its plan)."""
+    plans = sorted(rd.rounds.glob("sync_*/sync.json")) if rd.rounds.is_dir() else []
+    walls = []
+    for i, m in experts.items():
+        rounds = [read_json(f, "a round's expert record") for p in plans if (f := p.parent / "before" / rd.module_meta(i).name).is_file()]
+        if int(m.get("round") or 1) > max((int(r.get("round") or 1) for r in rounds), default=0):
+            rounds.append(m)  # a round trained since the last sync (or no sync at all); a restat keeps its round
+        walls.append(sum(float(r.get("wall_s") or r["train_s"]) for r in rounds))
+    syncs = sum(float(read_json(p, "a sync plan").get("wall_s") or 0.0) for p in plans)
+    return max(walls) + syncs

@@ -1,7 +1,9 @@
 """`mfgguf eval RUN`: does assembling independently trained modules, without retraining, work?
 
-Every figure is measured by llama.cpp on a GGUF written by `mfgguf assemble`, on the held-out
-split no module trained on:
+Every figure is measured by llama.cpp on a GGUF written by `mfgguf assemble`, on the test split
+no module trained on and no choice looked at (every choice -- the MoE's router and top-k, the
+oracle's experts, the baselines' LRs and schedules -- reads the validation split; a RUN prepared
+before validation existed has one held-out split for both, and the report says so):
   - the assembled MoE for each router method, top-1 and top-2 (at `base_quant`, f16 by default);
   - the trunk alone (anchor only, no experts);
   - oracle routing: each domain's text through a model holding only its best expert;
@@ -151,8 +153,13 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         _say(f"measure {name}")
         results[name] = _measure(m["path"], rd, m.get("domains", domains), cfg)
 
+    # the one choice made among the assembled models (which router and top-k is "the MoE") is made on validation
     moe_names = [k for k, m in models.items() if m["kind"] == "moe"]
-    best = min(moe_names, key=lambda k: results[k]["overall"]["ppl"])
+    validation = {}
+    for k in moe_names:
+        _say(f"measure {k} on validation")
+        validation[k] = _measure(models[k]["path"], rd, domains, cfg, split="validation")
+    best = min(moe_names, key=lambda k: validation[k]["overall"]["ppl"])
     best_router, best_k = models[best]["router"], models[best]["top_k"]
     quant_rows = {cfg.base_quant: results[best]}
     for q in cfg.quants:
@@ -169,7 +176,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
 
     oracle_mixed = mixed({d: results[f"oracle {d}"]["domains"][d] for d in domains})
     stats_moe = [k for k in moe_names if models[k]["router"] in STATS_ROUTERS]
-    best_stats = min(stats_moe, key=lambda k: results[k]["overall"]["ppl"]) if stats_moe else None
+    best_stats = min(stats_moe, key=lambda k: validation[k]["overall"]["ppl"]) if stats_moe else None
     report = {
         "run": str(rd.root),
         "config": asdict(cfg),
@@ -177,6 +184,9 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
         "models": {k: {**{kk: vv for kk, vv in m.items() if kk != "path"}, "file": m["path"].name,
                        "bytes": m["path"].stat().st_size} for k, m in models.items()},
         "results": results,
+        "splits": {**rd.split_roles(), "chosen_on_validation": ["best router and top-k", "oracle experts",
+                                                                "baseline LRs and schedules", "training curves"]},
+        "validation": {k: v["overall"] for k, v in validation.items()},
         "oracle": {"experts": best_expert, "mixed": oracle_mixed},
         "recipe": recipe(metas),
         "best": best,
@@ -228,8 +238,7 @@ def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
         return None
     view = RunDir(out / "trained-trunk")
     view.modules.mkdir(parents=True, exist_ok=True)
-    for name in ("run.json", "tokenizer.json"):
-        (view.root / name).write_bytes((rd.root / name).read_bytes())
+    rd.copy_vocab_to(view)  # an imported base's vocabulary lives in base/, not tokenizer.json
     for name in ("trunk.safetensors", "trunk.json"):
         dst = view.modules / name
         dst.unlink(missing_ok=True)
@@ -238,8 +247,9 @@ def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
     return view
 
 
-def _measure(path: Path, rd: RunDir, domains: list[str], cfg: EvalConfig) -> dict:
-    return measure(path, rd, domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx, decode_tokens=cfg.decode_tokens)
+def _measure(path: Path, rd: RunDir, domains: list[str], cfg: EvalConfig, split: str = "test") -> dict:
+    return measure(path, rd, domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx,
+                   decode_tokens=cfg.decode_tokens if split == "test" else 0, split=split)
 
 
 def _say(msg: str) -> None:

@@ -48,7 +48,8 @@ FORMULAS = {
                    " whose input depends on a trained tensor, 8*H*hd*(T+1)/2 per layer whose attention input does"
                    " (shared none: all layers above 0, the head, and layer 0's expert down-projection input)",
     "module_flops": "tokens_seen * per-token step FLOPs of that module (a wsd trunk's cooldown after its branch"
-                    " point included: cooldown_flops in its row)",
+                    " point included: cooldown_flops in its row) + restat_tokens * its forward FLOPs a token (the"
+                    " final sync's statistics and scoring passes on the merged trunk)",
     "flop_matched": "dense tokens = (trunk FLOPs + sum of every expert job's FLOPs) / dense per-token FLOPs,"
                     " rounded to whole optimizer steps",
     "continued_from_base": "an imported base trained further (mfgguf train-base): full = trunk_or_dense_step of the"
@@ -174,8 +175,10 @@ def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
 
 
 def module_flops(meta: dict, *, causal: bool = True) -> float:
-    """Training FLOPs a module spent: tokens_seen * its per-token step FLOPs."""
-    return meta["tokens_seen"] * module_step_flops(meta, causal=causal).total
+    """Training FLOPs a module spent: tokens_seen * its per-token step FLOPs, plus the forward passes a sync's
+    restat ran on it (router statistics and validation scoring on the merged trunk: `restat_tokens`)."""
+    step = module_step_flops(meta, causal=causal)
+    return meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
 
 
 def rounds_of(metas: dict) -> int:

@@ -1,7 +1,8 @@
 """What `mfgguf eval` measures of one model, apart from building it.
 
-`measure`: a GGUF's held-out perplexity per domain (llama.cpp), prompt and decode tokens/s, and
-peak RSS, in a process of its own (`python -m mfgguf.measure`) so that its RSS is its own.
+`measure`: a GGUF's perplexity per domain on the test split (or, for a choice among models, the
+validation split) by llama.cpp, prompt and decode tokens/s, and peak RSS, in a process of its own
+(`python -m mfgguf.measure`) so that its RSS is its own.
 `routing_accuracy`: per layer, how much of each domain's text the MoE's top-1 router sends to
 the experts trained mostly on that domain (the PyTorch reference with the GGUF's router rows).
 """
@@ -20,33 +21,42 @@ from .run import RunDir
 from .stages import run_stage
 
 
-def measure(path: Path, rd: RunDir, domains: list[str], *, max_tokens: int, ctx: int | None, decode_tokens: int) -> dict:
-    """Perplexity per domain, tokens/s and peak RSS of one GGUF, in a process of its own."""
+SPLITS = ("test", "validation")
+
+
+def measure(path: Path, rd: RunDir, domains: list[str], *, max_tokens: int, ctx: int | None, decode_tokens: int,
+            split: str = "test") -> dict:
+    """Perplexity per domain on `split`, tokens/s and peak RSS of one GGUF, in a process of its own (decode_tokens=0:
+    no decode timing)."""
+    assert split in SPLITS, split
     args = [sys.executable, "-m", "mfgguf.measure", str(path), str(rd.root), ",".join(domains),
-            str(max_tokens), str(ctx or 0), str(decode_tokens)]
+            str(max_tokens), str(ctx or 0), str(decode_tokens), split]
     res, text = run_stage(f"measure {path.name}", args, capture=True)
     m = json.loads(text.strip().splitlines()[-1])
     m["peak_rss_mb"] = res.peak_rss_mb
     return m
 
 
-def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str) -> None:
+def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, split: str) -> None:
     """The measuring process: prints one JSON line (see `measure`)."""
     from .runtime.perplexity import perplexity_by_domain
 
     rd = RunDir(Path(run))
-    held = rd.heldout_tokens(int(cap))
-    toks = {d: np.asarray(held[d]) for d in domains.split(",")}
+    held = rd.heldout_tokens(int(cap)) if split == "test" else rd.validation_tokens(int(cap))
+    toks = {d: np.asarray(held[d]) for d in domains.split(",") if d in held}
     r = perplexity_by_domain(Path(path), toks, ctx=int(ctx) or None)
     per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens")} for d, v in r["domains"].items()}
+    overall = {k: r["overall"][k] for k in ("ppl", "nll", "n_tokens")}  # token-weighted: the mixed set
+    if not int(decode):
+        print(json.dumps({"domains": per, "overall": overall, "split": split, "prompt_tps": r["overall"]["tokens_per_s"]}))
+        return
     from .runtime.llm import loaded
 
     with loaded(Path(path)) as llm:
         t0 = time.perf_counter()
         c = llm.create_completion("def ", max_tokens=int(decode), temperature=0.0, seed=0)
         n_dec, t_dec = c["usage"]["completion_tokens"], time.perf_counter() - t0
-    overall = {k: r["overall"][k] for k in ("ppl", "nll", "n_tokens")}  # token-weighted: the mixed set
-    print(json.dumps({"domains": per, "overall": overall, "prompt_tps": r["overall"]["tokens_per_s"],
+    print(json.dumps({"domains": per, "overall": overall, "split": split, "prompt_tps": r["overall"]["tokens_per_s"],
                       "decode_tps": n_dec / t_dec if n_dec else float("nan")}))
 
 

@@ -74,14 +74,26 @@ def recipe(metas: dict) -> dict:
             "trunk_tokens_per_param": round(seen / cfg.non_embedding_params(), 1) if seen else None}
 
 
+def _splits(r: dict) -> str:
+    """Which split the table scores and which one the choices read; a RUN without a validation split says so."""
+    sp = r.get("splits") or {}
+    if not sp:
+        return ""
+    if sp["validation"] == sp["test"]:
+        return (f"This RUN has no validation split (prepared before it existed): choices and figures both read"
+                f" data/{sp['test']}/; re-run `mfgguf prepare` for separate splits.")
+    return (f"Scored on data/{sp['test']}/ (test) once per model; every choice ({', '.join(sp['chosen_on_validation'])})"
+            f" read data/{sp['validation']}/ (validation).")
+
+
 def report_markdown(r: dict, target: Goals = Goals()) -> str:
     """report.md from report.json's content `r`, each goal checked against `target`; titled by the run's name."""
     ds = r["domains"]
     rc = r.get("recipe") or {}
     how = ", ".join(f"{k} {v}" for k, v in rc.items() if v is not None)
     L = [f"# mfgguf evaluation: {Path(r['run']).name}", "", *([f"Recipe: {how}.", ""] if how else []),
-         f"Held-out perplexity measured by llama.cpp ({r['config']['base_quant']} unless named; "
-         f"up to {r['config']['max_tokens_per_domain']} tokens per domain). Lower is better.", "",
+         f"Test perplexity measured by llama.cpp ({r['config']['base_quant']} unless named; "
+         f"up to {r['config']['max_tokens_per_domain']} tokens per domain). Lower is better. {_splits(r)}", "",
          "| model | " + " | ".join(ds) + " | mixed | prompt tok/s | decode tok/s | peak RSS (MB) |",
          "|---|" + "---:|" * (len(ds) + 4)]
     for name, m in r["results"].items():
@@ -94,7 +106,8 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
     L.append("| oracle routing | " + " | ".join(orc) + f" | {r['oracle']['mixed']['ppl']:.3f} | | | |")
     g = r["goals"]
     R = r["flops"]["rounds"]
-    L += ["", "## Goals", "", f"Best MoE: {r['best']}. Ratios of mixed held-out perplexity (lower favours the MoE).", "",
+    L += ["", "## Goals", "", f"Best MoE (on validation): {r['best']}. Ratios of mixed test perplexity (lower favours the"
+          " MoE).", "",
           "| goal | measured | met |", "|---|---:|:-:|"]
 
     def row(text: str, key: str, limit: float, *, strict: bool = False) -> None:

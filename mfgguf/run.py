@@ -5,8 +5,10 @@
       tokenizer.json            byte-level BPE (tokenizers); llama.cpp tokenizes it identically
       data/train.npy            mixed training tokens for the trunk (uint16/uint32, memory-mapped)
       data/shard_001.npy ...    expert i's training tokens
-      data/heldout/<domain>.npy held-out tokens per domain (no module ever trains on them)
-      data/heldout/<domain>.txt the same held-out documents as text (for `perplexity --data`)
+      data/valid/<domain>.npy   validation tokens per domain: every choice made on data reads these
+      data/valid/<domain>.txt   the same validation documents as text
+      data/heldout/<domain>.npy test tokens per domain, scored once per final model (`eval`, `perplexity --run`)
+      data/heldout/<domain>.txt the same test documents as text (for `perplexity --data`)
       data/clusters.safetensors k-means centres (partition=cluster only)
       modules/trunk.safetensors + trunk.json            module 0
       modules/expert_001.safetensors + expert_001.json  experts 1..N
@@ -75,7 +77,39 @@ class RunDir:
     @property
     def train_tokens(self) -> Path: return self.data / "train.npy"
     @property
-    def heldout_dir(self) -> Path: return self.data / "heldout"
+    def heldout_dir(self) -> Path: return self.data / "heldout"  # the test split (its name predates validation)
+    @property
+    def valid_dir(self) -> Path: return self.data / "valid"
+
+    @property
+    def validation_dir(self) -> Path:
+        """The split every choice made on data reads: training curves, LR grids, schedules, the oracle's expert,
+        the best router. A RUN prepared before the validation split existed has only its held-out split, which then
+        serves both roles (`split_roles` says so)."""
+        return self.valid_dir if self.valid_dir.is_dir() else self.heldout_dir
+
+    def split_roles(self) -> dict[str, str]:
+        """{"validation": dir name, "test": dir name} as this RUN has them, for reports."""
+        return {"validation": self.validation_dir.name, "test": self.heldout_dir.name}
+
+    @property
+    def vocab_files(self) -> list[Path]:
+        """What defines this RUN's vocabulary: tokenizer.json of a RUN prepared from scratch, base/ of an imported base
+        (which holds the tokenizer, and no tokenizer.json in RUN/ when the base was a GGUF). A view of the RUN copies
+        these."""
+        return [p for p in (self.tokenizer, self.root / "base") if p.exists()]
+
+    def copy_vocab_to(self, dst: "RunDir") -> None:
+        """run.json and the vocabulary files into another RUN directory (a view over this one's data)."""
+        dst.root.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self.run_json, dst.run_json)
+        for src in self.vocab_files:
+            target = dst.root / src.name
+            if src.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(src, target)
+            else:
+                shutil.copy2(src, target)
     @property
     def clusters(self) -> Path: return self.data / "clusters.safetensors"
     @property
@@ -107,6 +141,12 @@ class RunDir:
 
     def heldout_text(self, domain: str) -> Path:
         return self.heldout_dir / f"{domain}.txt"
+
+    def valid(self, domain: str) -> Path:
+        return self.valid_dir / f"{domain}.npy"
+
+    def valid_text(self, domain: str) -> Path:
+        return self.valid_dir / f"{domain}.txt"
 
     @property
     def router_stats(self) -> Path: return self.modules / "router_stats.safetensors"  # pooled, per trunk
@@ -141,17 +181,24 @@ class RunDir:
         return info
 
     def heldout_tokens(self, cap: int | None = None) -> dict:
-        """{domain: memory-mapped held-out tokens (first `cap`)}, for every domain that has a held-out split.
+        """{domain: memory-mapped test tokens (first `cap`)}, for every domain that has a test split.
 
         A domain with a single document has none (prepare keeps it for training), so it is skipped.
         """
+        return self._split_tokens(self.heldout_dir, cap)
+
+    def validation_tokens(self, cap: int | None = None) -> dict:
+        """{domain: memory-mapped validation tokens (first `cap`)}: `heldout_tokens` of `validation_dir`."""
+        return self._split_tokens(self.validation_dir, cap)
+
+    def _split_tokens(self, d: Path, cap: int | None) -> dict:
         import numpy as np
 
-        names = list(self.info().get("domains") or []) or sorted(p.stem for p in self.heldout_dir.glob("*.npy"))
-        names = [d for d in names if self.heldout(d).is_file()]
+        names = list(self.info().get("domains") or []) or sorted(p.stem for p in d.glob("*.npy"))
+        names = [x for x in names if (d / f"{x}.npy").is_file()]
         if not names:
-            raise MfggufError(f"{self.heldout_dir} holds no <domain>.npy held-out tokens; re-create the run with `mfgguf prepare`")
-        return {d: np.load(self.heldout(d), mmap_mode="r", allow_pickle=False)[:cap] for d in names}
+            raise MfggufError(f"{d} holds no <domain>.npy tokens; re-create the run with `mfgguf prepare`")
+        return {x: np.load(d / f"{x}.npy", mmap_mode="r", allow_pickle=False)[:cap] for x in names}
 
     def check_expert_index(self, i: int) -> int:
         n = self.info()["n_experts"]
@@ -237,12 +284,7 @@ def data_view(src: RunDir, out: Path) -> RunDir:
     view = RunDir(out)
     if view.root.exists():
         shutil.rmtree(view.root)
-    view.root.mkdir(parents=True)
-    for name in ("run.json", "tokenizer.json"):
-        if (src.root / name).is_file():
-            shutil.copy2(src.root / name, view.root / name)
-    if (src.root / "base").is_dir():
-        shutil.copytree(src.root / "base", view.root / "base")
+    src.copy_vocab_to(view)
     view.data.symlink_to(src.data.resolve())
     return view
 

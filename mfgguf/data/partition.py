@@ -39,16 +39,17 @@ class Partition:
     extra: dict = field(default_factory=dict)
 
 
-def split_heldout(domains: list[str], frac: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def split_heldout(domains: list[str], frac: float, seed: int = 0, stream: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(train, heldout) document indices. Per domain: round(frac * n) docs, at least 1 when the
-    domain has 2 or more docs (and frac > 0), never all of them.
+    domain has 2 or more docs (and frac > 0), never all of them. `stream` keys the draw: the test
+    split is stream 1 (as it always was), the validation split stream 2.
 
     Example:
         >>> train, held = split_heldout(["a", "a", "b", "b", "b"], 0.05)   # one of each held out
     """
     if not 0.0 <= frac < 1.0:
         raise MfggufError(f"held-out fraction must be in [0, 1), got {frac}")
-    rng = np.random.default_rng([seed, 1])
+    rng = np.random.default_rng([seed, stream])
     held = []
     for d in sorted(set(domains)):
         idx = np.array([i for i, x in enumerate(domains) if x == d])
@@ -59,6 +60,20 @@ def split_heldout(domains: list[str], frac: float, seed: int = 0) -> tuple[np.nd
     held = np.sort(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
     train = np.setdiff1d(np.arange(len(domains)), held)
     return train, held
+
+
+def split_three(domains: list[str], test_frac: float, valid_frac: float, seed: int = 0
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, validation, test) document indices. The test split is drawn first, exactly as a RUN without a
+    validation split drew its held-out one (the same documents for the same seed); validation is then drawn from
+    what is left, per domain, under the same rule, so training always keeps a document of each domain.
+
+    Example:
+        >>> train, valid, test = split_three(["a"] * 3 + ["b"] * 3, 0.05, 0.05)   # one of each in each split
+    """
+    rest, test = split_heldout(domains, test_frac, seed)
+    sub, valid = split_heldout([domains[i] for i in rest], valid_frac, seed, stream=2)
+    return rest[sub], np.sort(rest[valid]), test
 
 
 def composition(shards: list[np.ndarray], domains: list[str], lengths=None) -> list[dict[str, int]]:

@@ -1,7 +1,8 @@
-"""`prepare`: sources -> a RUN directory with a tokenizer, token shards and a held-out split.
+"""`prepare`: sources -> a RUN directory with a tokenizer, token shards, a validation and a test split.
 
-Order matters: the held-out split is drawn first (per domain, whole documents), the tokenizer is
-trained on the training documents only, then everything is tokenized and the training documents
+Order matters: the test split is drawn first (per domain, whole documents; the same documents a RUN
+without validation held out), then the validation split from the rest; the tokenizer is trained on
+the training documents only, then everything is tokenized and the training documents
 are partitioned into expert shards. The RUN is built in a temporary sibling directory and renamed
 into place at the end, so a failure leaves no half-written RUN (and `force` replaces an old one
 only once the new one is complete).
@@ -21,16 +22,19 @@ import numpy as np
 from ..base.runbase import base_info, base_only, base_tokenizer, carry_into, imported
 from ..errors import MfggufError
 from ..run import RUN_FORMAT, RUN_VERSION, RunDir, swap_dir_into_place, write_json
-from .partition import PARTITIONS, partition as _partition_docs, split_heldout
+from .partition import PARTITIONS, partition as _partition_docs, split_three
 from .sources import load_corpus
 from .tokenizer import EOS_ID, EOS_TOKEN, MIN_VOCAB, encode_documents, token_dtype, train_tokenizer
 
 
 def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "label", vocab_size: int = 4096,
-            heldout_frac: float = 0.05, overlap: float = 0.0, seed: int = 0, max_chars_per_domain: int | None = None,
+            heldout_frac: float = 0.05, valid_frac: float = 0.05, overlap: float = 0.0, seed: int = 0, max_chars_per_domain: int | None = None,
             text_field: str = "text", force: bool = False, progress: bool = True) -> dict:
     """Read SOURCES, train a byte-level BPE tokenizer, and write a RUN directory: tokens for the
-    trunk, one shard per expert, and a held-out split per domain that no module trains on.
+    trunk, one shard per expert, and two splits per domain that no module trains on: validation (every choice
+    made on data reads it: training curves, LR grids, schedules, the router) and test (HELDOUT_FRAC of the
+    documents, scored once per final model by `eval` and `perplexity --run`). VALID_FRAC is of the documents
+    left after the test split.
 
     Sources: text files, directories, globs, JSONL (`domain` field optional), `hf:NAME[:CONFIG][:SPLIT]`,
     `hf:json:FILES`, `builtin` (Python's own code, English docs and C headers) or `study` (the larger
@@ -45,13 +49,16 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     """
     out = Path(out)
     _validate(sources, out, n_experts, partition, vocab_size, heldout_frac, overlap, max_chars_per_domain, force)
+    if not 0.0 <= valid_frac < 1.0:
+        raise MfggufError(f"--valid-frac must be in [0, 1), got {valid_frac}")
     t0 = time.time()
     docs, source_stats = load_corpus(sources, text_field=text_field, max_chars_per_domain=max_chars_per_domain,
                                      progress=progress)
     domains = [d.domain for d in docs]
-    train_idx, held_idx = split_heldout(domains, heldout_frac, seed)
+    train_idx, valid_idx, held_idx = split_three(domains, heldout_frac, valid_frac, seed)
     if len(train_idx) == 0:
-        raise MfggufError("no training documents left after the held-out split; add data or lower --heldout-frac")
+        raise MfggufError("no training documents left after the test and validation splits; add data or lower"
+                          " --heldout-frac and --valid-frac")
 
     base = imported(out)  # `mfgguf import-base` wrote RUN: the base's own tokenizer, EOS and vocabulary
     if base is not None:
@@ -77,6 +84,7 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     try:
         run = RunDir(tmp)
         run.heldout_dir.mkdir(parents=True)
+        run.valid_dir.mkdir(parents=True)
         if base is not None:
             carry_into(base, tmp)
             if base.tokenizer_json.is_file():
@@ -93,12 +101,8 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
             for j in idx:
                 comp[domains[j]] = comp.get(domains[j], 0) + len(tokens[j]) + 1
             shards.append({"id": i, "docs": len(idx), "tokens": n, "domains": dict(sorted(comp.items()))})
-        heldout = {}
-        for d in sorted(set(domains[i] for i in held_idx)):
-            idx = [i for i in held_idx if domains[i] == d]
-            n = write_tokens(run.heldout(d), tokens, idx, dtype, eos)
-            run.heldout_text(d).write_text("\n\n".join(docs[i].text for i in idx), encoding="utf-8")
-            heldout[d] = {"docs": len(idx), "tokens": n}
+        heldout = _write_split(held_idx, run.heldout, run.heldout_text, docs, tokens, dtype, eos)
+        valid = _write_split(valid_idx, run.valid, run.valid_text, docs, tokens, dtype, eos)
         if partition == "cluster":
             _save_clusters(run.clusters, part)
         info = {
@@ -115,11 +119,13 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
             "shards": shards,
             "train_tokens": train_tokens,
             "train_docs": len(train_idx),
-            "heldout": heldout,
+            "heldout": heldout,  # the test split
+            "valid": valid,
             "sources": list(sources),
             "source_stats": source_stats,
             "seed": seed,
             "heldout_frac": heldout_frac,
+            "valid_frac": valid_frac,
             "max_chars_per_domain": max_chars_per_domain,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "prepare_seconds": round(time.time() - t0, 2),
@@ -131,6 +137,18 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return info
+
+
+def _write_split(idx, npy, txt, docs, tokens, dtype, eos) -> dict:
+    """One split's tokens and text per domain ({domain: {docs, tokens}}); `npy`/`txt` name a domain's files."""
+    out = {}
+    domains = [d.domain for d in docs]
+    for d in sorted(set(domains[i] for i in idx)):
+        mine = [i for i in idx if domains[i] == d]
+        n = write_tokens(npy(d), tokens, mine, dtype, eos)
+        txt(d).write_text("\n\n".join(docs[i].text for i in mine), encoding="utf-8")
+        out[d] = {"docs": len(mine), "tokens": n}
+    return out
 
 
 # ---- checks ------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from .weights import trunk_alone
 
 def _key(rd: RunDir, trunk_meta: dict, eval_tokens: int, precision: str) -> dict:
     return {"trunk_sha256": trunk_meta.get("sha256"), "eval_tokens": int(eval_tokens), "precision": precision,
-            "heldout_bytes": {f.stem: f.stat().st_size for f in sorted(Path(rd.heldout_dir).glob("*.npy"))}}
+            "heldout_bytes": {f.stem: f.stat().st_size for f in sorted(Path(rd.validation_dir).glob("*.npy"))}}
 
 
 @torch.no_grad()
@@ -43,7 +43,7 @@ def base_heldout(rd: RunDir, trunk_meta: dict, eval_tokens: int, dev, precision:
     except (OSError, ValueError, AttributeError):
         pass  # absent or unreadable: score again
     model, route = trunk_alone(rd.module_file(0), ModelConfig.from_dict(trunk_meta["config"]), dev)
-    held = heldout_losses(rd.heldout_dir, model, eval_tokens, route, dev, precision)
+    held = heldout_losses(rd.validation_dir, model, eval_tokens, route, dev, precision)
     write_json(path, {"key": key, "heldout_loss": held})
     return held
 

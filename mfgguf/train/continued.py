@@ -88,7 +88,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=f"base, {mode}", micro=micro)
     if mode == "lora":
         model = _merged(model, cfg)
-    held = heldout_losses(view.heldout_dir, model, tc.eval_tokens, route, dev, prec)
+    held = heldout_losses(view.validation_dir, model, tc.eval_tokens, route, dev, prec)
     tensors = {k: v.detach().float().contiguous() for k, v in model.trunk_tensors().items()}
     meta = {**{k: trunk[k] for k in ("kind", "source", "base", "preset", "config")},
             "train": {**tc.__dict__}, "precision": prec, "steps": res.steps, "tokens_seen": res.tokens_seen,

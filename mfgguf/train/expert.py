@@ -249,7 +249,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     until = round_end(steps, tc.rounds, rnd)
     tail = _tail(cfg, tc, steps)
     tail = tail if until == steps else None  # the last round gathers the router statistics
-    curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
+    curve = lambda: heldout_losses(rd.validation_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=i, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=_label(i, rnd, tc.rounds),
                    heldout=curve, lr_scale=sh.lr_scales(model, tc), until=until, keep=keep,
@@ -262,7 +262,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     if last is not None and last[0] == res.steps and tc.curve_tokens >= tc.eval_tokens:
         heldout = last[2]  # the curve's last point scored the same tokens a moment ago
     else:
-        heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
+        heldout = heldout_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
     t1 = time.perf_counter()
     if tail is not None:  # the training steps' own FFN inputs; the shard loss is theirs too
         stats, shard_loss = tail.stats, smooth(res.history, res.steps - tail.first_step)

@@ -211,12 +211,12 @@ class _Board:
 
 
 def _common_paths(rd: RunDir) -> list[Path]:
-    """What every job needs besides its shard: run files, tokenizer, trunk, held-out split."""
+    """What every job needs besides its shard: run files, tokenizer, trunk, the validation split it scores."""
     tok = [rd.tokenizer] if rd.tokenizer.is_file() else []  # a GGUF-only imported base has none (RUN/base/ holds its vocab)
     from .branch import branch_files
 
     branch = [f for f in branch_files(rd) if f.is_file()]  # a wsd trunk's branch point: wsd experts start from it
-    return [rd.run_json, *tok, rd.module_file(0), rd.module_meta(0), *branch, *_tree(rd.heldout_dir)]
+    return [rd.run_json, *tok, rd.module_file(0), rd.module_meta(0), *branch, *_tree(rd.validation_dir)]
 
 
 def _tree(d: Path) -> list[Path]:

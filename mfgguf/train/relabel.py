@@ -206,19 +206,19 @@ def _write_run(rd: RunDir, dst: RunDir, ids, shards, spans, new, record: dict, i
     dst.root.parent.mkdir(parents=True, exist_ok=True)
     tmp = RunDir(Path(tempfile.mkdtemp(prefix=f".{dst.root.name}.", suffix=".tmp", dir=dst.root.parent)))
     try:
-        tmp.heldout_dir.mkdir(parents=True)
-        tmp.modules.mkdir()
-        if rd.tokenizer.is_file():  # a RUN of an imported base has none: its tokenizer lives in base/
-            shutil.copy2(rd.tokenizer, tmp.tokenizer)
-        if (rd.root / "base").is_dir():
-            shutil.copytree(rd.root / "base", tmp.root / "base")
+        tmp.modules.mkdir(parents=True)
+        tmp.data.mkdir()
+        for f in rd.vocab_files:  # tokenizer.json, or an imported base's base/ (run.json is written below)
+            (shutil.copytree if f.is_dir() else shutil.copy2)(f, tmp.root / f.name)
         for f in (rd.module_file(0), rd.module_meta(0)):  # the trunk the experts scored against, shared by link
             link_or_copy(f, tmp.modules / f.name)
         man = read_json(rd.manifest, "the run manifest")
         write_json(tmp.manifest, {**man, "modules": {"trunk": man["modules"]["trunk"]}})
         link_or_copy(rd.train_tokens, tmp.train_tokens)
-        for f in rd.heldout_dir.iterdir():
-            link_or_copy(f, tmp.heldout_dir / f.name)
+        for split in {rd.heldout_dir, rd.validation_dir}:  # the test and validation splits (one dir on older RUNs)
+            (tmp.data / split.name).mkdir()
+            for f in split.iterdir():
+                link_or_copy(f, tmp.data / split.name / f.name)
         rows = {s["id"]: s for s in info["shards"]}
         out_shards = []
         rng = np.random.default_rng([c.seed, 7])

@@ -86,13 +86,16 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
     tc = meta.get("train", {})
     eval_tokens = int(tc.get("eval_tokens", 65_536))
     stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=pooled is not None)
-    shard_loss, _ = evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), stats_tokens(tc), "single", dev, prec,
-                             hook=stats.hook)
+    shard_loss, n_stats = evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), stats_tokens(tc), "single", dev, prec,
+                                   hook=stats.hook)
     if pooled is not None:
         pooled.add(stats)
-    held = heldout_losses(rd.heldout_dir, model, eval_tokens, "single", dev, prec)
+    held = heldout_losses(rd.validation_dir, model, eval_tokens, "single", dev, prec)
     extra = {
         "router_stats_count": stats.n, "router_stats_on": "merged trunk", "shard_loss": shard_loss,
+        # forward passes this module cost beyond its training steps: the comparison's FLOPs count them (flops.py)
+        "restat_tokens": int(n_stats) + sum(min(len(load_tokens(f, f.stem)), eval_tokens)
+                                            for f in sorted(rd.validation_dir.glob("*.npy"))),
         "heldout_loss": held, "heldout_loss_mean": mean(held),
         "premerge": {k: meta.get(k) for k in ("heldout_loss", "heldout_loss_mean", "shard_loss", "trunk_sha256")},
     }
@@ -108,7 +111,7 @@ def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = 
     dev = resolve_device(device)
     model, route = trunk_alone(trunk_path, ModelConfig.from_dict(trunk_meta["config"]), dev)
     eval_tokens, precision = scoring or trunk_scoring(trunk_meta)
-    return heldout_losses(rd.heldout_dir, model, eval_tokens, route, dev, precision)
+    return heldout_losses(rd.validation_dir, model, eval_tokens, route, dev, precision)
 
 
 def trunk_scoring(trunk_meta: dict, experts: list[dict] = ()) -> tuple[int, str]:

@@ -103,6 +103,8 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
             _say(progress, "pooled router statistics of the merged model")
             pool_router_stats(rd.root, device=device, progress=False, experts=ids)
     trunk = read_module_meta(rd, 0)
+    plan["wall_s"] = round(float(plan.get("wall_s") or 0.0) + time.perf_counter() - t0, 2)  # a re-run adds its own
+    write_json(plan_file, plan)  # the wall-clock-matched baseline's budget counts every sync
     return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
             "outer_lr": plan.get("outer_lr", 1.0), "outer_momentum": plan.get("outer_momentum", 0.0),
             "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],

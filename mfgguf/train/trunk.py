@@ -174,14 +174,14 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
     model.to(dev)
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}  # not the (unused) router row
     ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
-    curve = lambda: heldout_losses(rd.heldout_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
+    curve = lambda: heldout_losses(rd.validation_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", heldout=curve,
                    branch_path=_branch_path(tc, ckpt_dir))
 
-    heldout = heldout_losses(rd.heldout_dir, model, tc.eval_tokens, route, dev, prec)
+    heldout = heldout_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
     if not heldout:
-        raise MfggufError(f"no held-out tokens in {rd.heldout_dir}; re-create the run with `mfgguf prepare`")
+        raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
     meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
                        recompute=rec, heldout=heldout, t_start=t_start)
     meta["flops_per_token"] = trunk_step_flops(cfg).total  # mfgguf/flops.py conventions
@@ -215,11 +215,11 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
     ckpt_meta = json.loads(json.dumps(ckpt_meta))  # as state.json will hold it (tuples -> lists)
     try:
         res = streamed_loop(trunk, data, tc, stream=0, ckpt_meta=ckpt_meta, progress=progress, label="trunk (streamed)",
-                            heldout=lambda: streamed_heldout(trunk, rd.heldout_dir, tc.curve_tokens, group),
+                            heldout=lambda: streamed_heldout(trunk, rd.validation_dir, tc.curve_tokens, group),
                             branch_path=_branch_path(tc, ckpt_dir))
-        heldout = streamed_heldout(trunk, rd.heldout_dir, tc.eval_tokens, group)
+        heldout = streamed_heldout(trunk, rd.validation_dir, tc.eval_tokens, group)
         if not heldout:
-            raise MfggufError(f"no held-out tokens in {rd.heldout_dir}; re-create the run with `mfgguf prepare`")
+            raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
         meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
                            recompute=True, heldout=heldout, t_start=t_start)
         meta["flops_per_token"] = trunk_step_flops(cfg).total

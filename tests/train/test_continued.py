@@ -132,3 +132,57 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
         assert abs(module_flops(meta) - expert_flops) <= per_tok * step / 2 + 1e-6 * expert_flops
     assert set(rep["base_baselines"]["grid"]) == {"full", "lora"}
     assert rep["results"]["moe ridge top-1"]["domains"].keys() == rep["results"][labels[0]]["domains"].keys()
+
+
+def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(tmp_path, base_run):
+    """The README's recipe shape on a GGUF-imported base (no tokenizer.json in RUN: its vocabulary lives in base/):
+    experts with attention copies over two sync rounds, then `eval`. Every choice-making stage runs with the test
+    split gone, so none of them can have opened it; eval then scores the test split it is given back."""
+    import shutil
+
+    from tests.base.test_import_base import converted
+
+    tok = base_run.parent / "tokenizer.json"
+    gguf = converted(save_hf_llama(tmp_path / "hf", tok, tied=True), tmp_path / "base.gguf", "f32")
+    run = tmp_path / "run"
+    assert cli("import-base", gguf, "--out", run).exit_code == 0
+    r = cli("prepare", "builtin", "--out", run, "--experts", "2", "--max-chars-per-domain", "150000", "--no-progress")
+    assert r.exit_code == 0, r.output
+    rd = RunDir(run)
+    assert not rd.tokenizer.is_file() and rd.valid_dir.is_dir() and rd.validation_dir == rd.valid_dir
+    assert set(rd.info()["valid"]) == set(rd.info()["heldout"])  # every domain has both splits
+    test = tmp_path / "test-split"
+    shutil.move(rd.heldout_dir, test)  # from here until eval's scoring, nothing may read the test split:
+    rd.heldout_dir.mkdir()  # a decoy in its place fails whatever opens it
+    for d in rd.info()["heldout"]:
+        rd.heldout(d).write_bytes(b"not the test split")
+    for _ in range(2):
+        for i in (1, 2):
+            r = cli("train-expert", run, "--expert", i, "--tokens", 8192, "--eval-tokens", 512, "--shared", "attn",
+                    "--rounds", 2, "--no-progress")
+            assert r.exit_code == 0, r.output
+        r = cli("sync", run)
+        assert r.exit_code == 0, r.output
+    from mfgguf.base_baselines import critical_path_s, plan_and_train
+
+    metas = {i: read_module_meta(rd, i) for i in range(3)}
+    plans, grid = plan_and_train(rd, metas, tmp_path / "baselines", ("flop", "wallclock"))
+    assert set(grid) == {"full"} and len(grid["full"]["heldout_loss_trained_domains"]) == 3
+    flop = next(p for p in plans if p.key == "flop")
+    assert flop.run.name == f"grid-full-lr{grid['full']['chosen_lr']:g}"  # the grid ran at the budget it is used with
+    wall = next(p for p in plans if p.key == "wallclock")
+    syncs = [json.loads(f.read_text()) for f in sorted(rd.rounds.glob("sync_*/sync.json"))]
+    assert len(syncs) == 2 and all(s["wall_s"] > 0 for s in syncs)
+    assert wall.budget == critical_path_s(rd, {i: metas[i] for i in (1, 2)}) > sum(s["wall_s"] for s in syncs)
+    assert all(metas[i]["restat_tokens"] > 0 for i in (1, 2))  # the final sync's passes, counted in module_flops
+
+    shutil.rmtree(rd.heldout_dir)
+    shutil.move(test, rd.heldout_dir)
+    r = cli("eval", run, "--routers", "ridge,uniform", "--top-k", "1", "--quants", "", "--baselines", "flop",
+            "--max-tokens", 1024, "--ctx", 64, "--out", tmp_path / "baselines")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "baselines" / "report.json").read_text())
+    assert rep["splits"]["validation"] == "valid" and rep["splits"]["test"] == "heldout"
+    assert "trunk as trained (before sync)" in rep["results"]
+    assert rep["best"] == min(rep["validation"], key=lambda k: rep["validation"][k]["ppl"])
+    assert "(validation)" in (tmp_path / "baselines" / "report.md").read_text()
