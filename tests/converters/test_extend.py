@@ -347,8 +347,9 @@ def test_keep_routing_moves_the_old_domains_less(real, tmp_path):
 
 def test_a_fourth_expert_on_a_new_domain(real):
     """The new domain's held-out perplexity drops; the others move a little: the recomputed router sends
-    some of their tokens to the new expert (on this tiny, barely trained trunk: measured +1.2% to +2.7%
-    with the manual pages, more than the 1% hoped for; the same file as assembling all four at once)."""
+    some of their tokens to the new expert (on this tiny, barely trained trunk, more than the 1% hoped for, and
+    more since the validation split took its documents from the experts' shards: docs/assembly.md; the same file
+    as assembling all four at once)."""
     from mfgguf.runtime.perplexity import perplexity_by_domain
 
     run, run2, three, four, new = real
@@ -359,7 +360,7 @@ def test_a_fourth_expert_on_a_new_domain(real):
     print(json.dumps(ppl))
     assert ppl[new][1] < 0.97 * ppl[new][0], ppl
     for d in ("python", "english", "c"):
-        assert abs(ppl[d][1] / ppl[d][0] - 1) <= 0.04, (d, ppl)
+        assert abs(ppl[d][1] / ppl[d][0] - 1) <= 0.08, (d, ppl)
     prov = inspect_gguf(four)["provenance"]
     assert prov["mfgguf.router.expert_source"] == [0, 0, 0, 1] and len(prov["mfgguf.router.sources"]) == 2
 
