@@ -34,6 +34,9 @@ class ModelConfig:
     norm_eps: float = 1e-5  # RMSNorm epsilon
     seed_expert: bool = False  # the trunk also trains one expert-width FFN, the seed, that every expert starts
     #                            from (BTX-style upcycling); the trunk alone is then anchor + seed, a dense model
+    family: str = "llama"  # the decoder family (mfgguf/families/): its rotation, extra tensors and GGUF archs
+    rope_freq_factors: tuple[float, ...] = ()  # imported Llama 3.x: RoPE pair i's frequency is divided by entry i
+    #                                            (llama.cpp's rope_freqs.weight); () = plain RoPE
 
     @property
     def head_dim(self) -> int:
@@ -47,6 +50,9 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise MfggufError(f"head_dim {self.head_dim} must be even for RoPE; change dim or n_heads")
+        if self.rope_freq_factors and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise MfggufError(f"{len(self.rope_freq_factors)} rope frequency factors for head_dim {self.head_dim};"
+                              f" there must be head_dim / 2 = {self.head_dim // 2}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,6 +60,8 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if "rope_freq_factors" in known:  # a JSON list
+            known["rope_freq_factors"] = tuple(float(x) for x in known["rope_freq_factors"])
         return cls(**known)
 
     # Parameter counts, used by `inspect`, the benchmarks and the dense baseline.

@@ -112,11 +112,19 @@ def blk(l: int, t: str) -> str:
     return f"blk.{l}.{t}.weight"
 
 
-def arch_of(layout: str, n_experts: int) -> str:
-    """GGUF architecture for a layout: granitemoe, or llama (mixtral layout and the dense trunk)."""
+def arch_of(layout: str, n_experts: int, family_name: str = "llama") -> str:
+    """GGUF architecture for a layout and model family (families/): llama's are granitemoe, or llama (mixtral
+    layout and the dense trunk); qwen2's qwen2moe, or qwen2 for the trunk alone."""
+    from ..families import family, moe_arch
+
     if layout not in LAYOUTS:
         raise MfggufError(f"unknown layout {layout!r}; choose granitemoe or mixtral")
-    return "granitemoe" if layout == "granitemoe" and n_experts else "llama"
+    f = family(family_name)
+    return moe_arch(f, layout) if n_experts else f.gguf_arch
+
+
+SHEXP_GATED = ("qwen2moe",)  # MoE archs whose shared expert is scaled by a sigmoid gate, `ffn_gate_inp_shexp`
+SHEXP_GATE_LOGIT_SCALE = 2.0 ** -64  # every entry of that gate's row (writers/qwen2moe.py)
 
 
 # ---- tokenizer defaults --------------------------------------------------------------------------
@@ -154,11 +162,19 @@ def model_kv(arch: str, cfg, *, n_experts: int, top_k: int, ff: int, shexp_ff: i
     ]
     if n_experts:
         kv += [(f"{a}.expert_count", "UINT32", n_experts), (f"{a}.expert_used_count", "UINT32", top_k)]
-    if arch == "granitemoe":
-        # logit_scale is required by llama.cpp's granite loader; 1.0 (and no residual/embedding/
-        # attention scales) makes the graph plain llama.
-        kv += [(f"{a}.logit_scale", "FLOAT32", 1.0), (f"{a}.expert_shared_feed_forward_length", "UINT32", shexp_ff)]
+    for key, vt, what in MOE_KEYS.get(arch, ()):
+        kv.append((f"{a}.{key}", vt, {"one": 1.0, "shexp_ff": shexp_ff, "expert_ff": cfg.expert_ff}[what]))
     return kv
+
+
+# Keys an MoE architecture needs beyond the common ones, as (key after `{arch}.`, value type, value: one |
+# shexp_ff | expert_ff). granitemoe's logit_scale is required by llama.cpp's granite loader; 1.0 (and no
+# residual/embedding/attention scales) makes the graph plain llama.
+MOE_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "granitemoe": (("logit_scale", "FLOAT32", "one"), ("expert_shared_feed_forward_length", "UINT32", "shexp_ff")),
+    "qwen2moe": (("expert_feed_forward_length", "UINT32", "expert_ff"),
+                 ("expert_shared_feed_forward_length", "UINT32", "shexp_ff")),
+}
 
 
 class VType(IntEnum):  # gguf_type; same numbers as gguf.GGUFValueType

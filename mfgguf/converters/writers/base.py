@@ -100,6 +100,9 @@ class Writer:
         self._enter("stream", "preallocate")
         self._open_inputs()
         p = self.p
+        for name, x in p.constants.items():  # tensors from the config alone (layout._constants)
+            s = p.slot(name)
+            self._put(s, s.offset, x)
         first = 2 if p.pooled else 1  # stream position of expert slot 0
         counts = [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
         # chunks of one tensor region come in module order, so the router's pooled sums are added
