@@ -86,7 +86,7 @@ WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": M
 
 
 def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1, router: str = "ridge",
-             layout: str = "granitemoe", experts: list[int] | None = None, merge: str = "mean",
+             layout: str = "auto", experts: list[int] | None = None, merge: str = "mean",
              merge_density: float = DEFAULT_DENSITY, force: bool = False, threads: int | None = None,
              fast_quant: bool = False, progress: bool = True) -> dict:
     """Assemble the trunk and experts of RUN into one GGUF that stock llama.cpp runs.

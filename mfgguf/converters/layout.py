@@ -38,7 +38,7 @@ from .merge import DEFAULT_DENSITY, merge_plan
 from .router import needs_stats
 from .fileio import pwrite_all
 from .ggufheader import kv_value
-from ..families import block_extras, family
+from ..families import block_extras, family, resolve_layout
 from .schema import ALIGNMENT, FFN, VType, blk
 
 
@@ -277,6 +277,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     trunk = load_module(run, 0, manifest)
     cfg = model_config(trunk, vocab)
     cfg.validate()
+    layout = resolve_layout(family(cfg.family), layout)
     _check_shapes("module trunk", trunk.entries, trunk_shapes(cfg), "retrain the trunk")
 
     ids = list(range(1, info["n_experts"] + 1)) if experts is None else list(experts)
@@ -316,6 +317,9 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     merged = merge_plan(mods, trunk_shapes(cfg), merge, density)
     lay = "dense" if N == 0 else layout
     arch = schema.arch_of(layout, N, cfg.family)
+    if comp and arch != "granitemoe":
+        raise MfggufError(f"experts that complement the seed assemble as granitemoe (a llama trunk) only, not {arch};"
+                          " retrain them without --complement")
 
     slots = _slots(cfg, lay, R, quant, arch)
     ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]

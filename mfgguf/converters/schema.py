@@ -65,7 +65,7 @@ K_QUANTS = ("q4_k", "q5_k", "q6_k")
 FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q4_0": "f16", "q4_1": "f16", "q5_0": "f16", "q5_1": "f16", "q8_0": "f16"}
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* for general.file_type (informational)
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k": 14, "q5_k": 16, "q6_k": 18, "bf16": 32}
-LAYOUTS = ("granitemoe", "mixtral")
+LAYOUTS = ("granitemoe", "mixtral")  # + "auto": the model family's own (families.resolve_layout)
 ROUTERS = ("ridge", "centroid", "uniform", "random")
 
 

@@ -27,7 +27,8 @@ class Family:
     hf_archs: tuple[str, ...]  # config.json `architectures` read as this family
     rope: str  # "normal": llama.cpp rotates adjacent pairs (Q/K rows permuted from HF); "neox": halves, HF's own order
     # assemble --layout -> general.architecture of the MoE file: granitemoe = the anchor as an always-on shared
-    # expert, mixtral = the anchor folded into every routed expert (assemble.py); a family without one refuses it
+    # expert, mixtral = the anchor folded into every routed expert (assemble.py); a family without one refuses it;
+    # the first is --layout auto's
     moe_layouts: dict[str, str]
     # per-block tensors beyond llama's, GGUF suffix -> size: "q" = n_heads * head_dim, "kv" = n_kv_heads * head_dim,
     # "head" = head_dim (1-D, kept F32 like norms)
@@ -63,6 +64,16 @@ def gguf_archs() -> list[str]:
 
 def hf_archs() -> list[str]:
     return [a for f in _registry().values() for a in f.hf_archs]
+
+
+def written_archs() -> tuple[str, ...]:
+    """Every architecture `mfgguf assemble` writes: each family's MoE ones and its dense one."""
+    return tuple(dict.fromkeys(a for f in _registry().values() for a in (*f.moe_layouts.values(), f.gguf_arch)))
+
+
+def resolve_layout(f: Family, layout: str) -> str:
+    """`auto` (assemble's default) is the family's first MoE layout: granitemoe for llama."""
+    return next(iter(f.moe_layouts)) if layout == "auto" else layout
 
 
 def block_extras(f: Family, *, n_heads: int, n_kv_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
