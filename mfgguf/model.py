@@ -89,6 +89,9 @@ class Block(nn.Module):
         self.attn_q = nn.Linear(cfg.dim, cfg.n_heads * hd, bias="attn_q.bias" in fam.extras)
         self.attn_k = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias="attn_k.bias" in fam.extras)
         self.attn_v = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias="attn_v.bias" in fam.extras)
+        # Qwen3: an RMSNorm over each Q and K head before RoPE (llama.cpp's attn_q_norm / attn_k_norm)
+        self.attn_q_norm = RMSNorm(hd, cfg.norm_eps) if "attn_q_norm.weight" in fam.extras else None
+        self.attn_k_norm = RMSNorm(hd, cfg.norm_eps) if "attn_k_norm.weight" in fam.extras else None
         self.attn_output = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.anchor = SwiGLU(cfg.dim, cfg.anchor_ff)
@@ -107,6 +110,8 @@ class Block(nn.Module):
         q = self.attn_q(x).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
         k = self.attn_k(x).view(B, T, KV, hd).transpose(1, 2)  # (B, KV, T, hd)
         v = self.attn_v(x).view(B, T, KV, hd).transpose(1, 2)
+        if self.attn_q_norm is not None:
+            q, k = self.attn_q_norm(q), self.attn_k_norm(k)
         q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         # enable_gqa: query head h reads kv head h // (H // KV), as in llama.cpp, without copying k, v.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)  # (B, H, T, hd)

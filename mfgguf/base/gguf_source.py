@@ -67,12 +67,13 @@ class GGUFBase:
             raise MfggufError(f"{what} uses rope scaling {scaling!r}, which mfgguf's model does not compute")
         n_heads = int(self._kv(f"{a}.attention.head_count", what))
         dim = int(self._kv(f"{a}.embedding_length", what))
+        key_len = int(self._kv(f"{a}.attention.key_length", what, dim // n_heads)) if fam.free_head_dim else 0
         self.tensors = {t.name: t for t in self.reader.tensors}
         factors: tuple[float, ...] = ()
         if (rf := self.tensors.pop("rope_freqs.weight", None)) is not None:
-            if not fam.rope_freqs or rf.tensor_type.name != "F32" or int(rf.n_elements) != dim // n_heads // 2:
+            if not fam.rope_freqs or rf.tensor_type.name != "F32" or int(rf.n_elements) != (key_len or dim // n_heads) // 2:
                 raise MfggufError(f"{what} has a rope_freqs tensor of {int(rf.n_elements)} {rf.tensor_type.name}, which"
-                                  f" mfgguf's model does not compute; it reads {dim // n_heads // 2} F32 factors of a llama")
+                                  f" mfgguf's model does not compute; it reads {(key_len or dim // n_heads) // 2} F32 factors of a llama")
             factors = tuple(float(x) for x in np.asarray(rf.data, np.float32).reshape(-1))
         verdict: dict[str, bool] = {}
         tied = "output.weight" not in self.tensors
@@ -85,13 +86,14 @@ class GGUFBase:
             ff=int(self._kv(f"{a}.feed_forward_length", what)), vocab_size=int(emb.shape[1]),
             rope_theta=float(self._kv(f"{a}.rope.freq_base", what, 10000.0)),
             norm_eps=float(self._kv(f"{a}.attention.layer_norm_rms_epsilon", what)),
-            ctx_len=int(self._kv(f"{a}.context_length", what)), tied=tied, family=fam.name, rope_freq_factors=factors)
+            ctx_len=int(self._kv(f"{a}.context_length", what)), tied=tied, family=fam.name, rope_freq_factors=factors,
+            head_dim=key_len if key_len != dim // n_heads else 0)
         self.shape.check(what)
-        hd = dim // n_heads
+        hd = self.shape.hd
         for key in (f"{a}.rope.dimension_count", f"{a}.attention.key_length", f"{a}.attention.value_length"):
             v = self._kv(key, what, hd)
             if int(v) != hd:
-                raise MfggufError(f"{what}: {key} is {v}, not dim / n_heads = {hd}; mfgguf's model cannot compute it")
+                raise MfggufError(f"{what}: {key} is {v}, not the head width {hd}; mfgguf's model cannot compute it")
         want = self.shape.expected_shapes()
         for name, t in self.tensors.items():
             if name not in want:

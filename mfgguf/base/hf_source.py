@@ -5,7 +5,7 @@ after parsing each shard's header (f32, f16 or bf16), renamed to GGUF names, and
 llama.cpp rotates in adjacent pairs (llama), Q/K rows permuted from rotate-half exactly as
 convert_hf_to_gguf.py does. Llama 3.x's `llama3` rope scaling becomes per-pair frequency factors.
 Refused with one line: another architecture or activation, llama biases, other rope scaling,
-sliding-window attention, a head_dim other than hidden_size / heads, a missing tokenizer.
+sliding-window attention, a head_dim other than hidden_size / heads (Qwen3 excepted), a missing tokenizer.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class HFBase:
             raise MfggufError(f"{what} is {', '.join(archs) or cfg.get('model_type', 'an unknown model')};"
                               f" import-base reads {', '.join(hf_archs())} checkpoints")
         self.family = fam
+        hd = cfg.get("head_dim")
         for key in ("attention_bias", "mlp_bias"):
             if cfg.get(key):
                 raise MfggufError(f"{what} has {key}=true; mfgguf's model has no biases")
@@ -86,10 +87,10 @@ class HFBase:
             n_kv_heads=int(cfg.get("num_key_value_heads") or heads), ff=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]), rope_theta=float(theta), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             ctx_len=int(cfg.get("max_position_embeddings", 2048)), tied=bool(cfg.get("tie_word_embeddings", False)),
-            family=fam.name, rope_freq_factors=factors)
+            family=fam.name, rope_freq_factors=factors,
+            head_dim=int(hd) if hd is not None and fam.free_head_dim and int(hd) != dim // heads else 0)
         self.shape.check(what)
-        hd = cfg.get("head_dim")
-        if hd is not None and int(hd) != dim // heads:
+        if hd is not None and int(hd) != dim // heads and not fam.free_head_dim:
             raise MfggufError(f"{what}: head_dim {hd} is not hidden_size / num_attention_heads = {dim // heads};"
                               " mfgguf's model cannot compute it")
         self.entries = self._index(what)  # GGUF name -> (shard, dtype, shape, begin, end)

@@ -1,6 +1,6 @@
 """`import-base`: a pretrained model of a known family (GGUF or Hugging Face directory) becomes a RUN's trunk.
 
-Families (mfgguf/families/): llama (Llama 3.x rope scaling included), qwen2 (Qwen2 / Qwen2.5).
+Families (mfgguf/families/): llama (Llama 3.x rope scaling included), qwen2 (Qwen2 / Qwen2.5), qwen3.
 
 The trunk module is the base itself: embeddings, attention, norms, output head (token_embd's copy
 when tied), and the base's FFN split by hidden units into the always-on anchor (units [0, ff - e))
@@ -96,7 +96,7 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
     cfg = ModelConfig(vocab_size=s.vocab_size, dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                       anchor_ff=s.ff - e if seed else s.ff, expert_ff=e, n_experts=0, ctx_len=ctx,
                       rope_theta=s.rope_theta, norm_eps=s.norm_eps, seed_expert=seed, family=s.family,
-                      rope_freq_factors=s.rope_freq_factors)
+                      rope_freq_factors=s.rope_freq_factors, attn_head_dim=s.head_dim)
     cfg.validate()
 
     out.parent.mkdir(parents=True, exist_ok=True)

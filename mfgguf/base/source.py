@@ -34,19 +34,24 @@ class BaseShape:
     tied: bool  # no output.weight of its own: the output head is token_embd
     family: str = "llama"  # mfgguf/families/: rotation, extra per-block tensors, GGUF architectures
     rope_freq_factors: tuple[float, ...] = ()  # Llama 3.x: per-pair RoPE frequency divisors (llama.cpp's rope_freqs)
+    head_dim: int = 0  # a head width other than dim / n_heads (Qwen3); 0 = dim / n_heads
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
 
     def check(self, what: str) -> None:
         """Refuse a shape mfgguf's model cannot compute exactly."""
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+        if (self.dim % self.n_heads and not self.head_dim) or self.n_heads % self.n_kv_heads:
             raise MfggufError(f"{what}: {self.n_heads} heads / {self.n_kv_heads} KV heads do not divide width {self.dim};"
                               " mfgguf's model needs head_dim = dim / n_heads and n_heads a multiple of n_kv_heads")
-        if (self.dim // self.n_heads) % 2:
-            raise MfggufError(f"{what}: head_dim {self.dim // self.n_heads} is odd; RoPE needs an even head_dim")
+        if self.hd % 2:
+            raise MfggufError(f"{what}: head_dim {self.hd} is odd; RoPE needs an even head_dim")
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the importer reads, in GGUF names, and its numpy shape (output.weight is token_embd's
         copy when tied)."""
-        hd, C = self.dim // self.n_heads, self.dim
+        hd, C = self.hd, self.dim
         extras = block_extras(family(self.family), n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=hd)
         s = {"token_embd.weight": (self.vocab_size, C), "output_norm.weight": (C,), "output.weight": (self.vocab_size, C)}
         for l in range(self.n_layers):

@@ -160,20 +160,23 @@ def model_kv(arch: str, cfg, *, n_experts: int, top_k: int, ff: int, shexp_ff: i
         (f"{a}.attention.layer_norm_rms_epsilon", "FLOAT32", float(cfg.norm_eps)),
         (f"{a}.vocab_size", "UINT32", cfg.vocab_size),
     ]
+    if cfg.head_dim * cfg.n_heads != cfg.dim:  # Qwen3: heads of their own width; only then, so other files stay the same
+        kv += [(f"{a}.attention.key_length", "UINT32", cfg.head_dim), (f"{a}.attention.value_length", "UINT32", cfg.head_dim)]
     if n_experts:
         kv += [(f"{a}.expert_count", "UINT32", n_experts), (f"{a}.expert_used_count", "UINT32", top_k)]
     for key, vt, what in MOE_KEYS.get(arch, ()):
-        kv.append((f"{a}.{key}", vt, {"one": 1.0, "shexp_ff": shexp_ff, "expert_ff": cfg.expert_ff}[what]))
+        kv.append((f"{a}.{key}", vt, {"one": 1.0, "shexp_ff": shexp_ff, "expert_ff": cfg.expert_ff, "ff": ff}[what]))
     return kv
 
 
 # Keys an MoE architecture needs beyond the common ones, as (key after `{arch}.`, value type, value: one |
-# shexp_ff | expert_ff). granitemoe's logit_scale is required by llama.cpp's granite loader; 1.0 (and no
+# shexp_ff | expert_ff | ff, the routed experts' width as written). granitemoe's logit_scale is required by llama.cpp's granite loader; 1.0 (and no
 # residual/embedding/attention scales) makes the graph plain llama.
 MOE_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "granitemoe": (("logit_scale", "FLOAT32", "one"), ("expert_shared_feed_forward_length", "UINT32", "shexp_ff")),
     "qwen2moe": (("expert_feed_forward_length", "UINT32", "expert_ff"),
                  ("expert_shared_feed_forward_length", "UINT32", "shexp_ff")),
+    "qwen3moe": (("expert_feed_forward_length", "UINT32", "ff"),),  # the folded width: anchor + expert
 }
 
 

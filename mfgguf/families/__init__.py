@@ -35,12 +35,13 @@ class Family:
     extras: dict[str, str] = field(default_factory=dict)
     hf_names: dict[str, str] = field(default_factory=dict)  # extra HF per-layer names -> GGUF suffix (with .weight/.bias)
     rope_freqs: bool = False  # a llama3-style `rope_freqs.weight` (per-pair frequency divisors) is computed
+    free_head_dim: bool = False  # head_dim may differ from dim / n_heads (GGUF attention.key_length)
 
 
 def _registry() -> dict[str, Family]:
-    from . import llama, qwen2
+    from . import llama, qwen2, qwen3
 
-    return {f.name: f for f in (llama.FAMILY, qwen2.FAMILY)}
+    return {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY)}
 
 
 def family(name: str) -> Family:

@@ -150,14 +150,11 @@ def test_qwen2_pre_tokenizer_tokenizes_the_same_in_llama_cpp(tmp_path):
 
 
 def test_unsupported_is_one_line(tmp_path, tokenizer_json):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    q3 = tmp_path / "q3"
-    Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16)).save_pretrained(q3)
-    (q3 / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    moe = save_hf_qwen2(tmp_path / "moe", tokenizer_json)  # another architecture, by its config
+    cfg = json.loads((moe / "config.json").read_text())
+    (moe / "config.json").write_text(json.dumps({**cfg, "architectures": ["Qwen2MoeForCausalLM"]}))
     swa = save_hf_qwen2(tmp_path / "swa", tokenizer_json, use_sliding_window=True, sliding_window=32, max_window_layers=0)
-    for src, what in ((q3, "Qwen3ForCausalLM; import-base reads"), (swa, "sliding-window attention")):
+    for src, what in ((moe, "Qwen2MoeForCausalLM; import-base reads"), (swa, "sliding-window attention")):
         r = cli("import-base", src, "--out", tmp_path / "out")
         assert r.exit_code == 1 and what in r.output and len(r.output.strip().splitlines()) == 1, r.output
         assert not (tmp_path / "out").exists()
