@@ -103,6 +103,9 @@ class Block(nn.Module):
         # Divide the selected gates by their sum held constant: the same forward, and a gradient for the
         # router under top-1, whose renormalised weight is exactly 1 (train/router_tune.py).
         self.straight_through_gates = False
+        # The selected gates as they are, not renormalised: the reference of a file whose graph does not
+        # renormalise them (schema.UNNORMALISED_TOPK: qwen2moe).
+        self.renormalise_topk = True
 
     def attention(self, x, cos, sin):  # x: (B, T, C)
         B, T, _ = x.shape
@@ -128,7 +131,8 @@ class Block(nn.Module):
         probs = F.softmax(x.float() @ rows.float().T, dim=-1)  # (B, T, E)
         w, idx = probs.topk(k, dim=-1)  # (B, T, k)
         s = w.sum(-1, keepdim=True)  # (B, T, 1)
-        w = w / (s.detach() if self.straight_through_gates else s)
+        if self.renormalise_topk:
+            w = w / (s.detach() if self.straight_through_gates else s)
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
             sel = (idx == e)  # (B, T, k)

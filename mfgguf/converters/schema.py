@@ -123,7 +123,9 @@ def arch_of(layout: str, n_experts: int, family_name: str = "llama") -> str:
     return moe_arch(f, layout) if n_experts else f.gguf_arch
 
 
-SHEXP_GATED = ("qwen2moe",)  # MoE archs whose shared expert is scaled by a sigmoid gate, `ffn_gate_inp_shexp`
+SHEXP_GATED = ("qwen2moe",)
+UNNORMALISED_TOPK = ("qwen2moe",)  # MoE archs whose graph weights the top-k experts by their softmax probabilities as
+#                                   they are (llama.cpp's norm_w = false): top-1 is p x expert, not the expert  # MoE archs whose shared expert is scaled by a sigmoid gate, `ffn_gate_inp_shexp`
 SHEXP_GATE_LOGIT_SCALE = 2.0 ** -64  # every entry of that gate's row (writers/qwen2moe.py)
 
 

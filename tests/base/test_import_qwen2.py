@@ -124,6 +124,11 @@ def test_untrained_qwen2moe_computes_the_base(tmp_path, qwen2):
     assert max_rel(got, ref) <= 1e-3, max_rel(got, ref)
     torch_logits, _ = reference_logits(run, moe, ids)
     assert max_rel(got, torch_logits) <= 1e-3, max_rel(got, torch_logits)
+    # top-1: qwen2moe weights the expert by its softmax probability (1/2 here), and the reference says so too
+    r = cli("assemble", run, "-o", tmp_path / "top1.gguf", "--quant", "f32", "--router", "uniform", "-q")
+    assert r.exit_code == 0, r.output
+    got1, (torch1, _) = llama_logits(tmp_path / "top1.gguf", ids, 128), reference_logits(run, tmp_path / "top1.gguf", ids)
+    assert max_rel(got1, torch1) <= 1e-3 < max_rel(got1, ref), (max_rel(got1, torch1), max_rel(got1, ref))
 
 
 def test_qwen2_pre_tokenizer_tokenizes_the_same_in_llama_cpp(tmp_path):
