@@ -163,3 +163,17 @@ def test_unsupported_is_one_line(tmp_path, tokenizer_json):
         r = cli("import-base", src, "--out", tmp_path / "out")
         assert r.exit_code == 1 and what in r.output and len(r.output.strip().splitlines()) == 1, r.output
         assert not (tmp_path / "out").exists()
+
+
+def test_trained_expert_assembles_as_it_trained(tmp_path, qwen2):
+    """An expert trained against the imported trunk (biases loaded from it), alone in a qwen2moe: its one
+    softmax weight is 1, so llama.cpp computes the training forward."""
+    hf, _, ref, ids = qwen2
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "32", "--preset", "tiny")
+    r = cli("train-expert", run, "--expert", "1", "--no-progress")
+    assert r.exit_code == 0, r.output
+    moe = tmp_path / "moe.gguf"
+    r = cli("assemble", run, "-o", moe, "--experts", "1", "--quant", "f32", "--router", "uniform", "-q")
+    assert r.exit_code == 0, r.output
+    got, (want, _) = llama_logits(moe, ids, 128), reference_logits(run, moe, ids)
+    assert max_rel(got, want) <= 1e-3 < max_rel(got, ref), (max_rel(got, want), max_rel(got, ref))
