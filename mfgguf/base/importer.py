@@ -61,10 +61,11 @@ def default_expert_ff(ff: int) -> int:
 
 def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: bool = True, preset: str = "small",
                 ctx_len: int | None = None, force: bool = False) -> dict:
-    """Import a pretrained llama-family model as the trunk of a new RUN directory.
+    """Import a pretrained model of a known family (mfgguf/families/) as the trunk of a new RUN directory.
 
-    SRC is a GGUF (llama architecture; any weight type gguf-py dequantizes: f32, f16, bf16,
-    q4_0 ... q8_0, K-quants), a Hugging Face LlamaForCausalLM directory (config.json,
+    SRC is a GGUF (llama, qwen2 or qwen3 architecture; any weight type gguf-py dequantizes: f32, f16,
+    bf16, q4_0 ... q8_0, K-quants), a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM /
+    Qwen3ForCausalLM directory (config.json,
     safetensors, tokenizer.json), or the name of a base fetched into the cache (`smollm2`,
     by `make smollm2`). The base's FFN is split
     by hidden units into the anchor and a seed FFN of `expert_ff` units that experts start from
