@@ -123,6 +123,10 @@ def arch_of(layout: str, n_experts: int, family_name: str = "llama") -> str:
     return moe_arch(f, layout) if n_experts else f.gguf_arch
 
 
+# how each written architecture's llama.cpp graph rotates RoPE pairs: adjacent ("normal") or halves ("neox"). A family
+# whose own rotation differs (qwen2 as llama / granitemoe) has its Q/K rows permuted on the way (writers/base.py).
+ARCH_ROPE = {"llama": "normal", "granitemoe": "normal", "qwen2": "neox", "qwen2moe": "neox", "qwen3": "neox",
+             "qwen3moe": "neox"}
 SHEXP_GATED = ("qwen2moe",)
 UNNORMALISED_TOPK = ("qwen2moe",)  # MoE archs whose graph weights the top-k experts by their softmax probabilities as
 #                                   they are (llama.cpp's norm_w = false): top-1 is p x expert, not the expert  # MoE archs whose shared expert is scaled by a sigmoid gate, `ffn_gate_inp_shexp`

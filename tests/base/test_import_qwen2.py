@@ -177,3 +177,29 @@ def test_trained_expert_assembles_as_it_trained(tmp_path, qwen2):
     assert r.exit_code == 0, r.output
     got, (want, _) = llama_logits(moe, ids, 128), reference_logits(run, moe, ids)
     assert max_rel(got, want) <= 1e-3 < max_rel(got, ref), (max_rel(got, want), max_rel(got, ref))
+
+
+def test_mixtral_layout_is_exact_at_top_1(tmp_path, qwen2):
+    """--layout mixtral: a `llama` file (Q/K rows and biases permuted to adjacent-pair RoPE, the anchor folded
+    into every expert), whose top-k weights are renormalised: top-1 of two untrained experts is the base."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from mfgguf.base.source import rope_permute
+    from mfgguf.run import RunDir, write_module
+
+    hf, _, ref, ids = qwen2
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "64")
+    rd = RunDir(run)
+    trunk = json.loads(rd.module_meta(0).read_text())
+    t = load_file(str(rd.module_file(0)))
+    seed = {f"blk.{l}.ffn_{f}.weight": t[f"blk.{l}.ffn_{f}_seed.weight"] for l in range(2) for f in ("gate", "up", "down")}
+    for i in (1, 2):
+        write_module(rd, i, seed, {"kind": "expert", "config": trunk["config"], "trunk_sha256": trunk["sha256"]})
+    moe = tmp_path / "moe.gguf"
+    r = cli("assemble", run, "-o", moe, "--quant", "f32", "--router", "uniform", "--layout", "mixtral", "-q")
+    assert r.exit_code == 0, r.output
+    tensors = {x.name: np.array(x.data) for x in gguf.GGUFReader(moe).tensors}
+    assert arch(moe) == "llama" and np.array_equal(tensors["blk.1.attn_k.bias"], rope_permute(t["blk.1.attn_k.bias"], 2))
+    got = llama_logits(moe, ids, 128)
+    assert max_rel(got, ref) <= 1e-3, max_rel(got, ref)
