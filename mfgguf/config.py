@@ -23,7 +23,7 @@ class ModelConfig:
     vocab_size: int = 4096  # overwritten by the RUN's tokenizer size
     dim: int = 256  # residual width (n_embd)
     n_layers: int = 4  # transformer blocks
-    n_heads: int = 8  # query heads; head_dim = dim // n_heads
+    n_heads: int = 8  # query heads; head_dim = dim // n_heads unless attn_head_dim says otherwise
     n_kv_heads: int = 4  # key/value heads (grouped-query attention when < n_heads)
     anchor_ff: int = 512  # hidden width of the always-on anchor SwiGLU (the shared expert)
     expert_ff: int = 512  # hidden width of each routed expert SwiGLU
@@ -34,19 +34,26 @@ class ModelConfig:
     norm_eps: float = 1e-5  # RMSNorm epsilon
     seed_expert: bool = False  # the trunk also trains one expert-width FFN, the seed, that every expert starts
     #                            from (BTX-style upcycling); the trunk alone is then anchor + seed, a dense model
+    family: str = "llama"  # the decoder family (mfgguf/families/): its rotation, extra tensors and GGUF archs
+    attn_head_dim: int = 0  # imported Qwen3: a head width of its own (Q is n_heads x this wide); 0 = dim // n_heads
+    rope_freq_factors: tuple[float, ...] = ()  # imported Llama 3.x: RoPE pair i's frequency is divided by entry i
+    #                                            (llama.cpp's rope_freqs.weight); () = plain RoPE
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.attn_head_dim or self.dim // self.n_heads
 
     def validate(self) -> None:
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+        if (self.dim % self.n_heads and not self.attn_head_dim) or self.n_heads % self.n_kv_heads:
             raise MfggufError(
                 f"bad model shape: dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads};"
                 " dim must divide by n_heads and n_heads by n_kv_heads"
             )
         if self.head_dim % 2:
             raise MfggufError(f"head_dim {self.head_dim} must be even for RoPE; change dim or n_heads")
+        if self.rope_freq_factors and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise MfggufError(f"{len(self.rope_freq_factors)} rope frequency factors for head_dim {self.head_dim};"
+                              f" there must be head_dim / 2 = {self.head_dim // 2}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,11 +61,13 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if "rope_freq_factors" in known:  # a JSON list
+            known["rope_freq_factors"] = tuple(float(x) for x in known["rope_freq_factors"])
         return cls(**known)
 
     # Parameter counts, used by `inspect`, the benchmarks and the dense baseline.
     def trunk_params(self) -> int:
-        attn = self.dim * self.dim * 2 + self.dim * self.n_kv_heads * self.head_dim * 2
+        attn = self.dim * self.n_heads * self.head_dim * 2 + self.dim * self.n_kv_heads * self.head_dim * 2
         per_layer = attn + 3 * self.dim * self.trunk_ff + 2 * self.dim
         return 2 * self.vocab_size * self.dim + self.n_layers * per_layer + self.dim
 

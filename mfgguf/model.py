@@ -8,7 +8,9 @@ One class serves three uses, picked by `route` in `forward`:
     PyTorch reference forward of an assembled model, which parity tests compare llama.cpp with.
 
 RoPE uses llama.cpp's "normal" rotation of adjacent pairs (x[2i], x[2i+1]), so Q and K are
-written to GGUF without any row permutation.
+written to GGUF without any row permutation; a family whose llama.cpp graph rotates halves (NEOX:
+Qwen2) rotates (x[i], x[i + hd/2]) instead, again in the file's own row order. A family's extra
+per-block tensors (Qwen2's Q/K/V biases) are parameters named as in GGUF (mfgguf/families/).
 
 Module files use GGUF tensor names (see `trunk_name_map`), so the assembler only adds `_exps` stacking.
 """
@@ -23,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .families import block_extras, family
 
 
 class RMSNorm(nn.Module):
@@ -49,10 +52,23 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-def rope_tables(head_dim: int, T: int, theta: float, device=None):
+def rope_tables(head_dim: int, T: int, theta: float, device=None, factors: tuple[float, ...] = ()):
     inv = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)  # (hd/2,)
+    if factors:  # llama3 scaling as llama.cpp applies rope_freqs.weight: each pair's frequency divided by its factor
+        inv = inv / torch.tensor(factors, dtype=torch.float32, device=device)
     ang = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv[None, :]  # (T, hd/2)
     return ang.cos(), ang.sin()
+
+
+def rope_for(cfg: ModelConfig, T: int, device=None):
+    """cos, sin (T, hd/2) of a model's RoPE: its base frequency and, for Llama 3.x, its frequency factors."""
+    return rope_tables(cfg.head_dim, T, cfg.rope_theta, device, cfg.rope_freq_factors)
+
+
+def apply_rope_neox(x, cos, sin):  # x: (B, H, T, hd); rotate (x[i], x[i + hd/2]) like llama.cpp's NEOX mode
+    h = x.shape[-1] // 2
+    a, b = x[..., :h].float(), x[..., h:].float()
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).type_as(x)
 
 
 def apply_rope(x, cos, sin):  # x: (B, H, T, hd); rotate adjacent pairs like llama.cpp's normal mode
@@ -67,10 +83,15 @@ class Block(nn.Module):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
+        fam = family(cfg.family)
+        self.rope = apply_rope_neox if fam.rope == "neox" else apply_rope
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attn_q = nn.Linear(cfg.dim, cfg.n_heads * hd, bias=False)
-        self.attn_k = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
-        self.attn_v = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        self.attn_q = nn.Linear(cfg.dim, cfg.n_heads * hd, bias="attn_q.bias" in fam.extras)
+        self.attn_k = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias="attn_k.bias" in fam.extras)
+        self.attn_v = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias="attn_v.bias" in fam.extras)
+        # Qwen3: an RMSNorm over each Q and K head before RoPE (llama.cpp's attn_q_norm / attn_k_norm)
+        self.attn_q_norm = RMSNorm(hd, cfg.norm_eps) if "attn_q_norm.weight" in fam.extras else None
+        self.attn_k_norm = RMSNorm(hd, cfg.norm_eps) if "attn_k_norm.weight" in fam.extras else None
         self.attn_output = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.anchor = SwiGLU(cfg.dim, cfg.anchor_ff)
@@ -82,6 +103,9 @@ class Block(nn.Module):
         # Divide the selected gates by their sum held constant: the same forward, and a gradient for the
         # router under top-1, whose renormalised weight is exactly 1 (train/router_tune.py).
         self.straight_through_gates = False
+        # The selected gates as they are, not renormalised: the reference of a file whose graph does not
+        # renormalise them (schema.UNNORMALISED_TOPK: qwen2moe).
+        self.renormalise_topk = True
 
     def attention(self, x, cos, sin):  # x: (B, T, C)
         B, T, _ = x.shape
@@ -89,7 +113,9 @@ class Block(nn.Module):
         q = self.attn_q(x).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
         k = self.attn_k(x).view(B, T, KV, hd).transpose(1, 2)  # (B, KV, T, hd)
         v = self.attn_v(x).view(B, T, KV, hd).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.attn_q_norm is not None:
+            q, k = self.attn_q_norm(q), self.attn_k_norm(k)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
         # enable_gqa: query head h reads kv head h // (H // KV), as in llama.cpp, without copying k, v.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)  # (B, H, T, hd)
         return self.attn_output(y.transpose(1, 2).reshape(B, T, H * hd))
@@ -105,7 +131,8 @@ class Block(nn.Module):
         probs = F.softmax(x.float() @ rows.float().T, dim=-1)  # (B, T, E)
         w, idx = probs.topk(k, dim=-1)  # (B, T, k)
         s = w.sum(-1, keepdim=True)  # (B, T, 1)
-        w = w / (s.detach() if self.straight_through_gates else s)
+        if self.renormalise_topk:
+            w = w / (s.detach() if self.straight_through_gates else s)
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
             sel = (idx == e)  # (B, T, k)
@@ -144,6 +171,8 @@ class Transformer(nn.Module):
                 # Residual-output projections get the GPT-2 depth scaling.
                 s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("attn_output.weight", "down.weight")) else std
                 p.normal_(0.0, s, generator=generator)
+            elif name.endswith(".bias"):
+                p.zero_()
 
     def forward(self, idx, targets=None, route: str = "anchor", hook: Callable | None = None):
         """idx: (B, T) int64 -> logits (B, T, V), or the mean cross-entropy when targets are given."""
@@ -155,7 +184,7 @@ class Transformer(nn.Module):
     def hidden(self, idx, route: str = "anchor", hook: Callable | None = None):
         """idx: (B, T) int64 -> the last block's output (B, T, C), before the final norm and the head."""
         B, T = idx.shape
-        cos, sin = rope_tables(self.cfg.head_dim, T, self.cfg.rope_theta, idx.device)
+        cos, sin = rope_for(self.cfg, T, idx.device)
         x = self.tok_embd(idx)  # (B, T, C)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, route, hook, i)
@@ -167,7 +196,7 @@ class Transformer(nn.Module):
         """The trunk module's tensors under their GGUF names (anchor = shared expert; the seed FFN,
         loaded as expert 0, when the config has one)."""
         sd = self.state_dict()
-        names = trunk_name_map(self.cfg.n_layers) | (seed_name_map(self.cfg.n_layers) if self.cfg.seed_expert else {})
+        names = trunk_name_map(self.cfg.n_layers, self.cfg.family) | (seed_name_map(self.cfg.n_layers) if self.cfg.seed_expert else {})
         return {gguf: sd[name] for name, gguf in names.items()}
 
     def expert_tensors(self, slot: int = 0) -> dict[str, torch.Tensor]:
@@ -182,7 +211,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def load_trunk(self, tensors: dict[str, torch.Tensor]) -> None:
-        sd = {name: tensors[gguf] for name, gguf in trunk_name_map(self.cfg.n_layers).items()}
+        sd = {name: tensors[gguf] for name, gguf in trunk_name_map(self.cfg.n_layers, self.cfg.family).items()}
         missing, _ = self.load_state_dict(sd, strict=False)
         missing = [m for m in missing if ".experts." not in m and ".router" not in m]
         assert not missing, f"trunk tensors missing: {missing}"
@@ -208,15 +237,15 @@ class Transformer(nn.Module):
             layer.router.copy_(torch.as_tensor(w, dtype=torch.float32))
 
 
-def trunk_name_map(n_layers: int) -> dict[str, str]:
-    """Torch parameter name (dots) -> GGUF name, for every trunk tensor."""
+def trunk_name_map(n_layers: int, family_name: str = "llama") -> dict[str, str]:
+    """Torch parameter name (dots) -> GGUF name, for every trunk tensor (a family's extras are named alike)."""
     m = {"tok_embd.weight": "token_embd.weight", "output_norm.weight": "output_norm.weight", "output.weight": "output.weight"}
     per = {
         "attn_norm.weight": "attn_norm.weight", "attn_q.weight": "attn_q.weight", "attn_k.weight": "attn_k.weight",
         "attn_v.weight": "attn_v.weight", "attn_output.weight": "attn_output.weight", "ffn_norm.weight": "ffn_norm.weight",
         "anchor.gate.weight": "ffn_gate_shexp.weight", "anchor.up.weight": "ffn_up_shexp.weight",
         "anchor.down.weight": "ffn_down_shexp.weight",
-    }
+    } | {x: x for x in family(family_name).extras}
     for l in range(n_layers):
         for a, b in per.items():
             m[f"layers.{l}.{a}"] = f"blk.{l}.{b}"
@@ -239,6 +268,7 @@ def trunk_model(cfg: ModelConfig) -> tuple["Transformer", str]:
 def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Torch-layout (row-major) shape of every trunk tensor, by GGUF name; the assembler's layout source."""
     hd, C = cfg.head_dim, cfg.dim
+    extras = block_extras(family(cfg.family), n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=hd)
     s = {"token_embd.weight": (cfg.vocab_size, C), "output_norm.weight": (C,), "output.weight": (cfg.vocab_size, C)}
     for l in range(cfg.n_layers):
         s.update({
@@ -252,6 +282,7 @@ def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             f"blk.{l}.ffn_up_shexp.weight": (cfg.anchor_ff, C),
             f"blk.{l}.ffn_down_shexp.weight": (C, cfg.anchor_ff),
         })
+        s.update({f"blk.{l}.{x}": shape for x, shape in extras.items()})
         if cfg.seed_expert:
             s.update({SEED_FFN.format(l=l, f="gate"): (cfg.expert_ff, C), SEED_FFN.format(l=l, f="up"): (cfg.expert_ff, C),
                       SEED_FFN.format(l=l, f="down"): (C, cfg.expert_ff)})

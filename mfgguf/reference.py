@@ -25,6 +25,7 @@ import torch
 
 from .converters.layout import model_config, run_tokenizer_kv
 from .converters.merge import DEFAULT_DENSITY, merge_arrays
+from .converters.schema import UNNORMALISED_TOPK
 from .errors import MfggufError
 from .model import Transformer, trunk_model
 from .run import SHARED_PREFIX, RunDir, read_module_meta
@@ -55,7 +56,7 @@ def gguf_provenance(path: Path) -> dict:
             "layout": _field(r, "mfgguf.layout"), "router": _field(r, "mfgguf.router"),
             "merge": _field(r, "mfgguf.merge") or "none",
             "merge_density": float(_field(r, "mfgguf.merge_density") or DEFAULT_DENSITY),
-            "router_rows": [rows[l] for l in sorted(rows)], "complement": complement}
+            "router_rows": [rows[l] for l in sorted(rows)], "complement": complement, "arch": _field(r, "general.architecture")}
 
 
 def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list[int], merge: str,
@@ -125,4 +126,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
     if router_rows is None or len(router_rows) != cfg.n_layers:
         raise MfggufError("the reference needs router rows for every layer; pass gguf_path or router_rows")
     model.set_router([torch.from_numpy(np.asarray(w, np.float32)) for w in router_rows])
+    if gguf_path is not None and prov["arch"] in UNNORMALISED_TOPK:
+        for layer in model.layers:
+            layer.renormalise_topk = False
     return model.eval(), "router"

@@ -1,11 +1,14 @@
-"""A llama-architecture GGUF as a base model: its shape from the key-values, its tensors read one by one.
+"""A GGUF of a known family (families/: `llama`, `qwen2`) as a base model: its shape from the key-values, its
+tensors read one by one.
 
 Weights may be of any type gguf-py dequantizes (f32, f16, bf16, q4_0 ... q8_0, the K-quants, the
-i-quants; tensor by tensor, into f32); attn_q and attn_k are already in llama.cpp's RoPE row order.
+i-quants; tensor by tensor, into f32); attn_q and attn_k are already in llama.cpp's RoPE row order. A llama file's `rope_freqs.weight` (Llama 3.x)
+becomes the trunk's RoPE frequency factors.
 A quantized base imports as the function its file computes: the trunk holds the dequantized
 weights, so an f32 assembly of it matches the quantized file up to llama.cpp's activation
-rounding. What mfgguf's model cannot compute exactly is refused with one line naming it: another architecture, rope scaling (or a `rope_freqs` tensor),
-biases or any other extra tensor, a mixture of experts, a head_dim other than dim / n_heads.
+rounding. What mfgguf's model cannot compute exactly is refused with one line naming it: another architecture, rope scaling
+(or a `rope_freqs` tensor outside llama), a tensor the family does not have, a mixture of experts, a head_dim
+other than dim / n_heads.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MfggufError
+from ..families import by_gguf_arch, gguf_archs
 from .source import BaseShape, bf16_to_f32, pread_exact
 
 PLAIN_TYPES = ("F32", "F16", "BF16")  # read as they are; every other type goes through gguf-py's dequantizer
@@ -36,7 +40,7 @@ def readable(qtype) -> bool:
 
 
 class GGUFBase:
-    """A base model in one GGUF file (`llama` architecture)."""
+    """A base model in one GGUF file (a known family's dense architecture)."""
 
     kind = "gguf"
 
@@ -51,9 +55,11 @@ class GGUFBase:
             raise MfggufError(f"{self.path} is not a readable GGUF file, damaged or truncated ({e}); fetch or copy it"
                               " again") from None
         arch = self._kv("general.architecture", what)
-        if arch != "llama":
-            raise MfggufError(f"{what} has architecture {arch!r}; import-base reads dense `llama` GGUFs only")
-        a = "llama"
+        fam = by_gguf_arch(arch)
+        if fam is None:
+            raise MfggufError(f"{what} has architecture {arch!r}; import-base reads dense"
+                              f" {', '.join(f'`{a}`' for a in gguf_archs())} GGUFs only")
+        self.arch = a = arch
         if int(self._kv(f"{a}.expert_count", what, 0) or 0):
             raise MfggufError(f"{what} is a mixture of experts; import-base reads dense models only")
         scaling = self._kv(f"{a}.rope.scaling.type", what, "none")
@@ -61,7 +67,14 @@ class GGUFBase:
             raise MfggufError(f"{what} uses rope scaling {scaling!r}, which mfgguf's model does not compute")
         n_heads = int(self._kv(f"{a}.attention.head_count", what))
         dim = int(self._kv(f"{a}.embedding_length", what))
+        key_len = int(self._kv(f"{a}.attention.key_length", what, dim // n_heads)) if fam.free_head_dim else 0
         self.tensors = {t.name: t for t in self.reader.tensors}
+        factors: tuple[float, ...] = ()
+        if (rf := self.tensors.pop("rope_freqs.weight", None)) is not None:
+            if not fam.rope_freqs or rf.tensor_type.name != "F32" or int(rf.n_elements) != (key_len or dim // n_heads) // 2:
+                raise MfggufError(f"{what} has a rope_freqs tensor of {int(rf.n_elements)} {rf.tensor_type.name}, which"
+                                  f" mfgguf's model does not compute; it reads {(key_len or dim // n_heads) // 2} F32 factors of a llama")
+            factors = tuple(float(x) for x in np.asarray(rf.data, np.float32).reshape(-1))
         verdict: dict[str, bool] = {}
         tied = "output.weight" not in self.tensors
         emb = self.tensors.get("token_embd.weight")
@@ -73,13 +86,14 @@ class GGUFBase:
             ff=int(self._kv(f"{a}.feed_forward_length", what)), vocab_size=int(emb.shape[1]),
             rope_theta=float(self._kv(f"{a}.rope.freq_base", what, 10000.0)),
             norm_eps=float(self._kv(f"{a}.attention.layer_norm_rms_epsilon", what)),
-            ctx_len=int(self._kv(f"{a}.context_length", what)), tied=tied)
+            ctx_len=int(self._kv(f"{a}.context_length", what)), tied=tied, family=fam.name, rope_freq_factors=factors,
+            head_dim=key_len if key_len != dim // n_heads else 0)
         self.shape.check(what)
-        hd = dim // n_heads
+        hd = self.shape.hd
         for key in (f"{a}.rope.dimension_count", f"{a}.attention.key_length", f"{a}.attention.value_length"):
             v = self._kv(key, what, hd)
             if int(v) != hd:
-                raise MfggufError(f"{what}: {key} is {v}, not dim / n_heads = {hd}; mfgguf's model cannot compute it")
+                raise MfggufError(f"{what}: {key} is {v}, not the head width {hd}; mfgguf's model cannot compute it")
         want = self.shape.expected_shapes()
         for name, t in self.tensors.items():
             if name not in want:
@@ -102,7 +116,7 @@ class GGUFBase:
         f = self.reader.get_field(key)
         if f is None:
             if default is MfggufError:
-                raise MfggufError(f"{what} has no {key} key; is it a complete llama GGUF?")
+                raise MfggufError(f"{what} has no {key} key; is it a complete GGUF?")
             return default
         return f.contents()
 
@@ -137,7 +151,7 @@ class GGUFBase:
         """A vocab-only GGUF (every key-value of the base, no tensors): llama.cpp loads it with vocab_only."""
         import gguf
 
-        w = gguf.GGUFWriter(str(path), "llama")
+        w = gguf.GGUFWriter(str(path), self.arch)
         for name, f in self.reader.fields.items():
             if name.startswith("GGUF.") or name == "general.architecture":
                 continue

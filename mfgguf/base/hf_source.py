@@ -1,9 +1,11 @@
-"""A Hugging Face `LlamaForCausalLM` directory as a base model: config.json, safetensors shards, tokenizer.json.
+"""A Hugging Face causal-LM directory of a known family (families/: LlamaForCausalLM, Qwen2ForCausalLM) as a base.
 
-Tensors are read from the shards with `pread` after parsing each shard's header (f32, f16 or
-bf16), renamed to GGUF names, and Q/K rows permuted from rotate-half to llama.cpp's adjacent
-pairs exactly as convert_hf_to_gguf.py does. Refused with one line: another architecture or
-activation, biases, rope scaling, a head_dim other than hidden_size / heads, a missing tokenizer.
+config.json, safetensors shards, tokenizer.json. Tensors are read from the shards with `pread`
+after parsing each shard's header (f32, f16 or bf16), renamed to GGUF names, and, for a family
+llama.cpp rotates in adjacent pairs (llama), Q/K rows permuted from rotate-half exactly as
+convert_hf_to_gguf.py does. Llama 3.x's `llama3` rope scaling becomes per-pair frequency factors.
+Refused with one line: another architecture or activation, llama biases, other rope scaling,
+sliding-window attention, a head_dim other than hidden_size / heads (Qwen3 excepted), a missing tokenizer.
 """
 
 from __future__ import annotations
@@ -16,32 +18,34 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MfggufError
+from ..families import by_hf_arch, family, hf_archs
+from ..families.llama import llama3_factors
 from .source import BaseShape, bf16_to_f32, pread_exact, rope_permute
 
-ARCHS = ("LlamaForCausalLM",)
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # safetensors dtype -> numpy storage
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry; recomputed from rope_theta
-HF_NAMES = {  # Hugging Face name (per layer: after `model.layers.{l}.`) -> GGUF name
-    "input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "attn_q", "self_attn.k_proj.weight": "attn_k",
-    "self_attn.v_proj.weight": "attn_v", "self_attn.o_proj.weight": "attn_output",
-    "post_attention_layernorm.weight": "ffn_norm", "mlp.gate_proj.weight": "ffn_gate", "mlp.up_proj.weight": "ffn_up",
-    "mlp.down_proj.weight": "ffn_down",
+HF_NAMES = {  # Hugging Face name (per layer: after `model.layers.{l}.`) -> GGUF suffix; a family adds its own
+    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
 }
 
 
-def _rope_type(cfg: dict) -> str | None:
-    """The rope variant config.json asks for (rope_scaling, or transformers 5's rope_parameters); None = plain."""
+def _rope(cfg: dict) -> tuple[str | None, dict]:
+    """The rope variant config.json asks for (rope_scaling, or transformers 5's rope_parameters; None = plain)
+    and its parameters."""
     for key in ("rope_scaling", "rope_parameters"):
         r = cfg.get(key)
         if isinstance(r, dict):
             t = r.get("rope_type", r.get("type"))
             if t not in (None, "default"):
-                return str(t)
-    return None
+                return str(t), r
+    return None, {}
 
 
 class HFBase:
-    """A base model in a Hugging Face directory (LlamaForCausalLM, safetensors)."""
+    """A base model in a Hugging Face directory (a known family's causal LM, safetensors)."""
 
     kind = "hf"
 
@@ -56,29 +60,37 @@ class HFBase:
         except (OSError, ValueError) as e:
             raise MfggufError(f"{cfg_path} is unreadable ({e})") from None
         archs = cfg.get("architectures") or []
-        if not any(a in ARCHS for a in archs):
+        fam = by_hf_arch(archs)
+        if fam is None:
             raise MfggufError(f"{what} is {', '.join(archs) or cfg.get('model_type', 'an unknown model')};"
-                              f" import-base reads {', '.join(ARCHS)} checkpoints")
+                              f" import-base reads {', '.join(hf_archs())} checkpoints")
+        self.family = fam
+        hd = cfg.get("head_dim")
         for key in ("attention_bias", "mlp_bias"):
             if cfg.get(key):
                 raise MfggufError(f"{what} has {key}=true; mfgguf's model has no biases")
         if cfg.get("hidden_act", "silu") != "silu":
             raise MfggufError(f"{what} uses activation {cfg['hidden_act']!r}; mfgguf's SwiGLU uses silu")
-        if (rt := _rope_type(cfg)) is not None:
+        rt, rope = _rope(cfg)
+        if rt is not None and not (rt == "llama3" and fam.rope_freqs):
             raise MfggufError(f"{what} uses rope scaling {rt!r}, which mfgguf's model does not compute")
+        if cfg.get("use_sliding_window"):
+            raise MfggufError(f"{what} uses sliding-window attention, which mfgguf's model does not compute")
         if not (self.path / "tokenizer.json").is_file():
             raise MfggufError(f"{what} has no tokenizer.json; import-base needs the base's own tokenizer")
         dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        theta = cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+        theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
         self.config = cfg
+        factors = llama3_factors(rope, dim // heads, float(theta)) if rt == "llama3" else ()
         self.shape = BaseShape(
             dim=dim, n_layers=int(cfg["num_hidden_layers"]), n_heads=heads,
             n_kv_heads=int(cfg.get("num_key_value_heads") or heads), ff=int(cfg["intermediate_size"]),
             vocab_size=int(cfg["vocab_size"]), rope_theta=float(theta), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            ctx_len=int(cfg.get("max_position_embeddings", 2048)), tied=bool(cfg.get("tie_word_embeddings", False)))
+            ctx_len=int(cfg.get("max_position_embeddings", 2048)), tied=bool(cfg.get("tie_word_embeddings", False)),
+            family=fam.name, rope_freq_factors=factors,
+            head_dim=int(hd) if hd is not None and fam.free_head_dim and int(hd) != dim // heads else 0)
         self.shape.check(what)
-        hd = cfg.get("head_dim")
-        if hd is not None and int(hd) != dim // heads:
+        if hd is not None and int(hd) != dim // heads and not fam.free_head_dim:
             raise MfggufError(f"{what}: head_dim {hd} is not hidden_size / num_attention_heads = {dim // heads};"
                               " mfgguf's model cannot compute it")
         self.entries = self._index(what)  # GGUF name -> (shard, dtype, shape, begin, end)
@@ -122,8 +134,9 @@ class HFBase:
         if k == "lm_head.weight":
             return "output.weight"
         parts = k.split(".", 3)  # model, layers, l, rest
-        if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in HF_NAMES and parts[2].isdigit():
-            return f"blk.{parts[2]}.{HF_NAMES[parts[3]]}.weight"
+        names = HF_NAMES | self.family.hf_names
+        if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in names and parts[2].isdigit():
+            return f"blk.{parts[2]}.{names[parts[3]]}"
         if k.endswith(".bias"):
             raise MfggufError(f"{what} has bias {k}; mfgguf's model has no biases")
         raise MfggufError(f"{what} has tensor {k}, which mfgguf's model has no place for")
@@ -144,6 +157,8 @@ class HFBase:
             os.close(fd)
         a = bf16_to_f32(raw) if dt == "BF16" else raw.astype(np.float32, copy=False)
         a = a.reshape(shape)
+        if self.family.rope != "normal":
+            return a  # llama.cpp rotates halves too (NEOX): Hugging Face's own row order
         if name.endswith("attn_q.weight"):
             a = rope_permute(a, self.shape.n_heads)
         elif name.endswith("attn_k.weight"):

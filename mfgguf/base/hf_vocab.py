@@ -20,7 +20,9 @@ from .source import TOKEN_UNUSED
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
 LLAMA3_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
                 "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-SPLIT_PRE = {LLAMA3_REGEX: "llama-bpe"}  # Split(regex) + ByteLevel(use_regex=false) -> llama.cpp pre-tokenizer
+QWEN2_REGEX = LLAMA3_REGEX.replace("\\p{N}{1,3}", "\\p{N}")  # Qwen2 / Qwen2.5: digits one at a time
+# Split(regex) + ByteLevel(use_regex=false) -> llama.cpp pre-tokenizer
+SPLIT_PRE = {LLAMA3_REGEX: "llama-bpe", QWEN2_REGEX: "qwen2"}
 
 
 def pre_tokenizer_name(pre: dict | None, what: str) -> str:

@@ -1,4 +1,6 @@
-"""`import-base`: a pretrained llama-family model (GGUF or Hugging Face directory) becomes a RUN's trunk.
+"""`import-base`: a pretrained model of a known family (GGUF or Hugging Face directory) becomes a RUN's trunk.
+
+Families (mfgguf/families/): llama (Llama 3.x rope scaling included), qwen2 (Qwen2 / Qwen2.5), qwen3.
 
 The trunk module is the base itself: embeddings, attention, norms, output head (token_embd's copy
 when tied), and the base's FFN split by hidden units into the always-on anchor (units [0, ff - e))
@@ -59,10 +61,11 @@ def default_expert_ff(ff: int) -> int:
 
 def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: bool = True, preset: str = "small",
                 ctx_len: int | None = None, force: bool = False) -> dict:
-    """Import a pretrained llama-family model as the trunk of a new RUN directory.
+    """Import a pretrained model of a known family (mfgguf/families/) as the trunk of a new RUN directory.
 
-    SRC is a GGUF (llama architecture; any weight type gguf-py dequantizes: f32, f16, bf16,
-    q4_0 ... q8_0, K-quants), a Hugging Face LlamaForCausalLM directory (config.json,
+    SRC is a GGUF (llama, qwen2 or qwen3 architecture; any weight type gguf-py dequantizes: f32, f16,
+    bf16, q4_0 ... q8_0, K-quants), a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM /
+    Qwen3ForCausalLM directory (config.json,
     safetensors, tokenizer.json), or the name of a base fetched into the cache (`smollm2`,
     by `make smollm2`). The base's FFN is split
     by hidden units into the anchor and a seed FFN of `expert_ff` units that experts start from
@@ -93,7 +96,8 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
     ctx = min(s.ctx_len, ctx_len or p.model.ctx_len)
     cfg = ModelConfig(vocab_size=s.vocab_size, dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
                       anchor_ff=s.ff - e if seed else s.ff, expert_ff=e, n_experts=0, ctx_len=ctx,
-                      rope_theta=s.rope_theta, norm_eps=s.norm_eps, seed_expert=seed)
+                      rope_theta=s.rope_theta, norm_eps=s.norm_eps, seed_expert=seed, family=s.family,
+                      rope_freq_factors=s.rope_freq_factors, attn_head_dim=s.head_dim)
     cfg.validate()
 
     out.parent.mkdir(parents=True, exist_ok=True)

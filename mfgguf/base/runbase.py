@@ -63,7 +63,7 @@ def _vocab_kv(path: Path, mtime_ns: int) -> tuple[list[tuple[str, str, object]],
 
     h = read_gguf_header(path)
     kv = [(k, t, v) for k, t, v in h.kv if k.startswith("tokenizer.")]
-    return kv, len(h.value("tokenizer.ggml.tokens")), int(h.value("llama.context_length"))
+    return kv, len(h.value("tokenizer.ggml.tokens")), int(h.value(f"{h.value('general.architecture')}.context_length"))
 
 
 def imported(run: Path) -> BaseFiles | None:

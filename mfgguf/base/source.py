@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MfggufError
+from ..families import block_extras, family
 
 TOKEN_UNUSED = 5  # llama.cpp's llama_token_type for padding rows ([PAD{i}]), as convert_hf_to_gguf.py writes them
 
@@ -31,25 +32,27 @@ class BaseShape:
     norm_eps: float  # RMSNorm epsilon
     ctx_len: int  # the base's context length
     tied: bool  # no output.weight of its own: the output head is token_embd
+    family: str = "llama"  # mfgguf/families/: rotation, extra per-block tensors, GGUF architectures
+    rope_freq_factors: tuple[float, ...] = ()  # Llama 3.x: per-pair RoPE frequency divisors (llama.cpp's rope_freqs)
+    head_dim: int = 0  # a head width other than dim / n_heads (Qwen3); 0 = dim / n_heads
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
 
     def check(self, what: str) -> None:
         """Refuse a shape mfgguf's model cannot compute exactly."""
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+        if (self.dim % self.n_heads and not self.head_dim) or self.n_heads % self.n_kv_heads:
             raise MfggufError(f"{what}: {self.n_heads} heads / {self.n_kv_heads} KV heads do not divide width {self.dim};"
                               " mfgguf's model needs head_dim = dim / n_heads and n_heads a multiple of n_kv_heads")
-        if (self.dim // self.n_heads) % 2:
-            raise MfggufError(f"{what}: head_dim {self.dim // self.n_heads} is odd; RoPE needs an even head_dim")
-
-    def tensor_names(self) -> list[str]:
-        """Every tensor the importer reads, in GGUF names (output.weight is token_embd's copy when tied)."""
-        names = ["token_embd.weight", "output_norm.weight", "output.weight"]
-        for l in range(self.n_layers):
-            names += [f"blk.{l}.{t}.weight" for t in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                                      "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
-        return names
+        if self.hd % 2:
+            raise MfggufError(f"{what}: head_dim {self.hd} is odd; RoPE needs an even head_dim")
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        hd, C = self.dim // self.n_heads, self.dim
+        """Every tensor the importer reads, in GGUF names, and its numpy shape (output.weight is token_embd's
+        copy when tied)."""
+        hd, C = self.hd, self.dim
+        extras = block_extras(family(self.family), n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=hd)
         s = {"token_embd.weight": (self.vocab_size, C), "output_norm.weight": (C,), "output.weight": (self.vocab_size, C)}
         for l in range(self.n_layers):
             b = f"blk.{l}."
@@ -57,6 +60,7 @@ class BaseShape:
                       b + "attn_k.weight": (self.n_kv_heads * hd, C), b + "attn_v.weight": (self.n_kv_heads * hd, C),
                       b + "attn_output.weight": (C, self.n_heads * hd), b + "ffn_norm.weight": (C,),
                       b + "ffn_gate.weight": (self.ff, C), b + "ffn_up.weight": (self.ff, C), b + "ffn_down.weight": (C, self.ff)})
+            s.update({b + x: shape for x, shape in extras.items()})
         return s
 
 

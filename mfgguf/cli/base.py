@@ -1,4 +1,4 @@
-"""CLI verb `import-base`: a pretrained llama-family model (GGUF or Hugging Face directory) -> a RUN's trunk."""
+"""CLI verb `import-base`: a pretrained Llama / Qwen2 / Qwen3 model (GGUF or Hugging Face directory) -> a RUN's trunk."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from .app import command
 
 @command("import-base", import_base)
 def import_base_cmd(
-    src: Path = typer.Argument(..., help="A llama GGUF file, or a Hugging Face LlamaForCausalLM directory."),
+    src: Path = typer.Argument(..., help="A llama, qwen2 or qwen3 GGUF file, or a Hugging Face LlamaForCausalLM,"
+                             " Qwen2ForCausalLM or Qwen3ForCausalLM directory."),
     out: Path = typer.Option(..., "--out", help="The RUN directory to create."),
     expert_ff: int = typer.Option(None, "--expert-ff", help="Width of the seed FFN (and of every expert), in hidden"
                                   " units taken from the base's FFN (default: an eighth of it)."),

@@ -28,7 +28,9 @@ def assemble_cmd(
                               " 2 for experts that complement the seed: seed + one, as they trained)."),
     router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}; experts that complement the"
                                f" seed (train-expert --complement): {'|'.join(COMPLEMENT_ROUTERS)}."),
-    layout: str = typer.Option("granitemoe", "--layout", help=f"GGUF layout: {'|'.join(LAYOUTS)}."),
+    layout: str = typer.Option("auto", "--layout", help=f"GGUF layout: auto|{'|'.join(LAYOUTS)} (auto: the model"
+                               " family's own: granitemoe for llama, qwen2moe's shared expert for qwen2, qwen3moe folded for qwen3;"
+                               " mixtral writes a qwen2 trunk as llama, exact at any top-k)."),
     experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 or 1-4"
                                  " (default all; 'none' = trunk alone)."),
     merge: str = typer.Option("mean", "--merge", help=f"Experts' trained copies of trunk tensors: {'|'.join(MERGES)}"

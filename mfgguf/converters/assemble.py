@@ -78,12 +78,15 @@ from .writers.complement import ComplementWriter
 from .writers.dense import DenseWriter
 from .writers.granitemoe import GraniteMoeWriter
 from .writers.mixtral import MixtralWriter
+from .writers.qwen2moe import Qwen2MoeWriter
 
-WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": MixtralWriter, "dense": DenseWriter}
+# by layout; an MoE architecture whose graph differs from its layout's (qwen2moe's gated shared expert) by arch
+WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": MixtralWriter, "dense": DenseWriter,
+                                    "qwen2moe": Qwen2MoeWriter}
 
 
 def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1, router: str = "ridge",
-             layout: str = "granitemoe", experts: list[int] | None = None, merge: str = "mean",
+             layout: str = "auto", experts: list[int] | None = None, merge: str = "mean",
              merge_density: float = DEFAULT_DENSITY, force: bool = False, threads: int | None = None,
              fast_quant: bool = False, progress: bool = True) -> dict:
     """Assemble the trunk and experts of RUN into one GGUF that stock llama.cpp runs.
@@ -117,7 +120,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     _remove_stale_temps(out)
     threads = threads or Q.default_threads()
     with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
-        w = (ComplementWriter if p.complement else WRITERS[p.layout])(p, tmp, threads, progress, fast_quant, prof)
+        kind = p.arch if p.arch in WRITERS and p.layout != "dense" else p.layout
+        w = (ComplementWriter if p.complement else WRITERS[kind])(p, tmp, threads, progress, fast_quant, prof)
         try:
             for phase in (w.header, w.preallocate, w.stream, w.merge, w.fold, w.router, w.finish):
                 with prof.phase(phase.__name__):

@@ -38,6 +38,7 @@ from .merge import DEFAULT_DENSITY, merge_plan
 from .router import needs_stats
 from .fileio import pwrite_all
 from .ggufheader import kv_value
+from ..families import block_extras, family, resolve_layout
 from .schema import ALIGNMENT, FFN, VType, blk
 
 
@@ -96,8 +97,10 @@ def read_header(path: Path, what: str) -> tuple[int, dict[str, Entry]]:
 def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Numpy shape of every trunk tensor by GGUF name (mirrors mfgguf.model.trunk_shapes, torch-free)."""
     hd, C = cfg.head_dim, cfg.dim
+    extras = block_extras(family(cfg.family), n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=hd)
     s = {"token_embd.weight": (cfg.vocab_size, C), "output_norm.weight": (C,), "output.weight": (cfg.vocab_size, C)}
     for l in range(cfg.n_layers):
+        s.update({f"blk.{l}.{x}": shape for x, shape in extras.items()})
         s.update({
             blk(l, "attn_norm"): (C,), blk(l, "attn_q"): (cfg.n_heads * hd, C), blk(l, "attn_k"): (cfg.n_kv_heads * hd, C),
             blk(l, "attn_v"): (cfg.n_kv_heads * hd, C), blk(l, "attn_output"): (C, cfg.n_heads * hd), blk(l, "ffn_norm"): (C,),
@@ -225,6 +228,7 @@ class Plan:
     density: float = DEFAULT_DENSITY  # ties: share of each delta row kept
     merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
     complement: bool = False  # the experts complement the seed: it is routed slot 0 (converters/complement.py)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # tensors no module holds, from the config alone
     header: bytes = b""  # header_bytes: key-values and tensor infos, not padded
     data_offset: int = 0
     total_size: int = 0
@@ -273,6 +277,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     trunk = load_module(run, 0, manifest)
     cfg = model_config(trunk, vocab)
     cfg.validate()
+    layout = resolve_layout(family(cfg.family), layout)
     _check_shapes("module trunk", trunk.entries, trunk_shapes(cfg), "retrain the trunk")
 
     ids = list(range(1, info["n_experts"] + 1)) if experts is None else list(experts)
@@ -311,9 +316,12 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         top_k = 0
     merged = merge_plan(mods, trunk_shapes(cfg), merge, density)
     lay = "dense" if N == 0 else layout
-    arch = schema.arch_of(layout, N)
+    arch = schema.arch_of(layout, N, cfg.family)
+    if comp and arch != "granitemoe":
+        raise MfggufError(f"experts that complement the seed assemble as granitemoe (a llama trunk) only, not {arch};"
+                          " retrain them without --complement")
 
-    slots = _slots(cfg, lay, R, quant)
+    slots = _slots(cfg, lay, R, quant, arch)
     ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]
     kv = [("general.architecture", "STRING", arch), ("general.name", "STRING", f"mfgguf {info.get('partition', '')} {N}x".strip()),
           ("general.file_type", "UINT32", schema.FILE_TYPE[quant]), ("general.quantization_version", "UINT32", 2)]
@@ -352,7 +360,8 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
         if merge == "ties":
             kv.append(("mfgguf.merge_density", "FLOAT64", density))  # f64: the exact float given
-    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged, comp)
+    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged, comp,
+             constants=_constants(cfg, arch))
     _place(p)
     return p
 
@@ -362,13 +371,29 @@ def _format1(m: Module) -> bool:
     return int(m.meta.get("version", 1)) == 1
 
 
-def _slots(cfg: ModelConfig, lay: str, N: int, quant: str) -> list[Slot]:
+def _constants(cfg: ModelConfig, arch: str) -> dict[str, np.ndarray]:
+    """Tensors of the file that no module holds: Llama 3.x's RoPE frequency factors (llama.cpp's rope_freqs),
+    and qwen2moe's shared-expert gate rows (writers/qwen2moe.py)."""
+    out = {}
+    if cfg.rope_freq_factors:
+        out["rope_freqs.weight"] = np.asarray(cfg.rope_freq_factors, np.float32)  # (head_dim / 2,)
+    if arch in schema.SHEXP_GATED:
+        for l in range(cfg.n_layers):
+            out[blk(l, "ffn_gate_inp_shexp")] = np.full(cfg.dim, schema.SHEXP_GATE_LOGIT_SCALE, np.float32)
+    return out
+
+
+def _slots(cfg: ModelConfig, lay: str, N: int, quant: str, arch: str = "") -> list[Slot]:
     C, V = cfg.dim, cfg.vocab_size
     t = trunk_shapes(cfg)
     shapes: list[tuple[str, tuple[int, ...], int]] = [("token_embd.weight", (V, C), 0)]
+    if cfg.rope_freq_factors:
+        shapes.append(("rope_freqs.weight", (len(cfg.rope_freq_factors),), 0))
+    extras = [x for x in family(cfg.family).extras]
     for l in range(cfg.n_layers):
         for a in schema.ATTN:
             shapes.append((blk(l, a), t[blk(l, a)], 0))
+        shapes += [(f"blk.{l}.{x}", t[f"blk.{l}.{x}"], 0) for x in extras]
         if lay == "dense":  # anchor (+ seed: gate/up rows stacked, down columns joined)
             shapes += [(blk(l, "ffn_gate"), (cfg.trunk_ff, C), 0), (blk(l, "ffn_up"), (cfg.trunk_ff, C), 0),
                        (blk(l, "ffn_down"), (C, cfg.trunk_ff), 0)]
@@ -379,6 +404,8 @@ def _slots(cfg: ModelConfig, lay: str, N: int, quant: str) -> list[Slot]:
                    (blk(l, "ffn_down_exps"), (N, C, ff), N)]
         if lay == "granitemoe":
             shapes += [(blk(l, f"ffn_{f}_shexp"), t[blk(l, f"ffn_{f}_shexp")], 0) for f in FFN]
+            if arch in schema.SHEXP_GATED:
+                shapes.append((blk(l, "ffn_gate_inp_shexp"), (C,), 0))
     shapes += [("output_norm.weight", (C,), 0), ("output.weight", (V, C), 0)]
     out = []
     for name, shape, n in shapes:

@@ -65,7 +65,7 @@ K_QUANTS = ("q4_k", "q5_k", "q6_k")
 FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q4_0": "f16", "q4_1": "f16", "q5_0": "f16", "q5_1": "f16", "q8_0": "f16"}
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* for general.file_type (informational)
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k": 14, "q5_k": 16, "q6_k": 18, "bf16": 32}
-LAYOUTS = ("granitemoe", "mixtral")
+LAYOUTS = ("granitemoe", "mixtral")  # + "auto": the model family's own (families.resolve_layout)
 ROUTERS = ("ridge", "centroid", "uniform", "random")
 
 
@@ -112,11 +112,25 @@ def blk(l: int, t: str) -> str:
     return f"blk.{l}.{t}.weight"
 
 
-def arch_of(layout: str, n_experts: int) -> str:
-    """GGUF architecture for a layout: granitemoe, or llama (mixtral layout and the dense trunk)."""
+def arch_of(layout: str, n_experts: int, family_name: str = "llama") -> str:
+    """GGUF architecture for a layout and model family (families/): llama's are granitemoe, or llama (mixtral
+    layout and the dense trunk); qwen2's qwen2moe, or qwen2 for the trunk alone."""
+    from ..families import family, moe_arch
+
     if layout not in LAYOUTS:
         raise MfggufError(f"unknown layout {layout!r}; choose granitemoe or mixtral")
-    return "granitemoe" if layout == "granitemoe" and n_experts else "llama"
+    f = family(family_name)
+    return moe_arch(f, layout) if n_experts else f.gguf_arch
+
+
+# how each written architecture's llama.cpp graph rotates RoPE pairs: adjacent ("normal") or halves ("neox"). A family
+# whose own rotation differs (qwen2 as llama / granitemoe) has its Q/K rows permuted on the way (writers/base.py).
+ARCH_ROPE = {"llama": "normal", "granitemoe": "normal", "qwen2": "neox", "qwen2moe": "neox", "qwen3": "neox",
+             "qwen3moe": "neox"}
+SHEXP_GATED = ("qwen2moe",)
+UNNORMALISED_TOPK = ("qwen2moe",)  # MoE archs whose graph weights the top-k experts by their softmax probabilities as
+#                                   they are (llama.cpp's norm_w = false): top-1 is p x expert, not the expert  # MoE archs whose shared expert is scaled by a sigmoid gate, `ffn_gate_inp_shexp`
+SHEXP_GATE_LOGIT_SCALE = 2.0 ** -64  # every entry of that gate's row (writers/qwen2moe.py)
 
 
 # ---- tokenizer defaults --------------------------------------------------------------------------
@@ -152,13 +166,24 @@ def model_kv(arch: str, cfg, *, n_experts: int, top_k: int, ff: int, shexp_ff: i
         (f"{a}.attention.layer_norm_rms_epsilon", "FLOAT32", float(cfg.norm_eps)),
         (f"{a}.vocab_size", "UINT32", cfg.vocab_size),
     ]
+    if cfg.head_dim * cfg.n_heads != cfg.dim:  # Qwen3: heads of their own width; only then, so other files stay the same
+        kv += [(f"{a}.attention.key_length", "UINT32", cfg.head_dim), (f"{a}.attention.value_length", "UINT32", cfg.head_dim)]
     if n_experts:
         kv += [(f"{a}.expert_count", "UINT32", n_experts), (f"{a}.expert_used_count", "UINT32", top_k)]
-    if arch == "granitemoe":
-        # logit_scale is required by llama.cpp's granite loader; 1.0 (and no residual/embedding/
-        # attention scales) makes the graph plain llama.
-        kv += [(f"{a}.logit_scale", "FLOAT32", 1.0), (f"{a}.expert_shared_feed_forward_length", "UINT32", shexp_ff)]
+    for key, vt, what in MOE_KEYS.get(arch, ()):
+        kv.append((f"{a}.{key}", vt, {"one": 1.0, "shexp_ff": shexp_ff, "expert_ff": cfg.expert_ff, "ff": ff}[what]))
     return kv
+
+
+# Keys an MoE architecture needs beyond the common ones, as (key after `{arch}.`, value type, value: one |
+# shexp_ff | expert_ff | ff, the routed experts' width as written). granitemoe's logit_scale is required by llama.cpp's granite loader; 1.0 (and no
+# residual/embedding/attention scales) makes the graph plain llama.
+MOE_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "granitemoe": (("logit_scale", "FLOAT32", "one"), ("expert_shared_feed_forward_length", "UINT32", "shexp_ff")),
+    "qwen2moe": (("expert_feed_forward_length", "UINT32", "expert_ff"),
+                 ("expert_shared_feed_forward_length", "UINT32", "shexp_ff")),
+    "qwen3moe": (("expert_feed_forward_length", "UINT32", "ff"),),  # the folded width: anchor + expert
+}
 
 
 class VType(IntEnum):  # gguf_type; same numbers as gguf.GGUFValueType

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from ..errors import MfggufError
 
-SUPPORTED_ARCHS = ("granitemoe", "llama")  # what `mfgguf assemble` writes
+def _written_archs() -> tuple[str, ...]:
+    from ..families import written_archs
+
+    return written_archs()
+
+
+SUPPORTED_ARCHS = _written_archs()  # what `mfgguf assemble` writes
 GGUF_MAGIC = b"GGUF"
 
 
@@ -31,7 +37,7 @@ def read_header(path: Path) -> dict:
 
     Returns {"path", "arch", "context_length", "n_vocab", "name", "chat_template"}. Raises
     MfggufError for a missing file, a file that is not a GGUF, an unreadable GGUF, or an
-    architecture other than granitemoe/llama.
+    architecture `mfgguf assemble` does not write (SUPPORTED_ARCHS).
     """
     path = Path(path)
     if not path.exists():
@@ -56,7 +62,7 @@ def read_header(path: Path) -> dict:
     arch = field("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise MfggufError(
-            f"{path} has architecture {arch!r}; mfgguf runs {' and '.join(SUPPORTED_ARCHS)} GGUFs"
+            f"{path} has architecture {arch!r}; mfgguf runs {', '.join(SUPPORTED_ARCHS)} GGUFs"
             " (the ones `mfgguf assemble` writes); use llama.cpp directly for other models"
         )
     n_ctx = field(f"{arch}.context_length")

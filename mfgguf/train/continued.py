@@ -9,8 +9,8 @@ batch, context, precision and loop as an expert (train/loop.py):
            o, gate, up, down) injected into our own model; only the adapters train, and they are
            merged into the weights at the end.
 The result is a RUN of its own (out/<name>/, sharing the data) whose trunk is the trained base: `mfgguf
-assemble OUT --experts none` writes it as a plain llama GGUF with the base's tokenizer, so llama.cpp
-scores it as it scores the MoE.
+assemble OUT --experts none` writes it as a plain dense GGUF of the base's family with the base's
+tokenizer, so llama.cpp scores it as it scores the MoE.
 
 Example:
     >>> train_continued(RunDir("RUN"), Path("RUN/eval/continued-flop"), mode="full", tokens=180_224,

@@ -89,7 +89,7 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     with torch.device("meta"):
         model = Transformer(cfg, n_experts=1)
     linear = {n + ".weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers).items()}
+    by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers, cfg.family).items()}
     for gname, t in read_safetensors(trunk_path or rd.module_file(0)):
         name = by_gguf.get(gname)
         if name is None:

@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint as _ckpt
 
 from ..config import ModelConfig, TrainConfig
 from ..errors import MfggufError
-from ..model import Transformer, rope_tables
+from ..model import Transformer, rope_for
 from . import checkpoint as ckpt_io
 from .driver import LoopResult, schedule_steps, train_steps
 from .tailstats import PREFIX as TAIL_PREFIX
@@ -138,7 +138,7 @@ def forward_loss(model: Transformer, idx, targets, route: str, recompute: bool =
     if not recompute:
         return model(idx, targets, route=route, hook=hook)
     B, T = idx.shape
-    cos, sin = rope_tables(model.cfg.head_dim, T, model.cfg.rope_theta, idx.device)
+    cos, sin = rope_for(model.cfg, T, idx.device)
     x = model.tok_embd(idx)  # (B, T, C)
     for i, layer in enumerate(model.layers):
         x = _ckpt(layer, x, cos, sin, route, hook, i, use_reentrant=False)

@@ -34,7 +34,7 @@ def shared_names(cfg: ModelConfig, choice: str) -> dict[str, str]:
         >>> list(shared_names(get_preset("tiny").model, "norms").items())[0]
         ('layers.0.attn_norm.weight', 'blk.0.attn_norm.weight')
     """
-    by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers).items()}
+    by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers, cfg.family).items()}
     return {by_gguf[g]: g for g in shared_tensor_names(cfg, choice)}
 
 

@@ -31,7 +31,7 @@ from torch.optim.adamw import adamw
 
 from ..config import ModelConfig, TrainConfig
 from ..errors import MfggufError
-from ..model import Block, RMSNorm, rope_tables
+from ..model import Block, RMSNorm, rope_for
 from .driver import LoopResult, train_steps
 from .loop import LOGITS_CHUNK, autocast, eval_windows
 from .offload import ParamStore, Slot, Unit, load_state
@@ -202,7 +202,7 @@ class StreamedTrunk:
     def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """idx, targets: (B, T) -> per-token cross-entropy (B*T,), forward only."""
         B, T = idx.shape
-        cos, sin = rope_tables(self.cfg.head_dim, T, self.cfg.rope_theta, self.dev)
+        cos, sin = rope_for(self.cfg, T, self.dev)
         x = self._embed(idx)[0]
         x = self._blocks_forward(x, cos, sin, None)
         self.norm.weight.data = self._norm_weight()
@@ -225,7 +225,7 @@ class StreamedTrunk:
         its mean loss. `update()` then applies AdamW."""
         B, T = idx.shape
         N = B * T
-        cos, sin = rope_tables(self.cfg.head_dim, T, self.cfg.rope_theta, self.dev)
+        cos, sin = rope_for(self.cfg, T, self.dev)
         x0, ids, inv = self._embed(idx)
         keep: list[torch.Tensor] = []
         xL = self._blocks_forward(x0, cos, sin, keep)  # keep[l]: input of block l, (B, T, C)

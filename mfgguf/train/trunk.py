@@ -229,7 +229,7 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
                             "estimated_peak_bytes": streamed_bytes(cfg, units, tc.batch_size, micro, spill),
                             "disk_bytes": store.disk_bytes(), "read_bytes_per_step": res.io_per_step[0],
                             "written_bytes_per_step": res.io_per_step[1]}
-        names = trunk_name_map(cfg.n_layers) | (seed_name_map(cfg.n_layers) if cfg.seed_expert else {})
+        names = trunk_name_map(cfg.n_layers, cfg.family) | (seed_name_map(cfg.n_layers) if cfg.seed_expert else {})
         where = {names[s.name]: (u, s) for u in units for s in u.slots}
         meta = write_module_streamed(rd, 0, {g: s.shape for g, (u, s) in where.items()},
                                      lambda g: store.read(where[g][0].name, trunk.set, "P", where[g][1]).reshape(where[g][1].shape),

@@ -45,6 +45,6 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def trunk_alone(trunk_path: Path, cfg: ModelConfig, dev) -> tuple[Transformer, str]:
     """(the trunk as it runs alone: anchor, + its seed FFN if it has one, read from `trunk_path`, its route)."""
     model, route = trunk_model(cfg)
-    by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers) | seed_name_map(cfg.n_layers)).items()}
+    by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers, cfg.family) | seed_name_map(cfg.n_layers)).items()}
     model.load_state_dict({by_gguf[g]: t for g, t in read_safetensors(trunk_path) if g in by_gguf}, strict=False)
     return model.to(dev), route

@@ -258,7 +258,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
         (d / "config.json").write_text(json.dumps({**cfg, **config}))
         return d
 
-    scaled = variant("scaled", rope_scaling={"rope_type": "llama3", "factor": 8.0}, rope_parameters=None)
+    scaled = variant("scaled", rope_scaling={"rope_type": "yarn", "factor": 4.0}, rope_parameters=None)
     biased = variant("biased", attention_bias=True)
     wide = variant("wide", head_dim=32)
     spm = variant("spm")
@@ -267,7 +267,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, tokenizer_json):
     cases = [(moe, "architecture 'granitemoe'"), (f64, "is F64, which gguf-py"), (cut, "damaged or truncated"),
              (no_eos, "names no EOS token"),
              (hf, "no tokenizer.json"),
-             (scaled, "rope scaling 'llama3'"), (biased, "attention_bias"), (wide, "head_dim 32"),
+             (scaled, "rope scaling 'yarn'"), (biased, "attention_bias"), (wide, "head_dim 32"),
              (spm, "not byte-level BPE"), (tmp_path / "nothing", "does not exist")]
     for src_, what in cases:
         r = cli("import-base", src_, "--out", tmp_path / "out")

@@ -34,12 +34,15 @@ from ..fileio import SYNC_FILE_RANGE_WRITE, pread_into, pwrite_all, sync_range, 
 from ..layout import Plan, write_header
 from ..merge import merged_chunks, open_checked
 from ..router import RouterBuilder, needs_stats
-from ..schema import blk
+from ...base.source import rope_permute
+from ...families import family
+from ..schema import ARCH_ROPE, blk
 from ..stream import stream_modules
 from ..profile import Profile
 from .pool import Bar, QuantPool
 
 WRITEBACK_BYTES = 64 << 20
+QK_RE = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
 FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)(_shexp)?\.weight")  # group 3: the anchor's
 SEED_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_seed\.weight")
 STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.(mean|second_moment)")
@@ -60,6 +63,10 @@ class Writer:
         self.unflushed = 0  # bytes written since writeback was last started
         self.pool = QuantPool(self.fd, threads, fast, self.prof) if os.environ.get("MFGGUF_CHUNK_THREADS", "1") != "0" else None
         self._chunk, self._release = None, None  # the streamed chunk being handled, and how to give it back
+        # a NEOX family (qwen2) in a file whose graph rotates adjacent pairs (llama, granitemoe): Q/K rows (and
+        # biases) permuted as convert_hf_to_gguf.py permutes Hugging Face's, whole tensors at a time (_qk_rows)
+        self.qk_permute = family(p.cfg.family).rope == "neox" and ARCH_ROPE[p.arch] == "normal"
+        self._qk: dict[str, tuple[np.ndarray, int]] = {}  # Q/K tensor being gathered -> (rows, rows filled)
 
     def _enter(self, phase: str, after: str) -> None:
         assert self.phase == after, f"phase {phase} after {self.phase}, expected after {after}"
@@ -100,6 +107,9 @@ class Writer:
         self._enter("stream", "preallocate")
         self._open_inputs()
         p = self.p
+        for name, x in p.constants.items():  # tensors from the config alone (layout._constants)
+            s = p.slot(name)
+            self._put(s, s.offset, x)
         first = 2 if p.pooled else 1  # stream position of expert slot 0
         counts = [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
         # chunks of one tensor region come in module order, so the router's pooled sums are added
@@ -174,6 +184,9 @@ class Writer:
         if (sm := SEED_RE.fullmatch(name)) is not None:
             self._seed_chunk(int(sm.group(1)), sm.group(2), r0, x)
             return
+        if self.qk_permute and QK_RE.fullmatch(name):
+            self._qk_rows(name, r0, x)
+            return
         m = FFN_RE.fullmatch(name)
         if m and m.group(3):  # anchor
             name = self._anchor_name(int(m.group(1)), m.group(2))
@@ -240,8 +253,26 @@ class Writer:
 
     def _merged_writer(self, name: str) -> Callable[[int, np.ndarray], None]:
         """Where the rows of merged trunk tensor `name` go: its slot."""
+        if self.qk_permute and QK_RE.fullmatch(name):
+            return lambda r0, x: self._qk_rows(name, r0, x)
         s = self.p.slot(name)
         return lambda r0, x: self._put(s, s.offset + r0 * s.row_bytes, x)
+
+    def _qk_rows(self, name: str, r0: int, x: np.ndarray) -> None:
+        """Rows of a Q/K weight or bias in NEOX order, gathered; once whole, written in adjacent-pair order.
+        One attention tensor at a time is held (the stream and the merge go tensor by tensor)."""
+        s = self.p.slot(name)
+        shape = (s.shape[0] if len(s.shape) > 1 else 1, s.shape[-1])  # chunks are 2-D, a bias's one row
+        buf, filled = self._qk.get(name) or (np.empty(shape, np.float32), 0)
+        buf[r0:r0 + len(x)] = x
+        filled += len(x)
+        if filled < shape[0]:
+            self._qk[name] = (buf, filled)
+            return
+        self._qk.pop(name, None)
+        heads = self.p.cfg.n_heads if QK_RE.fullmatch(name).group(1) == "q" else self.p.cfg.n_kv_heads
+        w = rope_permute(buf.reshape(s.shape), heads).reshape(shape)
+        self._put(s, s.offset, np.ascontiguousarray(w), owned=True)
 
     def _fold(self) -> None:
         """Nothing to fold."""

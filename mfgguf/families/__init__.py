@@ -1,0 +1,89 @@
+"""Model families mfgguf imports and writes, each declared once as data (as gguf-py's MODEL_TENSORS declares archs).
+
+A family is what differs between llama-like decoders that mfgguf's model computes: the GGUF
+architectures it is read from and written as, the Hugging Face classes it comes from, its RoPE
+rotation, and the per-block tensors it has beyond llama's (biases, Q/K norms). Readers, the
+model, the layout and the writers ask the family, never `if arch == ...`; a new family is one
+file here plus the forward's differences in model.py.
+
+Example:
+    >>> family("qwen2").moe_layouts
+    {'granitemoe': 'qwen2moe'}
+    >>> block_extras(family("qwen2"), n_heads=4, n_kv_heads=2, head_dim=16)["attn_k.bias"]
+    (32,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import MfggufError
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # ModelConfig.family
+    gguf_arch: str  # general.architecture of a dense file: what import reads and assembly writes for the trunk alone
+    hf_archs: tuple[str, ...]  # config.json `architectures` read as this family
+    rope: str  # "normal": llama.cpp rotates adjacent pairs (Q/K rows permuted from HF); "neox": halves, HF's own order
+    # assemble --layout -> general.architecture of the MoE file: granitemoe = the anchor as an always-on shared
+    # expert, mixtral = the anchor folded into every routed expert (assemble.py); a family without one refuses it;
+    # the first is --layout auto's
+    moe_layouts: dict[str, str]
+    # per-block tensors beyond llama's, GGUF suffix -> size: "q" = n_heads * head_dim, "kv" = n_kv_heads * head_dim,
+    # "head" = head_dim (1-D, kept F32 like norms)
+    extras: dict[str, str] = field(default_factory=dict)
+    hf_names: dict[str, str] = field(default_factory=dict)  # extra HF per-layer names -> GGUF suffix (with .weight/.bias)
+    rope_freqs: bool = False  # a llama3-style `rope_freqs.weight` (per-pair frequency divisors) is computed
+    free_head_dim: bool = False  # head_dim may differ from dim / n_heads (GGUF attention.key_length)
+
+
+def _registry() -> dict[str, Family]:
+    from . import llama, qwen2, qwen3
+
+    return {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY)}
+
+
+def family(name: str) -> Family:
+    try:
+        return _registry()[name]
+    except KeyError:
+        raise MfggufError(f"unknown model family {name!r}; mfgguf knows {', '.join(_registry())}") from None
+
+
+def by_gguf_arch(arch: str) -> Family | None:
+    return next((f for f in _registry().values() if f.gguf_arch == arch), None)
+
+
+def by_hf_arch(archs: list[str]) -> Family | None:
+    return next((f for f in _registry().values() for a in archs if a in f.hf_archs), None)
+
+
+def gguf_archs() -> list[str]:
+    return [f.gguf_arch for f in _registry().values()]
+
+
+def hf_archs() -> list[str]:
+    return [a for f in _registry().values() for a in f.hf_archs]
+
+
+def written_archs() -> tuple[str, ...]:
+    """Every architecture `mfgguf assemble` writes: each family's MoE ones and its dense one."""
+    return tuple(dict.fromkeys(a for f in _registry().values() for a in (*f.moe_layouts.values(), f.gguf_arch)))
+
+
+def resolve_layout(f: Family, layout: str) -> str:
+    """`auto` (assemble's default) is the family's first MoE layout: granitemoe for llama."""
+    return next(iter(f.moe_layouts)) if layout == "auto" else layout
+
+
+def block_extras(f: Family, *, n_heads: int, n_kv_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
+    """Per-block extra tensors of family `f` as GGUF suffix (`attn_q.bias`) -> numpy shape."""
+    size = {"q": n_heads * head_dim, "kv": n_kv_heads * head_dim, "head": head_dim}
+    return {name: (size[kind],) for name, kind in f.extras.items()}
+
+
+def moe_arch(f: Family, layout: str) -> str:
+    if layout not in f.moe_layouts:
+        raise MfggufError(f"layout {layout!r} does not hold a {f.name} model; use --layout {' or '.join(f.moe_layouts)}")
+    return f.moe_layouts[layout]
