@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from . import Family
+from .family import Family
 
 FAMILY = Family(
     name="llama", gguf_arch="llama", hf_archs=("LlamaForCausalLM",), rope="normal",
