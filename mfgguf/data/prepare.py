@@ -48,9 +48,8 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
         >>> prepare(["builtin"], Path("RUN"), n_experts=3, vocab_size=4096, max_chars_per_domain=2_000_000)
     """
     out = Path(out)
-    _validate(sources, out, n_experts, partition, vocab_size, heldout_frac, overlap, max_chars_per_domain, force)
-    if not 0.0 <= valid_frac < 1.0:
-        raise MfggufError(f"--valid-frac must be in [0, 1), got {valid_frac}")
+    _validate(sources, out, n_experts, partition, vocab_size, heldout_frac, valid_frac, overlap, max_chars_per_domain,
+              force)
     t0 = time.time()
     docs, source_stats = load_corpus(sources, text_field=text_field, max_chars_per_domain=max_chars_per_domain,
                                      progress=progress)
@@ -154,7 +153,8 @@ def _write_split(idx, npy, txt, docs, tokens, dtype, eos) -> dict:
 # ---- checks ------------------------------------------------------------------------------------------
 
 
-def _validate(sources, out: Path, n_experts, partition, vocab_size, heldout_frac, overlap, max_chars, force) -> None:
+def _validate(sources, out: Path, n_experts, partition, vocab_size, heldout_frac, valid_frac, overlap, max_chars,
+              force) -> None:
     if not sources:
         raise MfggufError("no sources given; pass files, directories, globs, JSONL, hf:NAME, `builtin` or `study`")
     if isinstance(n_experts, bool) or not isinstance(n_experts, int) or n_experts < 1:
@@ -165,6 +165,8 @@ def _validate(sources, out: Path, n_experts, partition, vocab_size, heldout_frac
         raise MfggufError(f"vocab size {vocab_size} is too small; byte-level BPE needs at least {MIN_VOCAB}")
     if not 0.0 <= heldout_frac < 1.0:
         raise MfggufError(f"held-out fraction must be in [0, 1), got {heldout_frac}")
+    if not 0.0 <= valid_frac < 1.0:
+        raise MfggufError(f"--valid-frac must be in [0, 1), got {valid_frac}")
     if not 0.0 <= overlap < 1.0:
         raise MfggufError(f"overlap must be in [0, 1), got {overlap}")
     if max_chars is not None and max_chars < 1:

@@ -208,8 +208,7 @@ def _write_run(rd: RunDir, dst: RunDir, ids, shards, spans, new, record: dict, i
     try:
         tmp.modules.mkdir(parents=True)
         tmp.data.mkdir()
-        for f in rd.vocab_files:  # tokenizer.json, or an imported base's base/ (run.json is written below)
-            (shutil.copytree if f.is_dir() else shutil.copy2)(f, tmp.root / f.name)
+        rd.copy_vocab_to(tmp)  # tokenizer.json, or an imported base's base/ (run.json is rewritten below)
         for f in (rd.module_file(0), rd.module_meta(0)):  # the trunk the experts scored against, shared by link
             link_or_copy(f, tmp.modules / f.name)
         man = read_json(rd.manifest, "the run manifest")
