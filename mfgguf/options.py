@@ -30,7 +30,9 @@ from .config import ModelConfig, TrainConfig
 from .errors import MfggufError
 
 # ModelConfig fields a trunk may change; vocab_size and n_experts come from the RUN, top_k is assembly's.
-MODEL_OPTIONS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("vocab_size", "n_experts", "top_k"))
+# family, attn_head_dim and rope_freq_factors describe an imported base (import-base sets them), not a trunk trained here
+MODEL_OPTIONS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("vocab_size", "n_experts", "top_k", "family",
+                                                                             "attn_head_dim", "rope_freq_factors"))
 # TrainConfig fields only expert jobs use: the train-expert and train-experts verbs take them, train-trunk does not.
 EXPERT_ONLY = ("expert_init", "shared", "shared_lr_scale", "rounds", "complement", "stats_tokens", "stats_from")
 FLAGS = {"expert_init": "--init"}  # CLI flags that are not --<field-name-with-dashes>

@@ -63,7 +63,7 @@ def test_expert_step_zero_is_the_trunk_alone(seeded_run):
     meta = read_module_meta(rd, 0)
     cfg = ModelConfig.from_dict(meta["config"])
     model = build_expert_model(rd, cfg, 0, torch.device("cpu"), bf16_trunk=False, init="auto")
-    got = heldout_losses(rd.heldout_dir, model, 2048, "single", torch.device("cpu"), "fp32")
+    got = heldout_losses(rd.validation_dir, model, 2048, "single", torch.device("cpu"), "fp32")
     want = heldout_trunk(rd, rd.module_file(0), {**meta, "precision": "fp32", "train": {"eval_tokens": 2048}})
     for d in want:
         assert got[d] == pytest.approx(want[d], rel=1e-6)

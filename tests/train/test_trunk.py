@@ -46,7 +46,7 @@ def test_saved_trunk_reproduces_its_heldout_loss(trained_run):
     model = Transformer(cfg)
     model.load_trunk(tensors)
     dom = sorted(meta["heldout_loss"])[0]
-    toks = np.load(rd.heldout(dom), allow_pickle=False)
+    toks = np.load(rd.validation_dir / f"{dom}.npy", allow_pickle=False)  # the split the trunk records its loss on
     loss, n = evaluate(model, toks, meta["train"]["eval_tokens"], "anchor", torch.device("cpu"), meta["precision"])
     assert n > 0 and loss == pytest.approx(meta["heldout_loss"][dom], abs=1e-4)
 
