@@ -7,8 +7,8 @@ Pipeline (each stage one module of this package):
     converters/  GGUF layout, quantization, router, streaming assembly, inspect
     runtime/     llama-cpp-python: chat, generate, serve, perplexity
     config.py    model and training configs, presets; options.py: the training options built from them
-    evaluate.py  the honest comparison report: models built and compared here, measured by measure.py,
-                 written by report.py (against its Goals), drawn by plots.py
+    eval/evaluate.py  the honest comparison report: models built and compared here, measured by eval/measure.py,
+                 written by eval/report.py (against its Goals), drawn by plots.py
     cli/         the typer app (thin)
 """
 

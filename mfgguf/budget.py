@@ -1,7 +1,7 @@
 """Fit a pipeline's training tokens to a wall-clock budget, from the speed measured on this CPU.
 
 CPUs of the same machine kind train 2-3x apart (native bf16 and AMX, or fp32 on AVX2 alone), so
-`mfgguf demo --minutes M` measures a few trunk steps first (train/speed.py) and scales the trunk's
+`mfgguf demo --minutes M` measures a few trunk steps first (train/engine/speed.py) and scales the trunk's
 and every expert's tokens by one factor so that the whole recipe (trunk, every expert round, the
 syncs, assembly, perplexity, generation) fits in M minutes. Torch-free: it only does arithmetic.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .errors import MfggufError
+from mfgguf.errors import MfggufError
 
 STAGE_S = 8.0  # fixed seconds per training process: interpreter, torch import, loading the trunk, writing
 FINAL_S = 90.0  # assembly of the MoE and the trunk alone, two perplexity runs by llama.cpp, a generation

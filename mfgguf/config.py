@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .errors import MfggufError
+from mfgguf.errors import MfggufError
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-SCHEDULES = ("cosine", "wsd")  # TrainConfig.schedule: the LR schedules (mfgguf/train/driver.py's lr_at)
+SCHEDULES = ("cosine", "wsd")  # TrainConfig.schedule: the LR schedules (mfgguf/train/engine/driver.py's lr_at)
 
 
 # Trunk tensors an expert job may train a private copy of (`train-expert --shared`), by GGUF name.

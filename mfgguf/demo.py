@@ -18,11 +18,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .budget import plan_tokens
-from .config import get_preset
-from .errors import MfggufError
-from .run import RunDir, read_module_meta, router_stats_current, write_json, write_text
-from .stages import StageResult, run_stage
+from mfgguf.budget import plan_tokens
+from mfgguf.config import get_preset
+from mfgguf.errors import MfggufError
+from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
+from mfgguf.stages import StageResult, run_stage
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
         ppl[label] = json.loads(text)
 
     _banner("sample generation")
-    from .runtime.generate import generate
+    from mfgguf.runtime.generate import generate
 
     t0 = time.perf_counter()
     sample = generate(moe, cfg.prompt, max_tokens=sample_tokens, temperature=0.7, seed=0)
@@ -152,12 +152,12 @@ def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_to
         return None
     from dataclasses import replace
 
-    from .config import shared_tensor_names
-    from .flops import expert_step_flops, trunk_step_flops
+    from mfgguf.config import shared_tensor_names
+    from mfgguf.flops import expert_step_flops, trunk_step_flops
 
     _banner("measure this CPU's training speed")
     info = run.info()
-    res, text = run_stage("measure speed", [sys.executable, "-m", "mfgguf.train.speed", cfg.preset, "--vocab-size",
+    res, text = run_stage("measure speed", [sys.executable, "-m", "mfgguf.train.engine.speed", cfg.preset, "--vocab-size",
                                             str(info["vocab_size"]), *(["--seed-expert"] if cfg.seed_expert else [])],
                           capture=True)
     results.append(res)

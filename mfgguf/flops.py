@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from .config import ModelConfig, expert_layers, shared_tensor_names
+from mfgguf.config import ModelConfig, expert_layers, shared_tensor_names
 
 FORMULAS = {
     "convention": "matmul FLOPs only (2 per multiply-add); no norms/softmax/loss/optimizer; no recompute;"
@@ -116,7 +116,7 @@ def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
         if with_expert or cfg.seed_expert:  # an expert job's expert, or the trunk's seed FFN (trains with it)
             e = layers is None or l in layers  # elsewhere the expert runs frozen (--expert-layers)
             out = swiglu(cfg.expert_ff, (e, e, e), f_in) or out
-            if complement:  # the frozen seed FFN beside it and the gate's learned row (train/complement.py)
+            if complement:  # the frozen seed FFN beside it and the gate's learned row (train/experts/complement.py)
                 out = swiglu(cfg.expert_ff, (False, False, False), f_in) or out
                 mm(C, e, f_in)
         live = live or f_in or out
@@ -147,7 +147,7 @@ def adapter_base_flops(cfg, *, causal: bool = True) -> StepFlops:
 
 
 def continued_step_flops(cfg, mode: str, rank: int = 16, *, causal: bool = True) -> StepFlops:
-    """FLOPs per token of training an imported base itself (train/continued.py): every parameter (`full`), or a
+    """FLOPs per token of training an imported base itself (train/whole/continued.py): every parameter (`full`), or a
     LoRA of rank `rank` on every linear layer of every block (`lora`): the frozen base's forward and activation
     gradients, plus each adapter's 6 * r * (d_in + d_out)."""
     cfg = _cfg(cfg)

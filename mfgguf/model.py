@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .families import block_extras, family
+from mfgguf.config import ModelConfig
+from mfgguf.families import block_extras, family
 
 
 class RMSNorm(nn.Module):
@@ -98,10 +98,10 @@ class Block(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(cfg.dim, cfg.expert_ff) for _ in range(n_experts))
         # Router rows, one per expert: logits = x @ router.T, as llama.cpp's ffn_gate_inp.
         self.router = nn.Parameter(torch.zeros(n_experts, cfg.dim), requires_grad=False) if n_experts else None
-        # Trainable router rows appended below `router` (a complementing expert's own row: train/complement.py).
+        # Trainable router rows appended below `router` (a complementing expert's own row: train/experts/complement.py).
         self.register_parameter("router_learned", None)
         # Divide the selected gates by their sum held constant: the same forward, and a gradient for the
-        # router under top-1, whose renormalised weight is exactly 1 (train/router_tune.py).
+        # router under top-1, whose renormalised weight is exactly 1 (train/whole/router_tune.py).
         self.straight_through_gates = False
         # The selected gates as they are, not renormalised: the reference of a file whose graph does not
         # renormalise them (schema.UNNORMALISED_TOPK: qwen2moe).

@@ -26,8 +26,8 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from functools import cache
 
-from .config import ModelConfig, TrainConfig
-from .errors import MfggufError
+from mfgguf.config import ModelConfig, TrainConfig
+from mfgguf.errors import MfggufError
 
 # ModelConfig fields a trunk may change; vocab_size and n_experts come from the RUN, top_k is assembly's.
 # family, attn_head_dim and rope_freq_factors describe an imported base (import-base sets them), not a trunk trained here

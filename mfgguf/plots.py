@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .run import atomic_path
+from mfgguf.run import atomic_path
 
 
 def _plt():

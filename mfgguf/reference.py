@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .converters.layout import model_config, run_tokenizer_kv
-from .converters.merge import DEFAULT_DENSITY, merge_arrays
-from .converters.schema import UNNORMALISED_TOPK
-from .errors import MfggufError
-from .model import Transformer, trunk_model
-from .run import SHARED_PREFIX, RunDir, read_module_meta
+from mfgguf.converters.layout import model_config, run_tokenizer_kv
+from mfgguf.converters.merge import DEFAULT_DENSITY, merge_arrays
+from mfgguf.gguf.schema import UNNORMALISED_TOPK
+from mfgguf.errors import MfggufError
+from mfgguf.model import Transformer, trunk_model
+from mfgguf.run import SHARED_PREFIX, RunDir, read_module_meta
 
 
 def _field(reader, key: str):

@@ -23,7 +23,7 @@ expert's file also holds the mean of its FFN inputs per layer, `router_stats.blk
 over `router_stats_count` tokens (the count lives in the JSON). The router's one dim x dim
 statistic, the second moment of the FFN inputs, is pooled once per trunk instead of stored per
 expert: `modules/router_stats.safetensors` (`router_stats.blk.{l}.second_moment`, from trunk +
-each expert over its shard sample, see train/pooled.py). Module format 1 (earlier mfgguf)
+each expert over its shard sample, see train/experts/pooled.py). Module format 1 (earlier mfgguf)
 stored a second moment in every expert; such runs still assemble as they are. An expert trained
 with `--shared` also holds its trained copy of each chosen trunk tensor as `shared.<trunk GGUF
 name>` (f32, the trunk tensor's shape), listed in its JSON as `shared_tensors`; assembly merges
@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import MfggufError
+from mfgguf.errors import MfggufError
 
 RUN_FORMAT = "mfgguf-run"
 RUN_VERSION = 1

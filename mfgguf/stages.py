@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from .errors import MfggufError
+from mfgguf.errors import MfggufError
 
 
 @dataclass

@@ -46,7 +46,7 @@ def emit(**kw) -> None:
 def prepared(preset: str, work: Path, n: int) -> Path:
     from mfgguf.data.prepare import prepare
     from mfgguf.options import TrainOptions
-    from mfgguf.train.trunk import train_trunk
+    from mfgguf.train.whole.trunk import train_trunk
 
     vocab, chars, trunk_tokens, _ = SETUP[preset]
     root = work / f"{preset}-base"
@@ -59,7 +59,7 @@ def prepared(preset: str, work: Path, n: int) -> Path:
 
 def one(preset: str, base: Path, work: Path, **kw) -> dict:
     from mfgguf.options import JobOptions, TrainOptions
-    from mfgguf.train.schedule import train_experts
+    from mfgguf.train.fanout.schedule import train_experts
 
     run = work / f"{preset}-{kw.get('ray') or 'local'}-{kw.get('workers')}"
     shutil.rmtree(run, ignore_errors=True)
@@ -77,7 +77,7 @@ def measured_rate(preset: str, base: Path) -> float:
     """Training FLOP/s of one expert job of `preset` here (all cores), from its own metadata."""
     from mfgguf.flops import module_flops
     from mfgguf.options import TrainOptions
-    from mfgguf.train.expert import train_expert
+    from mfgguf.train.experts.expert import train_expert
 
     run = base.parent / f"{preset}-rate"
     shutil.rmtree(run, ignore_errors=True)

@@ -159,7 +159,7 @@ def main() -> None:
         r, _ = run_stage("router-stats", ["router-stats", run.root, "--source", "trunk", "--tokens", 8192, "--no-progress"])
         b.emit(stage="router-stats", source="trunk", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
 
-    from mfgguf.converters.inspect import inspect_gguf
+    from mfgguf.gguf.inspect import inspect_gguf
 
     in_bytes = sum(p.stat().st_size for p in module_inputs(run, a.experts))
     for quant in ("q8_0", "q4_k"):

@@ -123,7 +123,7 @@ def main() -> None:
              gguf_bytes=gguf.stat().st_size, input_bytes=in_bytes, plain_io_s=round(ref, 2),
              ratio_to_plain_io=round(r.wall_s / ref, 2))
 
-    from mfgguf.converters.inspect import inspect_gguf
+    from mfgguf.gguf.inspect import inspect_gguf
 
     moe = out / "moe-q8_0.gguf"
     info = inspect_gguf(moe)

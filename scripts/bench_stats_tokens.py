@@ -42,10 +42,10 @@ def view_with_means(rd, out: Path, ids: list[int], k: int) -> tuple[object, floa
 
     from mfgguf.config import ModelConfig
     from mfgguf.run import data_view, link_or_copy, read_module_meta, write_module, write_router_stats
-    from mfgguf.train.expert import build_expert_model
-    from mfgguf.train.loop import evaluate, load_tokens, resolve_precision
-    from mfgguf.train.stats import RouterStats
-    from mfgguf.train.weights import read_safetensors
+    from mfgguf.train.experts.expert import build_expert_model
+    from mfgguf.train.engine.loop import evaluate, load_tokens, resolve_precision
+    from mfgguf.train.experts.stats import RouterStats
+    from mfgguf.train.engine.weights import read_safetensors
 
     v = data_view(rd, out)
     shutil.copy2(rd.manifest, v.manifest)

@@ -6,7 +6,7 @@ Prints JSON lines:
       peak_gflops is the precision training uses here (bf16 where the CPU has it natively, else fp32)
   {"bench": "step", "preset": ..., "module": "trunk"|"expert", "mode": "before"|"eager"|"compiled",
    "tokens_per_s": ..., "gflops": ..., "frac_of_peak": ..., "speedup_vs_before": ..., ...}
-      the in-memory training step itself (train/loop.py's InMemorySteps) on random tokens, after
+      the in-memory training step itself (train/engine/loop.py's InMemorySteps) on random tokens, after
       warm-up steps (compilation included in warm-up, reported as warmup_s). FLOPs per token follow
       mfgguf/flops.py (matmuls only, causal attention). "before" is the step as it was before fused
       AdamW and torch.compile (eager, one AdamW kernel per operation): the reference for speed-ups
@@ -101,8 +101,8 @@ def bench_small(work: Path, quick: bool, peak: float) -> None:
     from mfgguf.config import ModelConfig
     from mfgguf.data.prepare import prepare
     from mfgguf.options import TrainOptions
-    from mfgguf.train.expert import train_expert
-    from mfgguf.train.trunk import train_trunk
+    from mfgguf.train.experts.expert import train_expert
+    from mfgguf.train.whole.trunk import train_trunk
 
     run = work / "small"
     info = prepare(["builtin"], run, n_experts=3, partition="label", vocab_size=4096, seed=0, force=True,
@@ -264,10 +264,10 @@ def bench_step(work: Path, preset: str, module: str, mode: str, batch: int | Non
     from mfgguf.config import get_preset
     from mfgguf.flops import expert_step_flops, trunk_step_flops
     from mfgguf.model import trunk_model
-    from mfgguf.train.driver import get_batch
-    from mfgguf.train.expert import build_expert_model, expert_params
-    from mfgguf.train.loop import InMemorySteps, resolve_device, resolve_precision
-    from mfgguf.train.trunk import wants_recompute
+    from mfgguf.train.engine.driver import get_batch
+    from mfgguf.train.experts.expert import build_expert_model, expert_params
+    from mfgguf.train.engine.loop import InMemorySteps, resolve_device, resolve_precision
+    from mfgguf.train.whole.trunk import wants_recompute
 
     p = get_preset(preset)
     vocab = p.model.vocab_size if preset == "1b" else 4096
@@ -350,7 +350,7 @@ def shape_ceiling(preset: str, batch: int | None, prec: str, peak: float, second
 def bench_steps(work: Path, presets: list[str], peak: float) -> None:
     """Every preset's trunk and expert step: before, eager and compiled (1b: before and eager only)."""
     steps = {"tiny": 20, "small": 8, "1b": 2}
-    from mfgguf.train.loop import resolve_precision
+    from mfgguf.train.engine.loop import resolve_precision
 
     import torch
 
@@ -378,7 +378,7 @@ def main() -> None:
     work = a.dir or Path(tempfile.mkdtemp(prefix="mfgguf-bench-train-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        from mfgguf.train.loop import resolve_precision
+        from mfgguf.train.engine.loop import resolve_precision
 
         import torch
 

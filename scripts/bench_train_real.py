@@ -4,8 +4,8 @@ At SmolLM2-135M-Instruct's shape (30 x 576, heads 9/3, FFN 1536 = anchor 1344 + 
 vocabulary 49,152, tied head), same precision (bf16 autocast where the CPU has it natively, else
 fp32), same batch and context, each configuration in its own process (its own peak RSS):
 
-  - mfgguf's expert step (train/loop.py's InMemorySteps on the imported base, real tokens): as
-    `train-expert` runs it (train/trunk.py's plan_activations: micro-batches of 2 sequences, no
+  - mfgguf's expert step (train/engine/loop.py's InMemorySteps on the imported base, real tokens): as
+    `train-expert` runs it (train/whole/trunk.py's plan_activations: micro-batches of 2 sequences, no
     recompute), the whole batch at once, and recompute with the heap limit it needs (what
     `train-expert` ran before micro-batches); and `--expert-layers upper` (experts in layers 15-29 only);
   - transformers' LlamaForCausalLM full fine-tune (AdamW on every parameter), with and without
@@ -89,7 +89,7 @@ def child(kind: str, run: Path, batch: int, ctx: int, steps: int, warm: int) -> 
     import torch
 
     from mfgguf.run import RunDir
-    from mfgguf.train.loop import resolve_precision
+    from mfgguf.train.engine.loop import resolve_precision
 
     torch.set_num_threads(os.cpu_count() or 1)
     prec = resolve_precision("auto", torch.device("cpu"))
@@ -118,9 +118,9 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
 
     from mfgguf.config import ModelConfig, expert_layers, get_preset
     from mfgguf.run import RunDir, read_module_meta
-    from mfgguf.train.expert import build_expert_model, expert_params, freeze_expert_layers
-    from mfgguf.train.loop import InMemorySteps, limit_heap_retention
-    from mfgguf.train.trunk import plan_activations
+    from mfgguf.train.experts.expert import build_expert_model, expert_params, freeze_expert_layers
+    from mfgguf.train.engine.loop import InMemorySteps, limit_heap_retention
+    from mfgguf.train.whole.trunk import plan_activations
 
     rd = RunDir(run)
     cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
@@ -155,7 +155,7 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
 def chunked_head_loss(model, idx, targets, route: str):
     """The micro-batch's mean loss with the head in checkpointed chunks (loop.checkpointed_head_loss, what
     recompute runs), the blocks as usual."""
-    from mfgguf.train.loop import checkpointed_head_loss
+    from mfgguf.train.engine.loop import checkpointed_head_loss
 
     B, T = idx.shape
     return checkpointed_head_loss(model, model.hidden(idx, route).reshape(B * T, -1), targets.reshape(-1))

@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--cgroup-extra", default="0", help="cgroup limit = budget + this (page cache beside the process),"
                     " e.g. 1G; the default 0 is the strictest measure")
     a = ap.parse_args()
-    from mfgguf.train.trunk import STREAMED_ACCUM, parse_size
+    from mfgguf.train.whole.trunk import STREAMED_ACCUM, parse_size
 
     out: Path = a.out
     out.mkdir(parents=True, exist_ok=True)

@@ -29,9 +29,9 @@ def prepared_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def trained_run(prepared_run, tmp_path_factory) -> Path:
     """`prepared_run` copied, with a trained `tiny` trunk and all experts trained."""
-    from mfgguf.train.expert import train_expert
-    from mfgguf.train.pooled import pool_router_stats
-    from mfgguf.train.trunk import train_trunk
+    from mfgguf.train.experts.expert import train_expert
+    from mfgguf.train.experts.pooled import pool_router_stats
+    from mfgguf.train.whole.trunk import train_trunk
 
     root = tmp_path_factory.mktemp("trained") / "run"
     shutil.copytree(prepared_run, root)

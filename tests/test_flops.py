@@ -9,15 +9,15 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from mfgguf.baselines import parse_baselines, plan_baselines
+from mfgguf.eval.baselines import parse_baselines, plan_baselines
 from mfgguf.config import SHARED_CHOICES, ModelConfig, get_preset, shared_tensor_names
 from mfgguf.errors import MfggufError
 from mfgguf.flops import expert_step_flops, module_step_flops, run_flops, tokens_for_flops, trunk_step_flops
 from mfgguf.model import Transformer, trunk_name_map
 from mfgguf.run import RunDir, read_module_meta
-from mfgguf.train.expert import build_expert_model, expert_params
-from mfgguf.train.driver import get_batch
-from mfgguf.train.loop import forward_loss, load_tokens, make_optimizer
+from mfgguf.train.experts.expert import build_expert_model, expert_params
+from mfgguf.train.engine.driver import get_batch
+from mfgguf.train.engine.loop import forward_loss, load_tokens, make_optimizer
 
 TINY = replace(get_preset("tiny").model, vocab_size=512)  # dim 64, 2 layers, 4 heads (hd 16), 2 kv heads, ff 128, T 64
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MfggufError
-from ..families import by_gguf_arch, gguf_archs
-from .source import BaseShape, bf16_to_f32, pread_exact
+from mfgguf.errors import MfggufError
+from mfgguf.families import by_gguf_arch, gguf_archs
+from mfgguf.base.source import BaseShape, bf16_to_f32, pread_exact
 
 PLAIN_TYPES = ("F32", "F16", "BF16")  # read as they are; every other type goes through gguf-py's dequantizer
 

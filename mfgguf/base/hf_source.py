@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MfggufError
-from ..families import by_hf_arch, family, hf_archs
-from ..families.llama import llama3_factors
-from .source import BaseShape, bf16_to_f32, pread_exact, rope_permute
+from mfgguf.errors import MfggufError
+from mfgguf.families import by_hf_arch, family, hf_archs
+from mfgguf.families.llama import llama3_factors
+from mfgguf.base.source import BaseShape, bf16_to_f32, pread_exact, rope_permute
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # safetensors dtype -> numpy storage
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry; recomputed from rope_theta
@@ -167,6 +167,6 @@ class HFBase:
 
     def write_vocab(self, path: Path) -> None:
         """A vocab-only GGUF of the base's tokenizer, as llama.cpp's convert_hf_to_gguf.py writes it (hf_vocab.py)."""
-        from .hf_vocab import write_vocab_gguf
+        from mfgguf.base.hf_vocab import write_vocab_gguf
 
         write_vocab_gguf(self, path)

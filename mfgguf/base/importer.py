@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ModelConfig, get_preset
-from ..errors import MfggufError
-from ..run import RunDir, swap_dir_into_place, write_json, write_module_streamed
-from .gguf_source import GGUFBase
-from .hf_source import HFBase
-from .known import resolve_base
-from .runbase import BASE_FORMAT, BaseFiles
+from mfgguf.config import ModelConfig, get_preset
+from mfgguf.errors import MfggufError
+from mfgguf.run import RunDir, swap_dir_into_place, write_json, write_module_streamed
+from mfgguf.base.gguf_source import GGUFBase
+from mfgguf.base.hf_source import HFBase
+from mfgguf.base.known import resolve_base
+from mfgguf.base.runbase import BASE_FORMAT, BaseFiles
 
 SEED_SHARE = 8  # default seed width: the base's FFN width / this, rounded down to a multiple of 32
 
@@ -77,7 +77,7 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
     Example:
         >>> import_base(Path("model.gguf"), Path("RUN"))["config"]["anchor_ff"]
     """
-    from ..model import trunk_shapes  # torch: imported here so that the CLI starts without it
+    from mfgguf.model import trunk_shapes  # torch: imported here so that the CLI starts without it
 
     t0 = time.perf_counter()
     out = Path(out)

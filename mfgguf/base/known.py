@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import MfggufError
+from mfgguf.errors import MfggufError
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..errors import MfggufError
+from mfgguf.errors import MfggufError
 
 BASE_FORMAT = "mfgguf-base"
 
@@ -59,7 +59,7 @@ class BaseFiles:
 def _vocab_kv(path: Path, mtime_ns: int) -> tuple[list[tuple[str, str, object]], int, int]:
     """gguf_kv of one vocab.gguf version. Our own header parser, not gguf-py's reader: that one builds
     numpy views item by item and took 2.8 s for SmolLM2's 49,152 tokens and 48,900 merges, every plan."""
-    from ..converters.ggufheader import read_gguf_header
+    from mfgguf.gguf.header import read_gguf_header
 
     h = read_gguf_header(path)
     kv = [(k, t, v) for k, t, v in h.kv if k.startswith("tokenizer.")]
@@ -78,7 +78,7 @@ def base_only(run: Path) -> bool:
 
 
 def base_info(files: BaseFiles) -> dict:
-    from ..run import read_json
+    from mfgguf.run import read_json
 
     return read_json(files.info, "the imported base's description")
 
@@ -117,7 +117,7 @@ class LlamaCppTokenizer:
 
 def carry_into(files: BaseFiles, tmp_run: Path) -> None:
     """Copy the base (RUN/base/) and its trunk module (+ manifest entry) into a RUN being prepared at `tmp_run`."""
-    from ..run import RunDir, read_module_meta, update_manifest
+    from mfgguf.run import RunDir, read_module_meta, update_manifest
 
     src, dst = RunDir(files.run), RunDir(tmp_run)
     shutil.copytree(files.root, BaseFiles(tmp_run).root)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import MfggufError
-from ..families import block_extras, family
+from mfgguf.errors import MfggufError
+from mfgguf.families import block_extras, family
 
 TOKEN_UNUSED = 5  # llama.cpp's llama_token_type for padding rows ([PAD{i}]), as convert_hf_to_gguf.py writes them
 

@@ -1,7 +1,7 @@
 """The typer app. Thin: each verb calls one typed library function whose docstring is its help.
 
 Verbs live beside this file, one area each (data.py, base.py, train.py, convert.py, runtime.py,
-evaluate.py); they register themselves with `command`. Only here is MfggufError caught: it is
+eval/evaluate.py); they register themselves with `command`. Only here is MfggufError caught: it is
 printed as one line on stderr and the process exits 1, without a traceback.
 """
 
@@ -12,7 +12,7 @@ import inspect
 
 import typer
 
-from ..errors import MfggufError
+from mfgguf.errors import MfggufError
 
 app = typer.Typer(
     name="mfgguf",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ..base.importer import import_base
-from .app import command
+from mfgguf.base.importer import import_base
+from mfgguf.cli.app import command
 
 
 @command("import-base", import_base)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import typer
 
-from ..converters.calibrate import CalibrationGrid, calibrate
-from ..errors import MfggufError
-from ..train.router_tune import RouterTuning, tune_router
-from .app import command
+from mfgguf.converters.routing.calibrate import CalibrationGrid, calibrate
+from mfgguf.errors import MfggufError
+from mfgguf.train.whole.router_tune import RouterTuning, tune_router
+from mfgguf.cli.app import command
 
 
 def _floats(s: str | None, what: str, default: tuple) -> tuple:

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import typer
 
-from ..converters.assemble import assemble
-from ..converters.extend import extend
-from ..converters.guard import Guard
-from ..converters.complement import ROUTERS as COMPLEMENT_ROUTERS
-from ..converters.inspect import format_inspect, inspect_gguf
-from ..converters.merge import DEFAULT_DENSITY, MERGES
-from ..converters.schema import LAYOUTS, ROUTERS, USER_QUANTS
-from ..errors import MfggufError
-from ..options import parse_experts
-from .app import command
+from mfgguf.converters.assemble import assemble
+from mfgguf.converters.extend import extend
+from mfgguf.converters.routing.guard import Guard
+from mfgguf.converters.routing.complement import ROUTERS as COMPLEMENT_ROUTERS
+from mfgguf.gguf.inspect import format_inspect, inspect_gguf
+from mfgguf.converters.merge import DEFAULT_DENSITY, MERGES
+from mfgguf.gguf.schema import LAYOUTS, ROUTERS, USER_QUANTS
+from mfgguf.errors import MfggufError
+from mfgguf.options import parse_experts
+from mfgguf.cli.app import command
 
 
 @command("assemble", assemble)

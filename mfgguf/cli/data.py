@@ -7,8 +7,8 @@ from typing import List
 
 import typer
 
-from ..data.prepare import prepare
-from .app import command
+from mfgguf.data.prepare import prepare
+from mfgguf.cli.app import command
 
 
 @command("prepare", prepare)

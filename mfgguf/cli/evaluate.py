@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from ..baselines import parse_baselines
-from ..demo import DemoConfig, check_demo_dir, demo
-from ..evaluate import EvalConfig, evaluate
-from .app import command
+from mfgguf.eval.baselines import parse_baselines
+from mfgguf.demo import DemoConfig, check_demo_dir, demo
+from mfgguf.eval.evaluate import EvalConfig, evaluate
+from mfgguf.cli.app import command
 
 
 @command("demo", demo)

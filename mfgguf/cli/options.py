@@ -14,7 +14,7 @@ import typing
 
 import typer
 
-from ..options import EXPERT_ONLY, MODEL_OPTIONS, TrainOptions, flag, option_help, option_types
+from mfgguf.options import EXPERT_ONLY, MODEL_OPTIONS, TrainOptions, flag, option_help, option_types
 
 SCOPES = ("trunk", "expert")
 

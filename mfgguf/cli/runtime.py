@@ -8,11 +8,11 @@ from pathlib import Path
 
 import typer
 
-from ..runtime.chat import chat
-from ..runtime.generate import generate
-from ..runtime.perplexity import perplexity_files
-from ..runtime.serve import serve
-from .app import command
+from mfgguf.runtime.chat import chat
+from mfgguf.runtime.generate import generate
+from mfgguf.runtime.perplexity import perplexity_files
+from mfgguf.runtime.serve import serve
+from mfgguf.cli.app import command
 
 _MODEL = typer.Argument(..., help="A .gguf written by `mfgguf assemble`.")
 _CTX = typer.Option(None, "--ctx", help="Context length (default and maximum: the model's trained context).")

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import typer
 
-from ..converters.merge import DEFAULT_DENSITY
-from ..options import JobOptions, TrainOptions
-from .app import command
-from .options import train_options
+from mfgguf.converters.merge import DEFAULT_DENSITY
+from mfgguf.options import JobOptions, TrainOptions
+from mfgguf.cli.app import command
+from mfgguf.cli.options import train_options
 
 
 def _doc(module: str, fn: str) -> str:
     """The docstring of mfgguf.train.<module>.<fn> up to 'Example', without importing it."""
-    src = (Path(__file__).parent.parent / "train" / f"{module}.py").read_text()
+    src = (Path(__file__).parent.parent / "train" / f"{module.replace('.', '/')}.py").read_text()
     for node in ast.parse(src).body:
         if isinstance(node, ast.FunctionDef) and node.name == fn:
             doc = (ast.get_docstring(node) or "").split("\nExample")[0].strip()
@@ -50,7 +50,7 @@ def _line(meta: dict, run: Path) -> str:
             f" {Path(run) / 'modules' / meta['file']}, {meta['wall_s']:.1f} s")
 
 
-@command("train-trunk", help=_doc("trunk", "train_trunk"))
+@command("train-trunk", help=_doc("whole.trunk", "train_trunk"))
 @train_options("trunk")
 def train_trunk_cmd(
     run: Path = _RUN,
@@ -65,14 +65,14 @@ def train_trunk_cmd(
                               " (default: 4 when streamed, 1 in memory)."),
     *, options: TrainOptions,
 ):
-    from ..train.trunk import train_trunk
+    from mfgguf.train.whole.trunk import train_trunk
 
     meta = train_trunk(run, preset=preset, options=options, device=device, progress=progress, precision=precision,
                        restart=restart, memory_budget=memory_budget, stream=stream, accum=accum)
     typer.echo(_line(meta, run))
 
 
-@command("train-expert", help=_doc("expert", "train_expert"))
+@command("train-expert", help=_doc("experts.expert", "train_expert"))
 @train_options("expert")
 def train_expert_cmd(
     run: Path = _RUN,
@@ -80,7 +80,7 @@ def train_expert_cmd(
     device: str = _DEVICE, precision: str = _PRECISION, restart: bool = _RESTART, progress: bool = _PROGRESS,
     *, options: TrainOptions,
 ):
-    from ..train.expert import train_expert
+    from mfgguf.train.experts.expert import train_expert
 
     meta = train_expert(run, expert, options=options, device=device, progress=progress, precision=precision,
                         restart=restart)
@@ -90,7 +90,7 @@ def train_expert_cmd(
     typer.echo(line)
 
 
-@command("train-base", help=_doc("continued", "train_continued"))
+@command("train-base", help=_doc("whole.continued", "train_continued"))
 def train_base_cmd(
     run: Path = typer.Argument(..., help="A RUN whose trunk is an imported base (`mfgguf import-base`)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory of the RUN written (its trunk is the trained base)."),
@@ -102,9 +102,9 @@ def train_base_cmd(
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
 ):
-    from ..errors import MfggufError
-    from ..run import RunDir
-    from ..train.continued import train_continued
+    from mfgguf.errors import MfggufError
+    from mfgguf.run import RunDir
+    from mfgguf.train.whole.continued import train_continued
 
     rd = RunDir(run)
     ids = [int(x) for x in shards.split(",")] if shards else list(range(1, int(rd.info()["n_experts"]) + 1))
@@ -112,12 +112,12 @@ def train_base_cmd(
         raise MfggufError(f"{out} already exists; pass --force to replace it")
     view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, device=device,
                            precision=precision, progress=progress)
-    from ..run import read_module_meta
+    from mfgguf.run import read_module_meta
 
     typer.echo(_line({**read_module_meta(view, 0), "kind": "trunk"}, view.root))
 
 
-@command("train-experts", help=_doc("schedule", "train_experts"))
+@command("train-experts", help=_doc("fanout.schedule", "train_experts"))
 @train_options("expert", help={"rounds": "Sync rounds R: every expert's round, then `sync`, R times (default: what"
                                          " the run's experts were started with, else 1)."})
 def train_experts_cmd(
@@ -135,7 +135,7 @@ def train_experts_cmd(
     outer_momentum: float = typer.Option(0.0, "--outer-momentum", help="Every sync's outer momentum, as sync's."),
     *, options: TrainOptions,
 ):
-    from ..train.schedule import train_experts
+    from mfgguf.train.fanout.schedule import train_experts
 
     s = train_experts(run, experts=experts, workers=workers, ray=ray, transfer=transfer, retries=retries,
                       progress=progress, job=JobOptions(options, device=device, precision=precision),
@@ -146,7 +146,7 @@ def train_experts_cmd(
                "train-experts: every selected expert is already trained; nothing to do")
 
 
-@command("sync", help=_doc("sync", "sync"))
+@command("sync", help=_doc("rounds.sync", "sync"))
 def sync_cmd(
     run: Path = _RUN,
     merge: str = typer.Option("mean", "--merge", help="How the experts' shared copies merge: mean (token-weighted)"
@@ -163,8 +163,8 @@ def sync_cmd(
                                           " every expert."),
     device: str = _DEVICE, progress: bool = _PROGRESS,
 ):
-    from ..options import parse_experts
-    from ..train.sync import sync
+    from mfgguf.options import parse_experts
+    from mfgguf.train.rounds.sync import sync
 
     r = sync(run, merge=merge, density=merge_density, restat=restat, device=device, progress=progress,
              outer_lr=outer_lr, outer_momentum=outer_momentum, experts=parse_experts(experts))
@@ -180,13 +180,13 @@ def sync_cmd(
                f" {r['experts']} experts; trunk held-out loss {held}; {what}; {r['wall_s']:.1f} s")
 
 
-@command("restat", help=_doc("restat", "restat"))
+@command("restat", help=_doc("rounds.restat", "restat"))
 def restat_cmd(
     run: Path = _RUN,
     expert: int = typer.Option(..., "--expert", help="Expert index, 1..N."),
     device: str = _DEVICE,
 ):
-    from ..train.restat import restat
+    from mfgguf.train.rounds.restat import restat
 
     m = restat(run, expert, device=device)
     if not m["restated"]:
@@ -197,7 +197,7 @@ def restat_cmd(
                f" {m['restat_s']:.1f} s")
 
 
-@command("router-stats", help=_doc("pooled", "pool_router_stats"))
+@command("router-stats", help=_doc("experts.pooled", "pool_router_stats"))
 def router_stats_cmd(
     run: Path = _RUN,
     source: str = typer.Option("experts", "--source", help="experts: trunk + each expert over a sample of its shard"
@@ -209,8 +209,8 @@ def router_stats_cmd(
                                 " `assemble --experts` takes)."),
     device: str = _DEVICE, progress: bool = _PROGRESS,
 ):
-    from ..options import parse_experts
-    from ..train.pooled import pool_router_stats
+    from mfgguf.options import parse_experts
+    from mfgguf.train.experts.pooled import pool_router_stats
 
     m = pool_router_stats(run, source=source, tokens=tokens, device=device, progress=progress,
                           experts=parse_experts(experts))
@@ -218,7 +218,7 @@ def router_stats_cmd(
                f" {Path(run) / 'modules' / m['file']}, {m['seconds']:.1f} s")
 
 
-@command("relabel", help=_doc("relabel", "relabel"))
+@command("relabel", help=_doc("whole.relabel", "relabel"))
 def relabel_cmd(
     run: Path = _RUN,
     out: Path = typer.Option(..., "--out", "-o", help="The new RUN directory to write (its experts untrained)."),
@@ -233,7 +233,7 @@ def relabel_cmd(
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (only once the new RUN is complete)."),
     device: str = _DEVICE, progress: bool = _PROGRESS,
 ):
-    from ..train.relabel import relabel
+    from mfgguf.train.whole.relabel import relabel
 
     info = relabel(run, out, experts=experts, prefix=prefix, cap=cap, tokens=tokens, keep_labels=keep_labels,
                    force=force, device=device, progress=progress)

@@ -52,7 +52,7 @@ Layouts, one writer class each (writers/granitemoe.py, mixtral.py, dense.py) on 
               down rows then wait for it (fold phase) instead of being joined while they stream.
   dense       no experts (`experts=[]`): the trunk alone as a plain `llama` file.
   complement  granitemoe whose experts complement the seed (`train-expert --complement`): the seed
-              is routed expert 0 beside them (converters/complement.py, writers/complement.py).
+              is routed expert 0 beside them (converters/routing/complement.py, writers/complement.py).
 
 Example:
     >>> assemble(Path("RUN"), Path("model.gguf"), quant="q8_0", top_k=1)
@@ -65,20 +65,20 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import MfggufError
-from ..run import RunDir, atomic_path
-from . import quant as Q
-from .ensure_stats import plan_with_stats
-from .layout import plan
-from .merge import DEFAULT_DENSITY
-from .profile import Profile
-from .readback import verify
-from .writers.base import Writer
-from .writers.complement import ComplementWriter
-from .writers.dense import DenseWriter
-from .writers.granitemoe import GraniteMoeWriter
-from .writers.mixtral import MixtralWriter
-from .writers.qwen2moe import Qwen2MoeWriter
+from mfgguf.errors import MfggufError
+from mfgguf.run import RunDir, atomic_path
+from mfgguf.converters import quant as Q
+from mfgguf.converters.ensure_stats import plan_with_stats
+from mfgguf.converters.layout import plan
+from mfgguf.converters.merge import DEFAULT_DENSITY
+from mfgguf.converters.profile import Profile
+from mfgguf.converters.readback import verify
+from mfgguf.converters.writers.base import Writer
+from mfgguf.converters.writers.complement import ComplementWriter
+from mfgguf.converters.writers.dense import DenseWriter
+from mfgguf.converters.writers.granitemoe import GraniteMoeWriter
+from mfgguf.converters.writers.mixtral import MixtralWriter
+from mfgguf.converters.writers.qwen2moe import Qwen2MoeWriter
 
 # by layout; an MoE architecture whose graph differs from its layout's (qwen2moe's gated shared expert) by arch
 WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": MixtralWriter, "dense": DenseWriter,
@@ -144,7 +144,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
 
 def _quantizer_name(quant: str, fast: bool) -> str:
     if fast and quant == "q8_0":
-        from .fastquant import available
+        from mfgguf.converters.fastquant import available
 
         if available():
             return "ggml-cpu (vectorised q8_0)"

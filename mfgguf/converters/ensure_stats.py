@@ -1,7 +1,7 @@
 """Assembly runs the router-stats pass itself when the pooled router statistics are missing or stale.
 
 The ridge router needs the second moment of the FFN inputs pooled over every expert's shard
-(train/pooled.py). `train-experts` and `sync` write it, but a run whose experts were trained one
+(train/experts/pooled.py). `train-experts` and `sync` write it, but a run whose experts were trained one
 by one with `train-expert` has none, and retraining one expert makes it stale. Then `assemble`
 computes it first (one line on stderr says so; the pass shows its progress bar when progress is
 on), as `mfgguf router-stats RUN` would, with the source the old statistics were computed from.
@@ -18,9 +18,9 @@ import json
 import sys
 from typing import Callable, TypeVar
 
-from ..errors import MfggufError
-from ..run import RunDir, read_module_meta, untrained_reason
-from .layout import PooledStatsNeeded
+from mfgguf.errors import MfggufError
+from mfgguf.run import RunDir, read_module_meta, untrained_reason
+from mfgguf.converters.layout import PooledStatsNeeded
 
 T = TypeVar("T")
 
@@ -40,7 +40,7 @@ def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool, v
         some = "" if experts is None else " --experts " + ",".join(map(str, experts))
         print(f"{verb}: the pooled router statistics {e.why}; computing them first (`mfgguf router-stats"
               f" {rd.root}{' --source trunk' if source == 'trunk' else some}`)", file=sys.stderr, flush=True)
-        from ..train.pooled import pool_router_stats  # torch: only when the pass runs
+        from mfgguf.train.experts.pooled import pool_router_stats  # torch: only when the pass runs
 
         pool_router_stats(rd.root, source=source, progress=progress, experts=experts)
     return make_plan()

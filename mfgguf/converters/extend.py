@@ -48,22 +48,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MfggufError
-from ..run import RunDir, atomic_path, finished_against, read_manifest, router_stats_stale
-from . import quant as Q
-from .ensure_stats import plan_with_stats
-from .fileio import pread_into, pwrite_all, truncated
-from .guard import Guard, guard_new_rows
-from .ggufheader import Header, read_gguf_header
-from .layout import Module, PooledStatsNeeded, Slot, header_bytes, load_module, read_header, run_tokenizer_kv, \
+from mfgguf.errors import MfggufError
+from mfgguf.run import RunDir, atomic_path, finished_against, read_manifest, router_stats_stale
+from mfgguf.converters import quant as Q
+from mfgguf.converters.ensure_stats import plan_with_stats
+from mfgguf.gguf.fileio import pread_into, pwrite_all, truncated
+from mfgguf.converters.routing.guard import Guard, guard_new_rows
+from mfgguf.gguf.header import Header, read_gguf_header
+from mfgguf.converters.layout import Module, PooledStatsNeeded, Slot, header_bytes, load_module, read_header, run_tokenizer_kv, \
     write_header
-from .merge import open_checked
-from .readback import verify
-from .router import RouterBuilder, keep_rows
-from .routerstats import StatsBlock, block_start, read_f32, with_offset
-from .schema import (ALIGNMENT, QTYPE_BY_ID, ROUTING_RECORDS, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS,
+from mfgguf.converters.merge import open_checked
+from mfgguf.converters.readback import verify
+from mfgguf.converters.routing.router import RouterBuilder, keep_rows
+from mfgguf.converters.routing.stats import StatsBlock, block_start, read_f32, with_offset
+from mfgguf.gguf.schema import (ALIGNMENT, QTYPE_BY_ID, ROUTING_RECORDS, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS,
                      RS_SOURCE_COUNTS, RS_SOURCES, blk)
-from .stream import stream_modules
+from mfgguf.converters.stream import stream_modules
 
 EXPS_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
 FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.weight")

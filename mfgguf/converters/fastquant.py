@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from .ggmllib import base_path
+from mfgguf.converters.ggmllib import base_path
 
 GGML_TYPE_Q8_0 = 8
 _FN: list = []

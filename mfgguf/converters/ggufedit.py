@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MfggufError
-from . import schema
-from .layout import header_bytes
+from mfgguf.errors import MfggufError
+from mfgguf.gguf import schema
+from mfgguf.converters.layout import header_bytes
 
 KV = tuple[str, str, object]  # (key, gguf value type name, value), as layout.header_bytes takes them
 

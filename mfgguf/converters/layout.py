@@ -27,19 +27,20 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
-from ..config import ModelConfig, get_preset
-from ..base.runbase import imported
-from ..errors import MfggufError
-from ..run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta, router_stats_stale
-from . import complement as cp
-from . import routerstats, schema
-from .merge import DEFAULT_DENSITY, merge_plan
-from .router import needs_stats
-from .fileio import pwrite_all
-from .ggufheader import kv_value
-from ..families import block_extras, family, resolve_layout
-from .schema import ALIGNMENT, FFN, VType, blk
+from mfgguf import __version__
+from mfgguf.config import ModelConfig, get_preset
+from mfgguf.base.runbase import imported
+from mfgguf.errors import MfggufError
+from mfgguf.run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta, router_stats_stale
+from mfgguf.converters.routing import complement as cp
+from mfgguf.converters.routing import stats as routerstats
+from mfgguf.gguf import schema
+from mfgguf.converters.merge import DEFAULT_DENSITY, merge_plan
+from mfgguf.converters.routing.router import needs_stats
+from mfgguf.gguf.fileio import pwrite_all
+from mfgguf.gguf.header import kv_value
+from mfgguf.families import block_extras, family, resolve_layout
+from mfgguf.gguf.schema import ALIGNMENT, FFN, VType, blk
 
 
 # ---- module files --------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ class PooledStatsNeeded(MfggufError):
 
 
 def load_pooled_stats(run: RunDir, manifest: dict, trunk: Module, experts: list[Module]) -> Module:
-    """The pooled router statistics (train/pooled.py) of this trunk and these experts, checked against the manifest."""
+    """The pooled router statistics (train/experts/pooled.py) of this trunk and these experts, checked against the manifest."""
     redo = f"compute them with `mfgguf router-stats {run.root}`"
     if not run.router_stats_meta.is_file() or not run.router_stats.is_file():
         raise PooledStatsNeeded(f"{run.root} has no pooled router statistics (modules/{run.router_stats.name}); {redo}",
@@ -227,7 +228,7 @@ class Plan:
     merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
     density: float = DEFAULT_DENSITY  # ties: share of each delta row kept
     merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
-    complement: bool = False  # the experts complement the seed: it is routed slot 0 (converters/complement.py)
+    complement: bool = False  # the experts complement the seed: it is routed slot 0 (converters/routing/complement.py)
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # tensors no module holds, from the config alone
     header: bytes = b""  # header_bytes: key-values and tensor infos, not padded
     data_offset: int = 0

@@ -31,9 +31,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import MfggufError
-from ..run import SHARED_PREFIX
-from .fileio import pread_into, truncated
+from mfgguf.errors import MfggufError
+from mfgguf.run import SHARED_PREFIX
+from mfgguf.gguf.fileio import pread_into, truncated
 
 MERGES = ("none", "mean", "ties")
 DEFAULT_DENSITY = 0.2  # ties: share of each delta row kept (the paper's k = 20%)

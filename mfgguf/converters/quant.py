@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import MfggufError
-from .ggmllib import base_path
-from .schema import QTYPES
+from mfgguf.errors import MfggufError
+from mfgguf.converters.ggmllib import base_path
+from mfgguf.gguf.schema import QTYPES
 
 _LIB: ctypes.CDLL | None | bool = None  # None: not tried yet; False: unavailable
 _POOLS: dict[int, ThreadPoolExecutor] = {}
@@ -87,7 +87,7 @@ def quantize(x: np.ndarray, qtype: str, *, threads: int | None = None, out: np.n
         out[:] = x.reshape(-1).view(np.uint8)
         return out
     if fast and qtype == "q8_0":
-        from .fastquant import quantize_q8_0
+        from mfgguf.converters.fastquant import quantize_q8_0
 
         if quantize_q8_0(x, out) is not None:
             return out

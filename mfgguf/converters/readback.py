@@ -14,9 +14,9 @@ import ctypes
 import os
 from pathlib import Path
 
-from .layout import Plan
-from .quant import ggml_lib
-from .schema import QTYPES
+from mfgguf.converters.layout import Plan
+from mfgguf.converters.quant import ggml_lib
+from mfgguf.gguf.schema import QTYPES
 
 
 def verify(p: Plan, path: Path) -> None:

@@ -39,10 +39,10 @@ from typing import Callable, Iterator
 import numpy as np
 from blake3 import blake3
 
-from ..errors import MfggufError
-from .fileio import pread_into, truncated
-from .layout import Module
-from .profile import Profile
+from mfgguf.errors import MfggufError
+from mfgguf.gguf.fileio import pread_into, truncated
+from mfgguf.converters.layout import Module
+from mfgguf.converters.profile import Profile
 
 CHUNK_BYTES = 4 << 20  # f32 bytes per chunk: read, hashed, quantized and written per step
 LANE_BUFFERS = 4  # read-ahead per file, in chunks

@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator
 
-from .texts import SKIP_DIRS, docstrings, file_texts
+from mfgguf.data.texts import SKIP_DIRS, docstrings, file_texts
 
 BUILTIN = "builtin"
 BUILTIN_DOMAINS = ("python", "english", "c")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import MfggufError
+from mfgguf.errors import MfggufError
 
 PARTITIONS = ("label", "random", "cluster")
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..base.runbase import base_info, base_only, base_tokenizer, carry_into, imported
-from ..errors import MfggufError
-from ..run import RUN_FORMAT, RUN_VERSION, RunDir, swap_dir_into_place, write_json
-from .partition import PARTITIONS, partition as _partition_docs, split_three
-from .sources import load_corpus
-from .tokenizer import EOS_ID, EOS_TOKEN, MIN_VOCAB, encode_documents, token_dtype, train_tokenizer
+from mfgguf.base.runbase import base_info, base_only, base_tokenizer, carry_into, imported
+from mfgguf.errors import MfggufError
+from mfgguf.run import RUN_FORMAT, RUN_VERSION, RunDir, swap_dir_into_place, write_json
+from mfgguf.data.partition import PARTITIONS, partition as _partition_docs, split_three
+from mfgguf.data.sources import load_corpus
+from mfgguf.data.tokenizer import EOS_ID, EOS_TOKEN, MIN_VOCAB, encode_documents, token_dtype, train_tokenizer
 
 
 def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "label", vocab_size: int = 4096,

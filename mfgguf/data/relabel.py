@@ -2,7 +2,7 @@
 
 One EM round, as SmallTalk LM does: after experts have trained on a partition (the E step was
 the partition), each training document goes to the expert that predicts it best (the M step
-here is retraining them on the new shards). The loss matrix comes from train/relabel.py; this
+here is retraining them on the new shards). The loss matrix comes from train/whole/relabel.py; this
 file holds the two pure steps: cut a shard back into its documents, and assign documents to
 experts under a capacity, so that an expert that is better everywhere (a generalist) cannot
 take every shard.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import MfggufError
+from mfgguf.errors import MfggufError
 
 
 def documents(tokens: np.ndarray, eos: int) -> list[tuple[int, int]]:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ..errors import MfggufError
-from .builtin import BUILTIN, builtin_texts
-from .texts import SKIP_DIRS, read_text
+from mfgguf.errors import MfggufError
+from mfgguf.data.builtin import BUILTIN, builtin_texts
+from mfgguf.data.texts import SKIP_DIRS, read_text
 
 MAX_DOC_CHARS = 8192
 STUDY = "study"  # the larger experiment corpus: study.py
@@ -113,7 +113,7 @@ def _read_source(source: str, text_field: str, st: dict, cap: "_Cap") -> Iterato
     if spec == BUILTIN:
         yield from emit(builtin_texts(cap.full, label))
     elif spec == STUDY:
-        from .study import study_texts
+        from mfgguf.data.study import study_texts
 
         yield from emit(study_texts(cap.full, label))
     elif spec.startswith("hf:"):

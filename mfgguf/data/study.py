@@ -29,7 +29,7 @@ import sysconfig
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .texts import docstrings, file_texts
+from mfgguf.data.texts import docstrings, file_texts
 
 STUDY = "study"
 STUDY_DOMAINS = ("python", "english", "c", "cpp", "man")

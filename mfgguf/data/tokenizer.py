@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ..errors import MfggufError
+from mfgguf.errors import MfggufError
 
 EOS_TOKEN = "<|endoftext|>"
 EOS_ID = 0

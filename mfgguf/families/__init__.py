@@ -15,12 +15,12 @@ Example:
 
 from __future__ import annotations
 
-from ..errors import MfggufError
-from .family import Family
+from mfgguf.errors import MfggufError
+from mfgguf.families.family import Family
 
 
 def _registry() -> dict[str, Family]:
-    from . import llama, qwen2, qwen3
+    from mfgguf.families import llama, qwen2, qwen3
 
     return {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY)}
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .family import Family
+from mfgguf.families.family import Family
 
 FAMILY = Family(
     name="llama", gguf_arch="llama", hf_archs=("LlamaForCausalLM",), rope="normal",

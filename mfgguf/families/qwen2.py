@@ -6,7 +6,7 @@ top-k weights. The mixtral layout writes it as `llama` instead (Q/K rows permute
 writers/base.py), exact at any top-k.
 """
 
-from .family import Family
+from mfgguf.families.family import Family
 
 FAMILY = Family(
     name="qwen2", gguf_arch="qwen2", hf_archs=("Qwen2ForCausalLM",), rope="neox",

@@ -5,7 +5,7 @@ llama.cpp's `qwen3moe` has no shared expert, so its MoE is the mixtral layout: t
 every routed expert, exact because qwen3moe renormalises the top-k weights (norm_w = true).
 """
 
-from .family import Family
+from mfgguf.families.family import Family
 
 FAMILY = Family(
     name="qwen3", gguf_arch="qwen3", hf_archs=("Qwen3ForCausalLM",), rope="neox",

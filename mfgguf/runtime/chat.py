@@ -18,8 +18,8 @@ import sys
 import unicodedata
 from pathlib import Path
 
-from .generate import check_sampling
-from .llm import loaded
+from mfgguf.runtime.generate import check_sampling
+from mfgguf.runtime.llm import loaded
 
 PROMPT = ">>> "
 HELP = "/reset starts over, /quit or Ctrl-D leaves, Ctrl-C stops a reply"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import MfggufError
-from .llm import loaded
+from mfgguf.errors import MfggufError
+from mfgguf.runtime.llm import loaded
 
 
 def check_sampling(max_tokens: int, temperature: float, top_p: float, top_k: int) -> None:

@@ -20,10 +20,10 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import MfggufError
+from mfgguf.errors import MfggufError
 
 def _written_archs() -> tuple[str, ...]:
-    from ..families import written_archs
+    from mfgguf.families import written_archs
 
     return written_archs()
 
@@ -138,7 +138,7 @@ def open_model(
     n_ctx = check_ctx(header, n_ctx)
     import llama_cpp
 
-    from . import repack
+    from mfgguf.runtime import repack
 
     quiet_llama_logs(verbose)
     decision = repack.apply()  # no weight repacking on AMX CPUs: llama.cpp's AMX matmul crashes

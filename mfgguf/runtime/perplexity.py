@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MfggufError
-from ..run import RunDir
-from .llm import check_ctx, loaded
+from mfgguf.errors import MfggufError
+from mfgguf.run import RunDir
+from mfgguf.runtime.llm import check_ctx, loaded
 
 
 BATCH = 512  # tokens per llama_decode call: llama.cpp's default batch; at most this many rows of logits exist
@@ -123,7 +123,7 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None):
     from contextlib import nullcontext
 
     if isinstance(model, (str, Path)):
-        from .llm import read_header
+        from mfgguf.runtime.llm import read_header
 
         header = read_header(model)
         ctx = check_ctx(header, ctx or min(WINDOW, header["context_length"]))

@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import MfggufError
+from mfgguf.errors import MfggufError
 
 ENV = "MFGGUF_REPACK"
 AMX_FLAGS = ("amx_tile", "amx_int8")  # /proc/cpuinfo names; both are needed for AMX int8 matmuls

@@ -15,9 +15,9 @@ import socket
 import sys
 from pathlib import Path
 
-from ..errors import MfggufError
-from . import repack
-from .llm import quiet_llama_logs, check_ctx, read_header
+from mfgguf.errors import MfggufError
+from mfgguf.runtime import repack
+from mfgguf.runtime.llm import quiet_llama_logs, check_ctx, read_header
 
 
 def _check_listen(host: str, port: int) -> None:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
-from mfgguf.converters.inspect import format_inspect, inspect_gguf
+from mfgguf.gguf.inspect import format_inspect, inspect_gguf
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, write_module
 
@@ -44,7 +44,7 @@ def test_assembler_never_imports_torch(run, tmp_path):
 import sys
 from pathlib import Path
 from mfgguf.converters.assemble import assemble
-from mfgguf.converters.inspect import inspect_gguf, format_inspect
+from mfgguf.gguf.inspect import inspect_gguf, format_inspect
 for lay in ("granitemoe", "mixtral"):
     assemble(Path({str(run)!r}), Path({str(tmp_path)!r}) / (lay + ".gguf"), quant="q4_k", layout=lay, progress=True)
 assemble(Path({str(run)!r}), Path({str(tmp_path)!r}) / "dense.gguf", experts=[], progress=False)

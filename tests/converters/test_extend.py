@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.converters.extend import extend
-from mfgguf.converters.inspect import inspect_gguf
+from mfgguf.gguf.inspect import inspect_gguf
 from mfgguf.run import RunDir, read_module_meta, update_manifest, write_json
 
 from . import llama_logits, llama_tokenize, synthetic_run, text_sample
@@ -313,8 +313,8 @@ def _new_domain_run(a: Path, b: Path, docs: list[str], domain: str) -> Path:
 @pytest.fixture(scope="module")
 def real(trained_run, tmp_path_factory):
     from mfgguf.options import TrainOptions
-    from mfgguf.train.expert import train_expert
-    from mfgguf.train.pooled import pool_router_stats
+    from mfgguf.train.experts.expert import train_expert
+    from mfgguf.train.experts.pooled import pool_router_stats
 
     d = tmp_path_factory.mktemp("real")
     domain, docs = _new_domain_docs()
@@ -382,7 +382,7 @@ def test_guard_biases_only_the_new_row_and_keeps_the_old_domains(real, tmp_path)
     the pooled mean direction, by the first step of the ladder that holds every old expert's shard within the
     limit (which the returned record shows was measured, not assumed); removing the expert gives the
     original file back; the CLI states the price."""
-    from mfgguf.converters.guard import Guard
+    from mfgguf.converters.routing.guard import Guard
 
     run, run2, three, four, new = real
     kept, guarded = tmp_path / "kept.gguf", tmp_path / "guarded.gguf"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mfgguf.converters import quant as Q
-from mfgguf.converters import schema
+from mfgguf.gguf import schema
 from mfgguf.errors import MfggufError
 
 

@@ -27,19 +27,19 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import MfggufError
-from ...run import STATS_PREFIX
-from .. import quant as Q
-from ..fileio import SYNC_FILE_RANGE_WRITE, pread_into, pwrite_all, sync_range, truncated
-from ..layout import Plan, write_header
-from ..merge import merged_chunks, open_checked
-from ..router import RouterBuilder, needs_stats
-from ...base.source import rope_permute
-from ...families import family
-from ..schema import ARCH_ROPE, blk
-from ..stream import stream_modules
-from ..profile import Profile
-from .pool import Bar, QuantPool
+from mfgguf.errors import MfggufError
+from mfgguf.run import STATS_PREFIX
+from mfgguf.converters import quant as Q
+from mfgguf.gguf.fileio import SYNC_FILE_RANGE_WRITE, pread_into, pwrite_all, sync_range, truncated
+from mfgguf.converters.layout import Plan, write_header
+from mfgguf.converters.merge import merged_chunks, open_checked
+from mfgguf.converters.routing.router import RouterBuilder, needs_stats
+from mfgguf.base.source import rope_permute
+from mfgguf.families import family
+from mfgguf.gguf.schema import ARCH_ROPE, blk
+from mfgguf.converters.stream import stream_modules
+from mfgguf.converters.profile import Profile
+from mfgguf.converters.writers.pool import Bar, QuantPool
 
 WRITEBACK_BYTES = 64 << 20
 QK_RE = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")

@@ -2,7 +2,7 @@
 
 The trunk's seed FFN (`ffn_*_seed`) streams into slot 0 of the stacked `ffn_*_exps`, expert p's FFN
 into slot p + 1; each expert's learned router row (`complement.blk.{l}.router`) is kept as it
-streams, and the router phase writes (N + 1, dim) rows per layer: converters/complement.py says
+streams, and the router phase writes (N + 1, dim) rows per layer: converters/routing/complement.py says
 which, for --router learned | ridge | ridge+learned.
 
 Example:
@@ -15,11 +15,11 @@ import re
 
 import numpy as np
 
-from ..complement import LEARNED_ROW, SEED_SLOT, complement_rows
-from ..router import RouterBuilder
-from ..schema import blk
-from .base import STATS_RE
-from .granitemoe import GraniteMoeWriter
+from mfgguf.converters.routing.complement import LEARNED_ROW, SEED_SLOT, complement_rows
+from mfgguf.converters.routing.router import RouterBuilder
+from mfgguf.gguf.schema import blk
+from mfgguf.converters.writers.base import STATS_RE
+from mfgguf.converters.writers.granitemoe import GraniteMoeWriter
 
 LEARNED_RE = re.compile(re.escape(LEARNED_ROW).replace(r"\{l\}", r"(\d+)"))
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schema import blk
-from .joined import JoinedAnchorWriter
+from mfgguf.gguf.schema import blk
+from mfgguf.converters.writers.joined import JoinedAnchorWriter
 
 
 class DenseWriter(JoinedAnchorWriter):

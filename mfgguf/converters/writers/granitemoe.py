@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-from .base import Writer
+from mfgguf.converters.writers.base import Writer
 
 
 class GraniteMoeWriter(Writer):

@@ -16,9 +16,9 @@ import os
 
 import numpy as np
 
-from ..fileio import pread_into
-from ..schema import blk
-from .base import Writer
+from mfgguf.gguf.fileio import pread_into
+from mfgguf.gguf.schema import blk
+from mfgguf.converters.writers.base import Writer
 
 
 class JoinedAnchorWriter(Writer):

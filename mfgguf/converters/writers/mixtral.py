@@ -21,13 +21,13 @@ from typing import Callable
 
 import numpy as np
 
-from ..fileio import pread_into, pwrite_all
-from ..layout import Plan
-from ..merge import open_checked
-from ..schema import blk
-from ..stream import CHUNK_BYTES
-from .base import FFN_RE
-from .joined import JoinedAnchorWriter
+from mfgguf.gguf.fileio import pread_into, pwrite_all
+from mfgguf.converters.layout import Plan
+from mfgguf.converters.merge import open_checked
+from mfgguf.gguf.schema import blk
+from mfgguf.converters.stream import CHUNK_BYTES
+from mfgguf.converters.writers.base import FFN_RE
+from mfgguf.converters.writers.joined import JoinedAnchorWriter
 
 
 class MixtralWriter(JoinedAnchorWriter):

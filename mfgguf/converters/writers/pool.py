@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import quant as Q
-from ..fileio import pwrite_all
-from ..profile import Profile
+from mfgguf.converters import quant as Q
+from mfgguf.gguf.fileio import pwrite_all
+from mfgguf.converters.profile import Profile
 
 
 class QuantPool:

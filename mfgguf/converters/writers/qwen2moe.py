@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from .base import FFN_RE, Writer
+from mfgguf.converters.writers.base import FFN_RE, Writer
 
 GATE = 0.5  # the shared expert's constant gate
 

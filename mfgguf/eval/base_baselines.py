@@ -1,0 +1,117 @@
+"""Baselines for `mfgguf eval` on an imported base: the base itself trained further on the experts' data.
+
+A pretrained base's own training is sunk cost that counts for nobody; what a practitioner weighs
+against experts is what they would do with the same data and compute instead (train/whole/continued.py,
+`mfgguf train-base`), each starting from the base exactly as the experts did, on the union of the
+trained experts' shards (an equal share of each):
+  - flop:       continued pretraining of every parameter for the FLOPs every expert job spent
+                together (mfgguf/flops.py: an expert step is its forward, the backward through the
+                network and its own weight gradients; a full step is 6x the base's weights);
+  - wallclock:  the same for the MoE's critical path when each expert has a machine: the slowest
+                expert's wall over all its rounds (process start, scoring and statistics included) plus
+                every sync's wall, x the FLOP-matched run's own training tokens/s;
+  - lora:       a peft LoRA (rank 16, every linear layer) for the experts' FLOPs.
+The peak LR of each kind is chosen by the same small grid (GRID) run at the budget it is used with:
+each value trains for the experts' whole FLOPs, the lowest validation loss on the trained domains
+(PyTorch, 4,096 tokens a domain) wins, and that run is the baseline (no second run); the grid's
+losses are reported. The wall-clock-matched run reuses the full grid's LR, chosen at the FLOP
+budget (the larger one when experts run side by side). Tokens are whole optimizer steps.
+
+Example:
+    >>> plans, grid = plan_and_train(rd, metas, out)
+    >>> [(p.label, p.tokens, p.lr) for p in plans]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from mfgguf.config import ModelConfig
+from mfgguf.flops import continued_step_flops, module_flops
+from mfgguf.run import RunDir, read_json, read_module_meta
+from mfgguf.stages import run_stage
+
+GRID = {"full": (1e-4, 3e-4, 1e-3), "lora": (1e-3, 3e-3, 1e-2)}  # peak LRs tried for each kind of training
+BASE_BASELINES = ("flop", "wallclock", "lora")
+LABELS = {"flop": "base, continued pretraining, FLOP-matched", "wallclock": "base, continued pretraining, wall-clock-matched",
+          "lora": "base + LoRA r16, FLOP-matched"}
+MODE = {"flop": "full", "wallclock": "full", "lora": "lora"}
+
+
+@dataclass(frozen=True)
+class BasePlan:
+    key: str  # flop, wallclock or lora (report.json's goals: moe_over_<key>_dense_mixed)
+    label: str  # the report's row name
+    mode: str  # full or lora
+    tokens: int
+    lr: float
+    budget: float  # FLOPs (flop, lora) or seconds (wallclock)
+    run: Path  # the RUN whose trunk is this baseline
+
+
+def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | None = None,
+                   force: bool = False) -> tuple[list[BasePlan], dict]:
+    """Train (or reuse) the LR grid and the baselines `which` (default all) against the trained experts in `metas`
+    ({0: the imported trunk, i: expert i}); return the plans and {mode: {lr: held-out loss on the trained domains}}."""
+    which = BASE_BASELINES if which is None else which
+    experts = {i: m for i, m in metas.items() if i > 0}
+    cfg = ModelConfig.from_dict(metas[0]["config"])
+    step = experts[min(experts)]["train"]["batch_size"] * cfg.ctx_len
+    shards = sorted(int(m["shard"]) for m in experts.values())
+    trained = sorted({d for m in experts.values() for d in m.get("shard_domains") or []})
+    flops = sum(module_flops(m) for m in experts.values())
+    critical_s = critical_path_s(rd, experts)
+
+    def train(name: str, mode: str, tokens: int, lr: float) -> dict:
+        view = RunDir(out / name)
+        want = {"mode": mode, "lr": lr, "shards": shards, "from_trunk_sha256": metas[0]["sha256"]}
+        if not force and view.module_meta(0).is_file():
+            m = read_module_meta(view, 0)
+            if m.get("tokens_seen") == tokens and all(m["continued"].get(k) == v for k, v in want.items()):
+                return m
+        run_stage(f"train-base {name}", ["train-base", rd.root, "-o", view.root, "--mode", mode, "--tokens", tokens,
+                                         "--lr", lr, "--shards", ",".join(map(str, shards)), "--no-progress", "--force"])
+        return read_module_meta(view, 0)
+
+    def held(m: dict) -> float:
+        return sum(m["heldout_loss"][d] for d in trained) / len(trained)
+
+    def flop_tokens(mode: str) -> int:
+        return max(step, round(flops / continued_step_flops(cfg, mode).total / step) * step)
+
+    grid, best, runs = {}, {}, {}
+    for mode in sorted({MODE[k] for k in which}):
+        tokens = flop_tokens(mode)
+        runs[mode] = {lr: train(f"grid-{mode}-lr{lr:g}", mode, tokens, lr) for lr in GRID[mode]}
+        grid[mode] = {"tokens": tokens, "heldout_loss_trained_domains": {f"{lr:g}": held(m) for lr, m in runs[mode].items()}}
+        best[mode] = min(runs[mode], key=lambda lr: held(runs[mode][lr]))
+        grid[mode]["chosen_lr"] = best[mode]
+    plans = []
+    for key in [k for k in ("flop", "lora", "wallclock") if k in which]:
+        mode = MODE[key]
+        lr = best[mode]
+        if key == "wallclock":
+            budget = critical_s
+            speed = float(runs[mode][lr]["tokens_per_s"])
+            tokens = max(step, math.floor(speed * budget / step) * step)
+            m, name = train(f"base-{key}", mode, tokens, lr), f"base-{key}"
+        else:  # the grid's best run is the FLOP-matched baseline itself
+            budget, m, name = flops, runs[mode][lr], f"grid-{mode}-lr{lr:g}"
+        plans.append(BasePlan(key, LABELS[key], mode, m["tokens_seen"], lr, budget, out / name))
+    return plans, grid
+
+
+def critical_path_s(rd: RunDir, experts: dict) -> float:
+    """Seconds of the MoE's critical path with a machine per expert: the slowest expert's walls summed over its rounds
+    (each round's record is kept under rounds/sync_k/before/), plus the wall of every sync (recorded in its plan)."""
+    plans = sorted(rd.rounds.glob("sync_*/sync.json")) if rd.rounds.is_dir() else []
+    walls = []
+    for i, m in experts.items():
+        rounds = [read_json(f, "a round's expert record") for p in plans if (f := p.parent / "before" / rd.module_meta(i).name).is_file()]
+        if int(m.get("round") or 1) > max((int(r.get("round") or 1) for r in rounds), default=0):
+            rounds.append(m)  # a round trained since the last sync (or no sync at all); a restat keeps its round
+        walls.append(sum(float(r.get("wall_s") or r["train_s"]) for r in rounds))
+    syncs = sum(float(read_json(p, "a sync plan").get("wall_s") or 0.0) for p in plans)
+    return max(walls) + syncs

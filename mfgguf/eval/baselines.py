@@ -1,0 +1,163 @@
+"""Dense baselines for `mfgguf eval`, budgeted in training FLOPs (mfgguf/flops.py), not in tokens.
+
+Each baseline is a trunk (every parameter trains, anchor FFN only) trained from scratch with the same
+code (`train-trunk` on a copy of the RUN that shares its data) and the trunk's hyperparameters:
+  - flop:      the MoE's active FFN width per token (anchor_ff + expert_ff) for as many tokens as
+               spend the modular run's total training FLOPs: trunk + every expert job, each at its
+               own cost per token;
+  - wallclock: the same shape for the FLOPs of the critical path only: trunk + R x one round of the
+               longest expert job, as if every expert ran on its own machine (the parallel promise);
+  - total:     the MoE's total FFN width (anchor_ff + N * expert_ff), FLOP-matched like `flop`.
+               Trained by default only while that width is at most TOTAL_MAX_RATIO x anchor_ff:
+               wider, it is a much bigger model than anything the modular run ever held in memory
+               (at `1b`, 100 experts: 5x the anchor), which is the point of building it modularly.
+Tokens are rounded to whole optimizer steps, so a baseline's FLOPs are within half a step of its budget.
+Each baseline trains with every LR schedule asked for (`--dense-schedules`, default cosine and wsd, the
+trunk's cooldown share) at the same tokens, and keeps the better: the one with the lower held-out
+loss its training measured (`pick_schedule`). That split is the one `eval` scores, so the choice
+can only favour the dense model, never the MoE. One schedule halves the dense training time.
+
+Example:
+    >>> plans = plan_baselines(metas, ("flop", "wallclock"))
+    >>> [(p.label, p.tokens) for p in plans]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from mfgguf.config import ModelConfig
+from mfgguf.errors import MfggufError
+from mfgguf.flops import module_flops, run_flops, tokens_for_flops, trunk_step_flops
+from mfgguf.run import RunDir, data_view, read_module_meta
+from mfgguf.stages import run_stage
+
+BASELINES = ("flop", "wallclock", "total")
+TOTAL_MAX_RATIO = 4  # train the total-parameter baseline by default while anchor_ff + N * expert_ff <= 4 x anchor_ff
+LABELS = {"flop": "dense, FLOP-matched", "wallclock": "dense, wall-clock-matched",
+          "total": "dense, total params, FLOP-matched"}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    key: str  # flop, wallclock or total
+    label: str  # the report's row name
+    anchor_ff: int  # its FFN width
+    budget_flops: float  # training FLOPs it is given
+    tokens: int  # training tokens: whole steps spending budget_flops (nearest)
+    flops_per_token: float  # its training step FLOPs per token
+
+
+def parse_baselines(spec: str) -> tuple[str, ...] | None:
+    """'flop,wallclock,total' -> a tuple; 'auto' -> None (the default set); 'none' or '' -> ()."""
+    spec = spec.strip().lower()
+    if spec == "auto":
+        return None
+    keys = tuple(k.strip() for k in spec.split(",") if k.strip() and k.strip() != "none")
+    bad = [k for k in keys if k not in BASELINES + ("lora",)]
+    if bad:
+        raise MfggufError(f"unknown baseline {bad[0]!r}; choose from {', '.join(BASELINES)} (comma-separated), lora"
+                          " (an imported base), auto or none")
+    return keys
+
+
+def default_baselines(cfg: ModelConfig, n_experts: int) -> tuple[str, ...]:
+    """flop and wallclock always; total while its FFN is at most TOTAL_MAX_RATIO x the anchor."""
+    total_ff = cfg.anchor_ff + n_experts * cfg.expert_ff
+    return ("flop", "wallclock") + (("total",) if total_ff <= TOTAL_MAX_RATIO * cfg.anchor_ff else ())
+
+
+def plan_baselines(metas: dict, which: tuple[str, ...] | None = None) -> list[Baseline]:
+    """The baselines to train for a modular run (metas: {0: trunk meta, i: expert i's meta})."""
+    trunk = metas[0]
+    cfg = ModelConfig.from_dict(trunk["config"])
+    n = len([i for i in metas if i > 0])
+    which = default_baselines(cfg, n) if which is None else tuple(k for k in which if k in BASELINES)
+    fl = run_flops(metas)
+    per_step = trunk["train"]["batch_size"] * cfg.ctx_len
+    ff = {"flop": cfg.anchor_ff + cfg.expert_ff, "wallclock": cfg.anchor_ff + cfg.expert_ff,
+          "total": cfg.anchor_ff + n * cfg.expert_ff}
+    budget = {"flop": fl["total"], "wallclock": fl["critical_path"], "total": fl["total"]}
+    plans = []
+    for k in which:
+        dense = replace(cfg, anchor_ff=ff[k], seed_expert=False)
+        plans.append(Baseline(k, LABELS[k], ff[k], budget[k], tokens_for_flops(budget[k], dense, per_step),
+                              trunk_step_flops(dense).total))
+    return plans
+
+
+def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool = False,
+                   schedule: str = "cosine") -> RunDir:
+    """Train (once) baseline `b` with LR `schedule` in out/dense-<key> (cosine) or out/dense-<key>-<schedule>,
+    a copy of RUN sharing its data; return that RUN.
+
+    Reused when its recorded shape, tokens and schedule match the plan; retrained (its directory
+    replaced) when they do not, e.g. after the experts were retrained, or with `force`.
+    """
+    dense = RunDir(out / (f"dense-{b.key}" if schedule == "cosine" else f"dense-{b.key}-{schedule}"))
+    if dense.module_meta(0).is_file() and not force:
+        m = read_module_meta(dense, 0)
+        if (m["config"]["anchor_ff"] == b.anchor_ff and m["tokens_seen"] == b.tokens
+                and m["train"].get("schedule", "cosine") == schedule):
+            return dense
+        _say(f"{b.label}: the plan changed (anchor_ff {m['config']['anchor_ff']} -> {b.anchor_ff},"
+             f" tokens {m['tokens_seen']:,} -> {b.tokens:,}); retraining")
+    dense = data_view(rd, dense.root)  # our own output, not user work: a stale baseline or an interrupted one goes
+    tc = trunk["train"]
+    same = {"--batch-size": tc["batch_size"], "--lr": tc["lr"], "--seed": tc["seed"], "--eval-tokens": tc["eval_tokens"],
+            "--eval-every": tc.get("eval_every"), "--curve-tokens": tc.get("curve_tokens"),
+            "--ckpt-every": tc.get("ckpt_every")}  # None: older trunk
+    args = [a for k, v in same.items() if v is not None for a in (k, v)]
+    # batch_size is already the whole step's (x --accum); a streamed trunk's budget binds its baselines
+    # too, and any baseline over the RAM available streams by itself (train_trunk's estimate)
+    args += ["--accum", 1] + (["--memory-budget", trunk["streamed"]["memory_budget"]] if trunk.get("streamed") else [])
+    args += ["--schedule", schedule] + (["--cooldown", tc.get("cooldown", 0.2)] if schedule == "wsd" else [])
+    _say(f"train {b.label} ({schedule}): anchor_ff {b.anchor_ff}, {b.tokens:,} tokens, {b.budget_flops:.3e} FLOPs budget")
+    run_stage(f"train {b.label} ({schedule})", ["train-trunk", dense.root, "--preset", trunk["preset"], "--tokens", b.tokens,
+                                   "--anchor-ff", b.anchor_ff, "--precision", trunk.get("precision", "auto"),
+                                   "--no-progress", *args])
+    return dense
+
+
+def pick_schedule(metas: dict[str, dict]) -> tuple[str, dict]:
+    """{schedule: a baseline's module meta trained with it} -> (the better schedule: lowest held-out loss, its meta)."""
+    best = min(metas, key=lambda s: metas[s]["heldout_loss_mean"])
+    return best, metas[best]
+
+
+def flops_section(metas: dict, dense_metas: dict[str, dict], plans: list[Baseline], base_plans: list = ()) -> dict:
+    """report.json's `flops`: the formulas and every model's training FLOPs and tokens (`base_plans`: an imported
+    base trained further, eval/base_baselines.py)."""
+    from mfgguf.flops import FORMULAS
+
+    fl = run_flops(metas)
+    modules = {("trunk" if i == 0 else f"expert {i}"): {"tokens": m["tokens_seen"], "flops": fl["modules"][i],
+                                                      "flops_per_token": fl["modules"][i] / max(1, m["tokens_seen"]),
+                                                      "shared_tensors": len(m.get("shared_tensors") or [])}
+               for i, m in metas.items()}
+    if metas[0].get("cooldown_tokens"):  # a wsd trunk's cooldown after its branch point: counted like any step
+        t = modules["trunk"]
+        t["cooldown_tokens"] = metas[0]["cooldown_tokens"]
+        t["cooldown_flops"] = t["cooldown_tokens"] * t["flops_per_token"]
+    models = {"trunk alone": {"tokens": metas[0]["tokens_seen"], "flops": fl["trunk"]},
+              "moe (trunk + every expert)": {"tokens": sum(m["tokens_seen"] for m in metas.values()), "flops": fl["total"],
+                                             "critical_path_flops": fl["critical_path"]}}
+    for p in plans:
+        m = dense_metas[p.label]
+        models[p.label] = {"tokens": m["tokens_seen"], "flops": module_flops(m), "budget_flops": p.budget_flops,
+                           "anchor_ff": p.anchor_ff, "flops_per_token": p.flops_per_token,
+                           "schedule": m["train"].get("schedule", "cosine")}
+    for p in base_plans:
+        m = read_module_meta(RunDir(p.run), 0)
+        models[p.label] = {"tokens": m["tokens_seen"], "flops": module_flops(m), "lr": p.lr, "mode": p.mode,
+                           "flops_per_token": module_flops(m) / max(1, m["tokens_seen"]),
+                           "budget_flops" if p.key != "wallclock" else "budget_seconds": p.budget}
+    return {"formulas": FORMULAS, "modules": modules, "models": models, "rounds": fl["rounds"],
+            "total": fl["total"], "critical_path": fl["critical_path"]}
+
+
+def _say(msg: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)

@@ -1,0 +1,217 @@
+"""The one training driver: batches, LR schedule, loss history, held-out curve, progress and status.
+
+What a step *is* differs between in-memory training (loop.py: autograd over the whole model, AdamW,
+a checkpoint every `ckpt_every` steps) and layer-streamed training (streamed.py: one unit in RAM,
+every step a checkpoint); what happens around it does not, and lives here once. A `Steps` object
+supplies the step; `train_steps` drives it.
+
+The order around each step is fixed, because resuming exactly depends on it: the step; its loss in
+the history; at a curve point, the weights made current (`settle`) and the held-out curve recorded;
+then the checkpoint, which holds both histories.
+
+Example:
+    >>> res = train_steps(steps_impl, data, tc, ctx_len=256, stream=0, label="trunk", progress=False)
+    >>> res.history[-1]  # [step, tokens, loss]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from mfgguf.config import SCHEDULES, TrainConfig
+from mfgguf.errors import MfggufError
+from mfgguf.train.engine.status import StatusFile
+
+
+# ---- data and schedule -----------------------------------------------------------------------------
+
+
+def get_batch(tokens: np.ndarray, seed: int, stream: int, step: int, batch_size: int, ctx_len: int):
+    """Random windows of ctx_len+1 tokens; a pure function of (seed, stream, step)."""
+    n = len(tokens)
+    if n < ctx_len + 2:
+        raise MfggufError(f"only {n} training tokens, fewer than one context of {ctx_len + 1}; add data")
+    rng = np.random.default_rng([seed, stream, step])
+    starts = rng.integers(0, n - ctx_len - 1, size=batch_size)
+    w = np.stack([np.asarray(tokens[s : s + ctx_len + 1], dtype=np.int64) for s in starts])  # (B, T+1)
+    w = torch.from_numpy(w)
+    return w[:, :-1], w[:, 1:]  # (B, T), (B, T)
+
+
+def schedule_steps(tc: TrainConfig, ctx_len: int) -> int:
+    """Optimizer steps of a whole run: its LR schedule's length (sync rounds cut it, never resize it)."""
+    return max(1, tc.tokens // (tc.batch_size * ctx_len))
+
+
+def check_schedule(tc: TrainConfig) -> None:
+    """A one-line error for an unknown --schedule or a --cooldown that leaves no room for the warm-up."""
+    if tc.schedule not in SCHEDULES:
+        raise MfggufError(f"unknown --schedule {tc.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if tc.schedule == "wsd" and not (0.0 <= tc.cooldown <= 1.0 and tc.warmup_frac + tc.cooldown <= 1.0):
+        raise MfggufError(f"--cooldown {tc.cooldown} must be in [0, 1] and leave room for --warmup-frac"
+                          f" {tc.warmup_frac} (their sum at most 1)")
+
+
+def cooldown_start(steps: int, tc: TrainConfig) -> int | None:
+    """wsd: the step at which the cooldown begins (the branch point: the state after this many steps);
+    None for cosine. The cooldown is the last round(cooldown x steps) steps."""
+    if tc.schedule != "wsd":
+        return None
+    return steps - int(round(tc.cooldown * steps))
+
+
+def lr_at(step: int, steps: int, tc: TrainConfig) -> float:
+    """The LR of step `step` (0-based) of a `steps`-step run.
+
+    cosine: linear warm-up, then cosine from lr down to lr * min_lr_frac.
+    wsd: the same warm-up, then lr held (stable), then over the last `cooldown` share of the steps a
+    1-sqrt decay to lr * min_lr_frac, which the last step reaches. 1-sqrt, not linear: in arXiv
+    2405.18392 (Hagele et al.) it gave a lower final loss than a linear cooldown of the same length,
+    and a 20% cooldown matched cosine. A warm-up of 0 starts at lr (an expert at the branch LR).
+    """
+    warm = max(1, int(round(tc.warmup_frac * steps)))
+    cool = cooldown_start(steps, tc)
+    if cool is not None and step >= cool:  # wsd cooldown: t in (0, 1], 1 at the last step
+        t = min(1.0, (step - cool + 1) / (steps - cool))
+        return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * (1 - math.sqrt(t)))
+    if step < warm:
+        return tc.lr * (step + 1) / warm
+    if cool is not None:
+        return tc.lr  # wsd: stable
+    t = (step - warm) / max(1, steps - warm)
+    return tc.lr * (tc.min_lr_frac + (1 - tc.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+# ---- the driver ------------------------------------------------------------------------------------
+
+
+class Steps(Protocol):
+    """One kind of training step, and its checkpoint."""
+
+    def resume(self) -> dict | None:
+        """The checkpoint's state ({"step", "history", "heldout_history"}), or None to start at step 0."""
+
+    def step(self, step: int, x: torch.Tensor, y: torch.Tensor, lr: float) -> float:
+        """Train on batch (x, y) at schedule LR `lr`; return the batch's mean loss."""
+
+    def settle(self) -> None:
+        """Make the weights the last step produced current (before the held-out curve reads them)."""
+
+    def checkpoint(self, step: int, state: dict, last: bool) -> None:
+        """After `step` steps: keep `state` (histories included) as a checkpoint where this kind keeps one.
+        `last`: the run (or its round) ends here."""
+
+    def branch(self, step: int, state: dict) -> None:
+        """wsd: after `step` steps the cooldown begins; keep the weights and AdamW state as the branch
+        point where this kind keeps one (the trunk: branch.py)."""
+
+    def finish(self) -> None:
+        """Wait for any work still in flight."""
+
+
+@dataclass
+class LoopResult:
+    steps: int
+    tokens_seen: int
+    final_loss: float
+    history: list = field(default_factory=list)  # [[step, tokens, loss], ...]
+    heldout_history: list = field(default_factory=list)  # [[step, tokens, {domain: loss}], ...]
+    eval_s: float = 0.0  # seconds spent on the held-out curve this process (not in train_s)
+    train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load)
+    resumed_from: int = 0
+    io_per_step: list | None = None  # streamed: [bytes read, bytes written] by the last step
+    compiled: bool = False  # the step ran through torch.compile
+
+
+def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int, stream: int, label: str,
+                progress: bool, heldout: Callable[[], dict] | None = None, until: int | None = None) -> LoopResult:
+    """Drive `impl` over the schedule's steps (up to `until`, a sync round's end) on random windows of
+    `data`. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
+    the last one: the held-out curve, kept in checkpoints like the loss history."""
+    check_schedule(tc)
+    per_step = tc.batch_size * ctx_len
+    steps = schedule_steps(tc, ctx_len)
+    branch_at = cooldown_start(steps, tc)  # wsd: the branch point, kept before that step's checkpoint
+    end = steps if until is None else min(steps, until)
+    state = impl.resume()
+    start, history = (state["step"], state["history"]) if state else (0, [])
+    curve = state.get("heldout_history", []) if state else []
+    eval_s = 0.0
+
+    def record(step: int) -> None:  # one held-out curve point after `step` steps
+        nonlocal eval_s
+        t = time.perf_counter()
+        curve.append([step, step * per_step, heldout()])
+        eval_s += time.perf_counter() - t
+
+    bar = Progress(label, end * per_step, start * per_step) if progress else None
+    status = StatusFile.from_env()  # a scheduler's live view (train-experts), when it asked for one
+    t0, tok0 = time.perf_counter(), start * per_step
+    try:
+        if branch_at == 0 and start == 0:  # all cooldown: the branch point is the initial state
+            impl.branch(0, {"step": 0, "tokens": 0, "lr": tc.lr, "steps": steps})
+        for step in range(start, end):
+            x, y = get_batch(data, tc.seed, stream, step, tc.batch_size, ctx_len)
+            lv = impl.step(step, x, y, lr_at(step, steps, tc))
+            if not math.isfinite(lv):
+                raise MfggufError(f"training diverged at step {step} (loss {lv}); lower --lr and pass --restart")
+            done = step + 1
+            history.append([done, done * per_step, lv])
+            if heldout and (done == end or (tc.eval_every and done % tc.eval_every == 0)):
+                impl.settle()
+                record(done)  # before the checkpoint, so a resumed run (or the next round) has this point too
+            if done == branch_at:
+                impl.branch(done, {"step": done, "tokens": done * per_step, "lr": tc.lr, "steps": steps})
+            impl.checkpoint(done, {"step": done, "history": list(history), "heldout_history": list(curve)},
+                            last=done == end)
+            tokens, dt = done * per_step, time.perf_counter() - t0
+            if bar:
+                bar.update(tokens, lv, dt, tokens - tok0)
+            if status:
+                status.update(label=label, step=done, steps=end, tokens=tokens, total=end * per_step,
+                              loss=round(lv, 4), tokens_per_s=(tokens - tok0) / max(dt, 1e-9))
+        impl.finish()
+    finally:
+        if bar:
+            bar.close()
+    train_s = time.perf_counter() - t0 - eval_s
+    if heldout and (not curve or curve[-1][0] != end):  # resumed at the very end: nothing ran
+        record(end)
+    return LoopResult(steps=end, tokens_seen=end * per_step, final_loss=smooth(history), history=history,
+                      heldout_history=curve, eval_s=eval_s, train_s=train_s, resumed_from=start)
+
+
+def smooth(history: list, n: int = 10) -> float:
+    """Mean of the last n step losses: a less noisy final loss than the last step alone."""
+    tail = [h[2] for h in history[-n:]]
+    return float(sum(tail) / len(tail)) if tail else float("nan")
+
+
+class Progress:
+    """A rich progress bar over tokens, with loss, tokens/s and the time left (a loss of None shows "-",
+    for passes that score rather than train; `stderr` keeps stdout clean for a verb's JSON)."""
+
+    def __init__(self, label: str, total: int, done: int, *, stderr: bool = False):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+        self.p = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                              TimeRemainingColumn(), console=Console(stderr=True) if stderr else None)
+        self.p.start()
+        self.task = self.p.add_task(label, total=total, completed=done, loss="-", tps="-")
+
+    def update(self, done: int, loss: float | None, dt: float, tokens: int, label: str | None = None):
+        fields = {"description": label} if label is not None else {}
+        self.p.update(self.task, completed=done, loss="-" if loss is None else f"{loss:.3f}",
+                      tps=f"{tokens / max(dt, 1e-9):,.0f}", **fields)
+
+    def close(self):
+        self.p.stop()

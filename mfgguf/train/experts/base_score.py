@@ -1,0 +1,57 @@
+"""The imported base's own held-out loss, scored once per RUN: the "before" of every expert's summary.
+
+A trunk trained here records its held-out loss when it finishes; an imported base (`import-base`)
+has none, because `prepare` makes the held-out split after the import. The first expert trained
+against it scores the trunk alone (anchor + seed: the base exactly) on the held-out split, with
+the expert's own evaluation settings, and keeps the result in RUN/base/heldout.json; later experts
+read it. The file is keyed by the trunk's sha256, the tokens scored, the precision and the
+held-out files' sizes, so a new split or another setting scores again.
+
+Example:
+    >>> base_heldout(rd, trunk_meta, eval_tokens=65_536, dev=torch.device("cpu"), precision="bf16")
+    {'code': 1.92, 'docs': 2.41}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from mfgguf.base.runbase import BaseFiles
+from mfgguf.config import ModelConfig
+from mfgguf.run import RunDir, write_json
+from mfgguf.train.engine.loop import heldout_losses
+from mfgguf.train.engine.weights import trunk_alone
+
+
+def _key(rd: RunDir, trunk_meta: dict, eval_tokens: int, precision: str) -> dict:
+    return {"trunk_sha256": trunk_meta.get("sha256"), "eval_tokens": int(eval_tokens), "precision": precision,
+            "heldout_bytes": {f.stem: f.stat().st_size for f in sorted(Path(rd.validation_dir).glob("*.npy"))}}
+
+
+@torch.no_grad()
+def base_heldout(rd: RunDir, trunk_meta: dict, eval_tokens: int, dev, precision: str) -> dict:
+    """{domain: held-out loss} of an imported trunk alone, from RUN/base/heldout.json or scored now."""
+    path = BaseFiles(rd.root).root / "heldout.json"
+    key = _key(rd, trunk_meta, eval_tokens, precision)
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            return cached["heldout_loss"]
+    except (OSError, ValueError, AttributeError):
+        pass  # absent or unreadable: score again
+    model, route = trunk_alone(rd.module_file(0), ModelConfig.from_dict(trunk_meta["config"]), dev)
+    held = heldout_losses(rd.validation_dir, model, eval_tokens, route, dev, precision)
+    write_json(path, {"key": key, "heldout_loss": held})
+    return held
+
+
+def reference_heldout(rd: RunDir, trunk_meta: dict, eval_tokens: int, dev, precision: str) -> dict:
+    """The held-out loss an expert's is compared with: the trunk's own, or the imported base's."""
+    if trunk_meta.get("heldout_loss"):
+        return trunk_meta["heldout_loss"]
+    if trunk_meta.get("source") == "base":
+        return base_heldout(rd, trunk_meta, eval_tokens, dev, precision)
+    return {}

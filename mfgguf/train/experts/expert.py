@@ -1,0 +1,353 @@
+"""Train expert i alone against the frozen trunk, on its own shard; record its router statistics.
+
+The training forward is route "single": trunk + anchor + this expert, exactly what the assembled
+model computes for a token routed to expert i (top-1 weight is 1). With --complement it is a
+two-way MoE of [frozen seed, this expert] instead (complement.py). The expert starts with a zero
+down-projection, so at step 0 the model is exactly the trunk and the expert can only add to it.
+
+Memory: only the expert's parameters (and, with --shared, its private f32 copies of the chosen
+trunk tensors: shared.py) have gradients and optimizer state. Under bf16 autocast the
+frozen trunk's Linear weights are held in bf16 (autocast would cast them anyway, so the function is
+the same); the trunk file is read one tensor at a time without a memory map.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Collection
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from mfgguf.config import ModelConfig, expert_layers, get_preset
+from mfgguf.errors import MfggufError
+from mfgguf.model import SEED_FFN, Transformer, trunk_name_map
+from mfgguf.options import TrainOptions
+from mfgguf.plots import loss_curve
+from mfgguf.run import RunDir, module_name, read_manifest, read_module_meta, recorded_experts, sha256_file, write_module
+from mfgguf.train.whole import branch as br
+from mfgguf.train.engine import checkpoint as ckpt_io
+from mfgguf.train.experts import complement as cx
+from mfgguf.train.experts import shared as sh
+from mfgguf.train.experts.base_score import reference_heldout
+from mfgguf.train.engine.loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
+                   resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
+from mfgguf.train.engine.driver import smooth
+from mfgguf.train.rounds.ends import round_end
+from mfgguf.train.experts.stats import RouterStats, stats_tokens
+from mfgguf.train.experts.tailstats import TailStats, tail_steps
+from mfgguf.train.whole.trunk import plan_activations
+from mfgguf.train.engine.weights import read_safetensors
+
+EXPERT_INITS = ("auto", "seed", "random", "anchor")  # TrainConfig.expert_init
+STATS_FROM = ("train", "pass")  # TrainConfig.stats_from
+
+
+def _set_param(model: nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
+    mod_name, _, pname = name.rpartition(".")
+    model.get_submodule(mod_name)._parameters[pname] = nn.Parameter(value, requires_grad=requires_grad)
+
+
+def load_trunk_meta(rd: RunDir) -> dict:
+    """The trunk's metadata, after checking that its file is the one the manifest recorded."""
+    rd.check_no_pending_sync()
+    if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
+        raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
+    meta = read_module_meta(rd, 0)
+    recorded = read_manifest(rd).get("modules", {}).get("trunk", {}).get("sha256")
+    actual = sha256_file(rd.module_file(0))
+    if actual != meta.get("sha256") or (recorded and actual != recorded):
+        raise MfggufError(f"{rd.module_file(0)} does not match its recorded sha256 (modified or damaged);"
+                          f" retrain it with `mfgguf train-trunk {rd.root}`")
+    return meta
+
+
+def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.device, bf16_trunk: bool,
+                       init: str = "random", trainable: Collection[str] = (), trunk_path: Path | None = None) -> Transformer:
+    """Transformer(cfg, n_experts=1): frozen trunk from the module file, trainable expert 0 (zero down-proj).
+
+    `trainable` names trunk parameters loaded instead as trainable f32 copies (`--shared`, see shared.py).
+    `trunk_path` reads another trunk file than RUN's (a sync's merged trunk before it is published).
+
+    Built on the meta device and filled tensor by tensor, so no f32 copy of the whole trunk exists.
+    init="seed" starts the whole expert from the trunk's seed FFN, so step 0 computes exactly the
+    trunk alone (anchor + seed); "auto" is seed when the trunk has one, else random. "anchor" starts
+    gate/up from the anchor's first expert_ff rows (tiled if the expert is wider): features the
+    trunk already uses. random and anchor have a zero down-projection, so step 0 computes the anchor.
+    """
+    if init not in EXPERT_INITS:
+        raise MfggufError(f"unknown expert init {init!r}; use one of {', '.join(EXPERT_INITS)}")
+    if init == "auto":
+        init = "seed" if cfg.seed_expert else "random"
+    if init == "seed" and not cfg.seed_expert:
+        raise MfggufError("--init seed needs a trunk trained with a seed FFN; retrain it with"
+                          " `mfgguf train-trunk RUN --seed-expert`, or use --init random")
+    seed_ffn = {}
+    with torch.device("meta"):
+        model = Transformer(cfg, n_experts=1)
+    linear = {n + ".weight" for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    by_gguf = {g: n for n, g in trunk_name_map(cfg.n_layers, cfg.family).items()}
+    for gname, t in read_safetensors(trunk_path or rd.module_file(0)):
+        name = by_gguf.get(gname)
+        if name is None:
+            if init == "seed" and gname.endswith("_seed.weight"):
+                seed_ffn[gname] = t
+            continue
+        want = tuple(model.get_parameter(name).shape)
+        if tuple(t.shape) != want:
+            raise MfggufError(f"trunk tensor {gname} has shape {tuple(t.shape)}, its config says {want}; retrain the trunk")
+        train = name in trainable
+        dtype = torch.bfloat16 if bf16_trunk and name in linear and not train else torch.float32  # norms, embedding f32
+        _set_param(model, name, t.to(dev, dtype), requires_grad=train)
+    g = torch.Generator().manual_seed(seed)
+    for l, layer in enumerate(model.layers):
+        e = layer.experts[0]
+        if init == "seed":
+            for part in ("gate", "up", "down"):
+                w = seed_ffn.get(SEED_FFN.format(l=l, f=part))
+                if w is None:
+                    raise MfggufError(f"the trunk file has no seed tensor {SEED_FFN.format(l=l, f=part)}; retrain the trunk")
+                _set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev, torch.float32).clone(), True)
+            _set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
+            continue
+        for part in ("gate", "up"):  # random: same init as Transformer.reset_parameters
+            w = torch.empty(getattr(e, part).weight.shape).normal_(0.0, 0.02, generator=g)  # (expert_ff, dim)
+            if init == "anchor":
+                a = getattr(layer.anchor, part).weight.detach().float().cpu()  # (anchor_ff, dim)
+                w = a.repeat(-(-cfg.expert_ff // cfg.anchor_ff), 1)[: cfg.expert_ff].clone()  # (expert_ff, dim)
+            _set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev), True)
+        _set_param(model, f"layers.{l}.experts.0.down.weight", torch.zeros(e.down.weight.shape, device=dev), True)
+        _set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
+    left = [n for n, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise MfggufError(f"trunk file lacks {len(left)} tensor(s), e.g. {left[0]}; retrain the trunk")
+    return model
+
+
+def expert_params(model: Transformer) -> dict[str, nn.Parameter]:
+    """The only trainable parameters: layers[*].experts[0] (of the layers `freeze_expert_layers` left)."""
+    return {n: p for n, p in model.named_parameters() if ".experts.0." in n and p.requires_grad}
+
+
+def freeze_expert_layers(model: Transformer, layers: Collection[int]) -> None:
+    """Freeze the expert everywhere but `layers` (`--expert-layers`): there it keeps its start, which every
+    expert shares (the seed, or a zero down-projection), so the assembled file routes those layers to
+    identical FFNs and stays exact, and autograd stops below the lowest layer that trains."""
+    for l, layer in enumerate(model.layers):
+        if l not in layers:
+            for p in layer.experts[0].parameters():
+                p.requires_grad_(False)
+
+
+def _shard_domains(info: dict, i: int):
+    """Which domains shard i holds, as run.json describes it (None when it does not say)."""
+    shards = info.get("shards")
+    entry = None
+    if isinstance(shards, dict):
+        entry = shards.get(str(i)) or shards.get(module_name(i)) or shards.get(f"shard_{i:03d}")
+    elif isinstance(shards, list) and 0 < i <= len(shards):
+        entry = shards[i - 1]
+    if isinstance(entry, dict):
+        return entry.get("domains", entry)
+    return entry
+
+
+def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions(), device: str = "cpu",
+                 progress: bool = True, precision: str = "auto", restart: bool = False,
+                 recompute: bool | None = None) -> dict:
+    """Train expert EXPERT (1..N) alone on its shard with the trunk frozen; write modules/expert_00I.
+
+    The expert is one SwiGLU FFN per layer added beside the anchor; it starts as a no-op and only
+    its parameters train. The last training steps that cover --stats-tokens record the router
+    statistics (per layer: the mean of the FFN-input vectors) into the module file; --stats-from
+    pass measures them by a pass over the shard after training instead (slower, a little better
+    routed: docs/benchmarks.md). --expert-layers upper trains the expert in the upper half of the
+    layers only (faster; elsewhere it stays the seed). Resumes
+    from RUN/checkpoints/expert_00I if a compatible checkpoint is there (--restart deletes it).
+    `options` change the trunk's preset's expert TrainConfig (tokens, lr, batch_size, seed, ...).
+
+    --shared norms|attn|all also trains a private f32 copy of those trunk tensors (the norms;
+    + attention; the whole trunk), at peak LR lr * --shared-lr-scale, stored in the module file as
+    shared.<trunk tensor name> for assembly (or `mfgguf sync`) to merge. Default none: the FFN only.
+
+    --complement trains the expert as a two-way MoE of (the frozen seed FFN, its own FFN starting
+    from the seed), gated as the assembled file gates (softmax, top-2 of 2), with the seed's router
+    row frozen at zero and its own row learned; assembly then routes the seed as expert 0 too.
+
+    --rounds R (with --shared) cuts the schedule into R rounds: each call trains the next round and
+    keeps its checkpoint; `mfgguf sync RUN` between rounds merges every expert's shared copies into
+    the trunk the next round starts from.
+
+    Example:
+        >>> train_expert(Path("RUN"), 1, options=TrainOptions(tokens=20_000))["heldout_loss"]
+    """
+    t_start = time.perf_counter()
+    rd = RunDir(run)
+    info = rd.info()
+    i = rd.check_expert_index(int(expert))
+    if options.model_changes():
+        raise MfggufError(f"model shape options ({', '.join(options.model_changes())}) belong to the trunk;"
+                          " experts use the trunk's")
+    trunk = load_trunk_meta(rd)
+    cfg = ModelConfig.from_dict(trunk["config"])
+    preset = trunk.get("preset", "small")
+    tc = br.at_branch_lr(options.train_config(get_preset(preset).expert), trunk, options)
+    sh.check_shared(tc)
+    rnd = _round(rd, trunk, tc, i)
+    dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
+    data = load_tokens(rd.shard(i), f"shard {i}")
+    check_token_range(data, cfg.vocab_size, str(rd.shard(i)))
+    # before the expert's model exists: an imported base is scored by a model of its own, freed here
+    t = time.perf_counter()
+    before = reference_heldout(rd, trunk, tc.eval_tokens, dev, prec) if rnd == tc.rounds else {}
+    clock = {"setup": t - t_start, "base_heldout": time.perf_counter() - t}  # where the wall time goes, in seconds
+    ckpt_dir = rd.checkpoint_dir(i)
+    if restart:
+        ckpt_io.remove(ckpt_dir)
+
+    rec, micro = plan_activations(cfg, tc.batch_size) if recompute is None else (recompute, tc.batch_size)
+    if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
+        limit_heap_retention()
+    layers = expert_layers(tc.expert_layers, cfg.n_layers)
+    if tc.complement:
+        if len(layers) < cfg.n_layers:
+            raise MfggufError("--complement trains a two-way MoE in every layer; pass --expert-layers all with it")
+        cx.check_complement(cfg, tc)
+    model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16", init=tc.expert_init,
+                               trainable=sh.shared_names(cfg, tc.shared))
+    freeze_expert_layers(model, layers)
+    named, route, extra = expert_params(model), "single", {}
+    if tc.complement:  # a two-way MoE of [frozen seed, this expert] (complement.py)
+        model = cx.two_way(model, dev, bf16_trunk=prec == "bf16")
+        route, extra = cx.ROUTE, cx.init_rows(model, rd, data, tc.eval_tokens, dev, prec)
+        named = cx.complement_params(model)
+    named = {**named, **sh.shared_params(model, tc.shared)}
+    ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
+                 "train": asdict(tc), "trunk_sha256": trunk["sha256"]}
+    steps = schedule_steps(tc, cfg.ctx_len)
+    keep, resume_from = frozenset(), None
+    state = ckpt_io.peek(ckpt_dir)
+    start_state = None  # a fresh wsd expert of a wsd trunk: continue from its branch point (a checkpoint supersedes it)
+    if rnd == 1 and state is None and "branch" in trunk and tc.schedule == "wsd":
+        start_state = br.start_from_branch(br.read_branch(rd, trunk), named, br.branch_names(cfg, tc),
+                                          ffn_slot=1 if tc.complement else 0)
+    if rnd > 1 and state and state.get("trunk_sha256") == trunk.get("synced_from"):
+        # the previous round's state, trained against the trunk before this sync: continue with its
+        # FFN and AdamW moments, but from the merged shared tensors just loaded from the new trunk
+        if state.get("step") != round_end(steps, tc.rounds, rnd - 1):
+            raise MfggufError(f"{module_name(i)}'s checkpoint in {ckpt_dir} stopped at step {state.get('step')}, not at"
+                              f" the end of round {rnd - 1}; pass --restart to train it again from round 1")
+        resume_from = {**ckpt_meta, "trunk_sha256": trunk["synced_from"]}
+        keep = frozenset(sh.shared_names(cfg, tc.shared))
+    elif rnd > 1 and not state:
+        raise MfggufError(f"{module_name(i)} has no checkpoint of round {rnd - 1} in {ckpt_dir}, which round {rnd}"
+                          f" continues from; retrain it from round 1 (a new RUN) or restore that directory")
+    until = round_end(steps, tc.rounds, rnd)
+    tail = _tail(cfg, tc, steps)
+    tail = tail if until == steps else None  # the last round gathers the router statistics
+    curve = lambda: heldout_losses(rd.validation_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
+    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=i, ckpt_dir=ckpt_dir,
+                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=_label(i, rnd, tc.rounds),
+                   heldout=curve, lr_scale=sh.lr_scales(model, tc), until=until, keep=keep,
+                   resume_from=resume_from, start_state=start_state, micro=micro, tail=tail)
+    if rnd < tc.rounds:
+        return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
+
+    t = time.perf_counter()
+    last = res.heldout_history[-1] if res.heldout_history else None
+    if last is not None and last[0] == res.steps and tc.curve_tokens >= tc.eval_tokens:
+        heldout = last[2]  # the curve's last point scored the same tokens a moment ago
+    else:
+        heldout = heldout_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
+    t1 = time.perf_counter()
+    if tail is not None:  # the training steps' own FFN inputs; the shard loss is theirs too
+        stats, shard_loss = tail.stats, smooth(res.history, res.steps - tail.first_step)
+    else:
+        stats = RouterStats(cfg.n_layers, cfg.dim)
+        shard_loss, _ = evaluate(model, data, stats_tokens(asdict(tc)), route, dev, prec, hook=stats.hook)
+    clock.update(heldout=t1 - t, stats=time.perf_counter() - t1)
+    meta = {
+        **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                      recompute=rec, heldout=heldout, t_start=t_start),
+        "index": i,
+        "micro_batch": micro,
+        "trunk_sha256": trunk["sha256"],
+        "shard": i,
+        "shard_domains": _shard_domains(info, i),
+        "shard_loss": shard_loss,
+        "trunk_heldout_loss": before,
+        "router_stats_count": stats.n,
+        "router_stats_from": "pass" if tail is None else f"training steps {tail.first_step + 1}-{res.steps}",
+        "wall_breakdown_s": {**{k: round(v, 2) for k, v in clock.items()}, "train": round(res.train_s, 2),
+                             "curve": round(res.eval_s, 2)},
+        **sh.shared_meta(cfg, tc.shared),
+        "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
+        **({"complement": True, **extra} if tc.complement else {}),
+    }
+    ffn = cx.complement_tensors(model) if tc.complement else model.expert_tensors(0)
+    tensors = {**ffn, **sh.shared_module_tensors(model, tc.shared), **stats.tensors()}
+    meta = write_module(rd, i, tensors, meta)
+    loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout, curve=res.heldout_history,
+               reference=before or None, title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
+    ckpt_io.remove(ckpt_dir)
+    return meta
+
+
+def _tail(cfg: ModelConfig, tc, steps: int) -> TailStats | None:
+    """The router statistics of training's last steps (tc.stats_from == "train"), else None (a pass after)."""
+    if tc.stats_from not in STATS_FROM:
+        raise MfggufError(f"unknown --stats-from {tc.stats_from!r}; choose one of {', '.join(STATS_FROM)}")
+    if tc.stats_from == "pass":
+        return None
+    return TailStats(cfg.n_layers, cfg.dim, steps - tail_steps(stats_tokens(asdict(tc)), tc.batch_size * cfg.ctx_len, steps))
+
+
+def _round(rd: RunDir, trunk: dict, tc, i: int) -> int:
+    """Which round (1..R) this job trains: one more than the syncs the trunk has been through."""
+    if not (isinstance(tc.rounds, int) and tc.rounds >= 1):
+        raise MfggufError(f"--rounds must be a whole number >= 1, got {tc.rounds}")
+    if tc.rounds > 1 and tc.shared == "none":
+        raise MfggufError("--rounds > 1 needs experts that train shared tensors (--shared norms|attn|all):"
+                          " with --shared none there is nothing to sync between rounds")
+    if trunk.get("final"):
+        synced = recorded_experts(trunk)
+        if synced and i not in synced and tc.shared == "none" and tc.rounds == 1:
+            return 1  # an expert that sat out the syncs: a plain one on the final trunk, for `extend` or assembly
+        raise MfggufError(f"{rd.root} is synced after its last round; its experts are final: assemble it"
+                          + (f" (an expert that sat out the syncs, not {i}, may train later with --shared none)"
+                             if synced else ""))
+    rnd = int(trunk.get("round", 0)) + 1
+    if rnd > tc.rounds:
+        raise MfggufError(f"the trunk has been through {rnd - 1} sync(s), so expert {i} would train round {rnd},"
+                          f" but --rounds is {tc.rounds}; pass the --rounds the run was started with")
+    return rnd
+
+
+def _label(i: int, rnd: int, rounds: int) -> str:
+    return module_name(i) if rounds == 1 else f"{module_name(i)} round {rnd}/{rounds}"
+
+
+def _write_round(rd: RunDir, i: int, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start) -> dict:
+    """The module file after a round that is not the last: FFNs + shared copies for `mfgguf sync`.
+
+    No router statistics (the next round changes them); the checkpoint stays for the next round.
+    """
+    heldout = res.heldout_history[-1][2] if res.heldout_history else {}
+    meta = {
+        **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                      recompute=rec, heldout=heldout, t_start=t_start),
+        "index": i, "trunk_sha256": trunk["sha256"], "shard": i, "shard_domains": _shard_domains(info, i),
+        "trunk_heldout_loss": trunk.get("heldout_loss", {}), "router_stats_count": 0,
+        **sh.shared_meta(cfg, tc.shared), "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
+    }
+    return write_module(rd, i, {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared)}, meta)
+
+
+if __name__ == "__main__":  # python -m mfgguf.train.experts.expert RUN I: the CLI verb without typer
+    import sys
+
+    print(json.dumps({k: v for k, v in train_expert(Path(sys.argv[1]), int(sys.argv[2])).items() if k != "history"}))

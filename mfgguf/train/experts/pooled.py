@@ -1,0 +1,176 @@
+"""The router's pooled second moment: one file per run instead of one dim x dim matrix in every expert.
+
+Ridge routing needs, per layer, each expert's mean FFN input (dim,), which experts keep recording,
+and G, the second moment of the FFN inputs over the union of the shards (dim x dim). Module format
+1 stored each expert's own second moment M_i: for the `1b` preset 50 MB per expert, more than the
+expert's weights, read and hashed at every assembly. `pool_router_stats` computes
+G = sum_i n_i M_i / sum_i n_i once, with the statistics pass restat.py uses: trunk + one expert in
+memory, forward only, over the same sample of each expert's shard that its training measured
+(4 x that expert's eval_tokens, windows spread over the shard), experts one after another. With
+that sample it is the very G that format 1 pooled at assembly, so the router is unchanged.
+
+Experts that complement the seed (train/experts/complement.py) are measured with their own forward, the
+two-way MoE of [seed, expert] they trained as.
+
+`--source trunk` measures G instead with the trunk alone over the mixed training data: no expert
+needed, but the deeper layers' FFN inputs then lack the experts' contribution; measured worse
+(docs/assembly.md), kept as an option.
+
+Output: modules/router_stats.safetensors (`router_stats.blk.{l}.second_moment`, f32) and its JSON,
+recorded in the manifest with their hashes; the JSON names the trunk and every expert (sha256) it
+was computed with, so assembly never uses statistics that predate a retrained module: it runs this
+pass again first (converters/ensure_stats.py).
+
+Example:
+    >>> pool_router_stats(Path("RUN"))["router_stats_count"]
+    786432
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from mfgguf.config import ModelConfig, get_preset
+from mfgguf.errors import MfggufError
+from mfgguf.run import RunDir, module_name, read_module_meta, trained_expert_meta, write_router_stats
+from mfgguf.train.experts.complement import ROUTE, load_module, two_way
+from mfgguf.train.experts.expert import build_expert_model, load_trunk_meta
+from mfgguf.train.engine.loop import evaluate, load_tokens, resolve_device, resolve_precision
+from mfgguf.train.rounds.restat import precision_of
+from mfgguf.train.experts.stats import RouterStats, stats_tokens
+from mfgguf.train.engine.weights import read_safetensors, trunk_alone
+
+SOURCES = ("experts", "trunk")
+
+
+@torch.no_grad()
+def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None = None, device: str = "cpu",
+                      progress: bool = True, experts: list[int] | None = None) -> dict:
+    """Compute the router's pooled statistics of RUN (modules/router_stats.safetensors), which assembly
+    needs for the ridge router: the second moment of the FFN inputs over every expert's shard, from
+    trunk + that expert (forward only, one expert in memory at a time). Run it after the experts are
+    trained, and again after retraining one (`train-experts`, the final `sync` and `assemble`, where
+    they are missing or stale, do it for you).
+    --source trunk uses the trunk alone over the mixed data (no experts needed; a worse router).
+    --experts I,J pools over those experts only (the ones an assembly of a subset takes).
+
+    Example:
+        >>> pool_router_stats(Path("RUN"))["experts"]
+        {'expert_001': '3f2a...', ...}
+    """
+    if source not in SOURCES:
+        raise MfggufError(f"unknown --source {source!r}; choose experts or trunk")
+    t0 = time.perf_counter()
+    rd = RunDir(run)
+    info = rd.info()
+    trunk = load_trunk_meta(rd)
+    cfg = ModelConfig.from_dict(trunk["config"])
+    dev = resolve_device(device)
+    per = int(tokens or trunk_source_tokens(trunk))
+    stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
+    if source == "trunk":
+        model, route = trunk_alone(rd.module_file(0), cfg, dev)
+        evaluate(model, load_tokens(rd.train_tokens, "the trunk's training tokens"), per, route, dev,
+                 trunk_pass_precision(trunk, dev), hook=stats.hook)
+    else:
+        ids = range(1, info["n_experts"] + 1) if experts is None else [rd.check_expert_index(int(i)) for i in experts]
+        if not ids:
+            raise MfggufError("no experts to pool router statistics over; pass --experts with at least one")
+        metas = {i: trained_expert_meta(rd, trunk["sha256"], i, "mfgguf router-stats") for i in ids}
+        prec = precision_of(next(iter(metas.values())))
+        comp = any(m.get("complement") for m in metas.values())  # complementing experts: their own forward
+        if comp and not all(m.get("complement") for m in metas.values()):
+            raise MfggufError("some experts complement the seed and some do not; retrain them alike (all with or all"
+                              " without `train-expert --complement`) before `mfgguf router-stats`")
+        model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", init="seed" if comp else "random",
+                                   trunk_path=rd.module_file(0))
+        model, route = (two_way(model, dev, prec == "bf16"), ROUTE) if comp else (model, "single")
+        with _Bar(len(metas), progress) as bar:
+            for i in metas:
+                bar.update(module_name(i))
+                tensors = dict(read_safetensors(rd.module_file(i)))
+                load_module(model, tensors) if comp else model.load_expert(tensors)
+                n = int(tokens or _stats_tokens(metas[i]))  # the sample the expert's own statistics measured
+                evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), n, route, dev, prec, hook=stats.hook)
+                bar.advance()
+        per = int(tokens or max(_stats_tokens(m) for m in metas.values()))
+        return _write(rd, stats, trunk, "experts", {module_name(i): m["sha256"] for i, m in metas.items()}, per,
+                      "trunk + each expert over its shard", t0)
+    return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
+
+
+def write_pooled(rd: RunDir, stats: RouterStats, *, t0: float, tokens: int | None = None,
+                 experts: list[int] | None = None) -> dict:
+    """Write G from `stats` accumulated over trunk + every expert (or `experts`), as they are now (restat.py's
+    passes feed it during `sync`, so the final sync needs no second pass)."""
+    trunk = read_module_meta(rd, 0)
+    ids = range(1, int(rd.info()["n_experts"]) + 1) if experts is None else experts
+    experts = {module_name(i): read_module_meta(rd, i)["sha256"] for i in ids}
+    per = tokens or _stats_tokens(read_module_meta(rd, next(iter(ids))))
+    return _write(rd, stats, trunk, "experts", experts, per, "trunk + each expert over its shard", t0)
+
+
+def _write(rd: RunDir, stats: RouterStats, trunk: dict, source: str, experts: dict, per: int, on: str, t0: float) -> dict:
+    tensors = {k: v for k, v in stats.tensors().items() if k.endswith(".second_moment")}
+    return write_router_stats(rd, tensors, {
+        "trunk_sha256": trunk["sha256"], "source": source, "experts": experts, "tokens_per_source": per,
+        "router_stats_count": stats.n, "router_stats_on": on, "seconds": round(time.perf_counter() - t0, 3),
+    })
+
+
+def trunk_pass_precision(trunk: dict, dev) -> str:
+    """The precision of a forward pass through the trunk alone: the one it trained in, except for an imported
+    base, which records fp32 without having trained here; its experts train at bf16 where the CPU has it
+    natively, and so does its pass (2.2x faster on SmolLM2 with AVX512-BF16: 1,430 against 630 tokens/s)."""
+    return resolve_precision("auto", dev) if trunk.get("source") == "base" else precision_of(trunk)
+
+
+def trunk_source_tokens(trunk: dict) -> int:
+    """Default tokens of `--source trunk`: the sample each expert of the trunk's preset measures its own statistics
+    on (16,384 for every preset). On SmolLM2 with 4 x 768-unit experts, 16,384 / 65,536 / 262,144 tokens routed the
+    trained mix to 3.4934 / 3.4995 / 3.4882 (llama.cpp, q8_0): within 0.3%, the 262,144 of the old default
+    (4 x the trunk's eval_tokens) costing 14x the pass (181 s against 13 s)."""
+    try:
+        return stats_tokens(asdict(get_preset(str(trunk.get("preset", "small"))).expert))
+    except MfggufError:  # a trunk of a preset this version does not know
+        return stats_tokens({"eval_tokens": 4096})
+
+
+def _stats_tokens(meta: dict) -> int:
+    """Tokens of its shard an expert's own statistics measured (stats.stats_tokens)."""
+    return stats_tokens(meta.get("train", {}))
+
+
+class _Bar:
+    """A rich progress bar over the experts on stderr (elapsed, ETA), or nothing."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.p = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.p = Progress(TextColumn("router statistics {task.description}"), BarColumn(), MofNCompleteColumn(),
+                              TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
+            self.task = self.p.add_task("", total=total)
+
+    def __enter__(self) -> "_Bar":
+        if self.p is not None:
+            self.p.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.p is not None:
+            self.p.stop()
+
+    def update(self, what: str) -> None:
+        if self.p is not None:
+            self.p.update(self.task, description=what)
+
+    def advance(self) -> None:
+        if self.p is not None:
+            self.p.advance(self.task)

@@ -1,0 +1,283 @@
+"""`mfgguf train-experts`: every expert job of a RUN, many at once, locally or on a Ray cluster.
+
+A job is exactly `mfgguf train-expert RUN --expert I` (same function, same seed, same bytes); the
+scheduler only decides where and when it runs:
+  - local:  one process per job, as many at once as cores and memory allow (`plan_workers`:
+            the measured peak RSS of one job of the preset, JOB_MB, against available memory, and
+            the threads a job of the preset uses well, JOB_THREADS), each with cores // workers threads;
+  - ray:    one Ray task per job with its CPUs and memory declared (fanout_ray.py), so no node
+            takes more than fits; the engine retries a task whose worker died.
+With sync rounds (`--rounds R`, experts with `--shared`), it runs every expert's round, then
+`mfgguf sync`, then the next round. Re-running picks up only what is missing: an expert whose
+module is already trained against the current trunk (and round) is skipped, and a killed job
+resumes from its checkpoint. A job that fails for a real reason (its one-line error is kept) does
+not stop the others; the command then exits 1 naming it, before any sync.
+
+Each job writes a log (RUN/logs/expert_XXX.log) and a status file the live view reads (which
+expert, where, tokens/s, ETA); a summary table (wall time, peak RSS, retries) ends the run and is
+saved as RUN/logs/train-experts.json.
+
+Example:
+    >>> train_experts(Path("RUN"), experts=[1, 2, 3, 4], workers=2, job=JobOptions(TrainOptions(tokens=20_000)))
+    {'jobs': [...], 'failed': [], 'rounds': 1, ...}
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from mfgguf.errors import MfggufError
+from mfgguf.machine import mem_available
+from mfgguf.options import JobOptions, parse_experts
+from mfgguf.run import (RunDir, finished_against, module_name, read_module_meta, recorded_experts, router_stats_current,
+                   write_json)
+from mfgguf.train.fanout.jobs import Job
+
+# Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
+# rounded up: tiny 501-543 (tests/train/fanout/test_schedule.py's summaries), small 1,314 with --shared all
+# (the demo), 1b 1,366 FFN-only / under 2,048 with --shared attn (scripts/bench_train.py). The local
+# scheduler's per-job memory reservation and the `memory` each Ray task declares; unknown presets
+# use the largest.
+JOB_MB = {"tiny": 560, "small": 1350, "1b": 2048}
+# Torch threads one job should get before another job runs beside it (scripts/bench_fanout.py on 2 cores:
+# tiny, 2 jobs x 1 thread = 1.34x faster than 1 job x 2 threads; small 0.70x, so small keeps 2).
+JOB_THREADS = {"tiny": 1, "small": 2, "1b": 2}
+MEMORY_HEADROOM = 0.85  # share of available memory the local scheduler may fill with jobs
+
+
+
+
+def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
+    """(jobs at once, torch threads per job) for the local scheduler on this machine.
+
+    OMP_NUM_THREADS, when set, caps the cores it spreads jobs over: the caller's limit holds for the
+    jobs it starts too (a study sharing the machine with another keeps to its share).
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    cores = min(cores, int(cap)) if cap.isdigit() and int(cap) > 0 else cores
+    if workers is None:
+        avail_mb = mem_available(fallback=8 << 30) / (1 << 20)  # unknown: assume an 8 GB laptop
+        fit = int(avail_mb * MEMORY_HEADROOM // JOB_MB.get(preset, max(JOB_MB.values())))
+        workers = max(1, min(cores // JOB_THREADS.get(preset, 2), fit))
+    if workers < 1:
+        raise MfggufError(f"--workers must be at least 1, got {workers}")
+    return workers, max(1, cores // workers)
+
+
+def train_experts(run: Path, *, experts: str | list[int] | None = None, workers: int | None = None,
+                  ray: str | None = None, transfer: str = "auto", retries: int = 2, progress: bool = True,
+                  job: JobOptions = JobOptions(), outer_lr: float = 1.0, outer_momentum: float = 0.0) -> dict:
+    """Train every selected expert not yet trained, many at once: local processes, or Ray tasks.
+
+    `experts` selects (`1-40,45`; default all). Locally, `workers` jobs run at once (default: as
+    many as cores and memory allow). `ray` is a Ray address (`auto` joins the cluster `ray start`
+    made, `local` starts one on this machine): one task per expert; `transfer` says how workers get
+    the trunk, shard and tokenizer: `shared` (RUN is on a filesystem every node sees), `copy` (sent
+    through Ray's object store, module files sent back) or `auto` (shared where the worker sees RUN).
+    With `rounds` R > 1 every round of every expert runs, with `mfgguf sync` after each. `job`
+    holds the training options (tokens, shared, lr, ...), device and precision of `train-expert`,
+    the same for every job. A job
+    killed from outside is retried up to `retries` times (it resumes from its checkpoint); one that
+    fails with an error is reported and the others go on. Exits 1 (MfggufError) if any job failed.
+    `outer_lr` / `outer_momentum` are every sync's (DiLoCo's outer step; see `mfgguf sync`).
+
+    Example:
+        mfgguf train-experts RUN --workers 2 --shared all --rounds 4
+    """
+    from mfgguf.train.rounds.outer import check_outer
+
+    check_outer(outer_lr, outer_momentum)
+    rd = RunDir(run)
+    info = rd.info()
+    trunk = _trunk_meta(rd)
+    ids = parse_experts(experts, int(info["n_experts"])) if not isinstance(experts, list) else experts
+    ids = list(dict.fromkeys(ids))  # each expert once
+    rounds = int(job.train.rounds or _rounds_in_run(rd, ids) or 1)
+    opts = replace(job, train=replace(job.train, rounds=rounds))
+    if ray is None:
+        from mfgguf.train.fanout.local import LocalBackend
+
+        backend = LocalBackend(rd, *plan_workers(trunk.get("preset", "small"), workers), retries=retries)
+    else:
+        from mfgguf.train.fanout.ray import RayBackend
+
+        backend = RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", "small"), max(JOB_MB.values())),
+                             transfer=transfer, retries=retries)
+    t0 = time.perf_counter()
+    all_jobs: list[Job] = []
+    syncs = 0
+    try:
+        while True:
+            if rd.pending_sync() is not None:  # a sync that was killed: finish it first
+                from mfgguf.train.rounds.sync import sync
+
+                sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
+            trunk = _trunk_meta(rd)
+            if trunk.get("final"):
+                break
+            r = int(trunk.get("round", 0)) + 1
+            jobs = [Job(i, r, log=str(rd.root / "logs" / f"{module_name(i)}.log")) for i in ids
+                    if not _trained(rd, i, trunk, r)]
+            if jobs:
+                _say(progress, f"round {r}/{rounds}: {len(jobs)} expert job(s) on {backend.describe()}")
+                backend.run(jobs, opts, _LiveView(jobs, progress))
+                all_jobs += jobs
+            failed = [j for j in jobs if j.state == "failed"]
+            if failed:
+                break
+            if not _needs_sync(rd, ids):
+                break
+            from mfgguf.train.rounds.sync import sync
+
+            if len(ids) < int(info["n_experts"]) and sorted(ids) != recorded_experts(trunk):
+                _say(progress, f"round {r}: the {len(ids)} selected experts are trained; train the others, then"
+                               f" `mfgguf sync {rd.root}`, or merge these alone: `mfgguf sync {rd.root} --experts"
+                               f" {','.join(map(str, ids))}`")
+                break
+            _say(progress, f"sync {r}/{rounds}")
+            sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
+            syncs += 1
+            if r >= rounds:
+                break
+        if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, int(info["n_experts"])) \
+                and not router_stats_current(rd):
+            from mfgguf.train.experts.pooled import pool_router_stats
+
+            _say(progress, "router statistics: trunk + each expert over its shard (pooled.py)")
+            pool_router_stats(rd.root, progress=progress)
+    finally:
+        backend.close()
+    summary = {"run": str(rd.root), "backend": backend.describe(), "rounds": rounds, "syncs": syncs,
+               "wall_s": round(time.perf_counter() - t0, 2), "jobs": [j.row() for j in all_jobs],
+               "failed": [j.expert for j in all_jobs if j.state == "failed"]}
+    (rd.root / "logs").mkdir(exist_ok=True)
+    write_json(rd.root / "logs" / "train-experts.json", summary)
+    if progress:
+        _print_summary(all_jobs, summary)
+    if summary["failed"]:
+        first = next(j for j in all_jobs if j.state == "failed")
+        raise MfggufError(f"{len(summary['failed'])} expert job(s) failed, e.g. {module_name(first.expert)}: {first.error}"
+                          f" (log: {first.log}); fix it and re-run train-experts to train only what is missing")
+    return summary
+
+
+# ---- what is done ------------------------------------------------------------------------------
+
+
+def _trunk_meta(rd: RunDir) -> dict:
+    if not rd.module_meta(0).is_file():
+        raise MfggufError(f"{rd.root} has no trained trunk; run `mfgguf train-trunk {rd.root}` first")
+    return read_module_meta(rd, 0)
+
+
+def _trained(rd: RunDir, i: int, trunk: dict, r: int) -> bool:
+    """Expert i has finished round r against the current trunk."""
+    if not rd.module_meta(i).is_file():
+        return False
+    m = read_module_meta(rd, i)
+    return m.get("trunk_sha256") == trunk["sha256"] and int(m.get("round", 1)) == r
+
+
+def _all_finished(rd: RunDir, n: int) -> bool:
+    """Every expert of the run has finished its last round against the current trunk (nothing left to sync)."""
+    trunk = _trunk_meta(rd)
+    for i in range(1, n + 1):
+        if not rd.module_meta(i).is_file():
+            return False
+        if not finished_against(read_module_meta(rd, i), trunk["sha256"]):
+            return False
+    return True
+
+
+def _rounds_in_run(rd: RunDir, ids: list[int]) -> int | None:
+    """The --rounds the run's experts were started with, so a re-run need not repeat it."""
+    for i in ids:
+        if rd.module_meta(i).is_file():
+            return int(read_module_meta(rd, i).get("rounds", 1))
+    return None
+
+
+def _needs_sync(rd: RunDir, ids: list[int]) -> bool:
+    """A sync follows a round when the experts trained shared copies (R = 1 too: the final sync)."""
+    metas = [read_module_meta(rd, i) for i in ids if rd.module_meta(i).is_file()]
+    return any(m.get("shared_tensors") for m in metas) and not any(m.get("shared_merged") for m in metas)
+
+
+# ---- the live view and the summary -------------------------------------------------------------
+
+
+class _LiveView:
+    """One table of all jobs, refreshed from their status files while they run."""
+
+    def __init__(self, jobs: list[Job], enabled: bool):
+        self.jobs, self.enabled, self.live = jobs, enabled and sys.stderr.isatty(), None
+        self.last_line = 0.0
+        if self.enabled:
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(self._table(), console=Console(stderr=True), refresh_per_second=2)
+            self.live.start()
+        self.plain = enabled and not self.enabled
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+        elif self.plain and time.monotonic() - self.last_line > 30:  # a log, not a terminal: a line now and then
+            self.last_line = time.monotonic()
+            done = sum(j.state == "done" for j in self.jobs)
+            running = [f"{module_name(j.expert)} {j.status.get('step', 0)}/{j.status.get('steps', '?')}"
+                       for j in self.jobs if j.state == "running"]
+            print(f"train-experts: {done}/{len(self.jobs)} done; running: {', '.join(running) or '-'}",
+                  file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.stop()
+            self.live = None
+
+    def _table(self):
+        from rich.table import Table
+
+        t = Table(title="train-experts", title_justify="left")
+        for c in ("expert", "round", "state", "where", "step", "tok/s", "ETA", "loss", "retries"):
+            t.add_column(c, justify="left" if c in ("expert", "state", "where") else "right")
+        for j in self.jobs:
+            s = j.status
+            eta = s.get("eta_s")
+            t.add_row(module_name(j.expert), str(j.round), j.state, j.where,
+                      f"{s.get('step', '')}/{s.get('steps', '')}" if s else "",
+                      f"{s['tokens_per_s']:,.0f}" if s.get("tokens_per_s") else "",
+                      f"{eta:.0f}s" if isinstance(eta, (int, float)) and j.state == "running" else "",
+                      f"{s['loss']:.3f}" if isinstance(s.get("loss"), (int, float)) else "", str(j.retries))
+        return t
+
+
+def _print_summary(jobs: list[Job], summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"train-experts: {len(jobs)} job(s) on {summary['backend']}, {summary['syncs']} sync(s),"
+                    f" {summary['wall_s']:.1f} s", title_justify="left")
+    for c in ("expert", "round", "state", "where", "wall s", "peak RSS MB", "retries"):
+        t.add_column(c, justify="left" if c in ("expert", "state", "where") else "right")
+    for j in jobs:
+        t.add_row(module_name(j.expert), str(j.round), j.state if not j.error else f"failed: {j.error}", j.where,
+                  f"{j.wall_s:.1f}", f"{j.peak_rss_mb:.0f}", str(j.retries))
+    Console(stderr=True).print(t)
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[bold cyan]train-experts[/] {msg}", highlight=False)
+
+
+__all__ = ["JOB_MB", "plan_workers", "train_experts"]

@@ -1,0 +1,284 @@
+"""`mfgguf sync RUN`: merge the experts' shared-parameter copies into the next trunk, between rounds.
+
+With `train-expert --shared CHOICE --rounds R` every expert's schedule is cut into R equal parts
+(rounds). After each round, every expert has written a module file holding its FFNs and its
+trained copies of the shared trunk tensors; `sync` merges the copies (merge.py: token-weighted
+mean or TIES, one row chunk of one tensor at a time) into a new version of the trunk. Each expert
+then continues its next round from that trunk, with its own FFNs and AdamW state (kept in its
+checkpoint). Only the shared tensors travel; experts still run in any order, anywhere.
+
+After the last round, `sync` finalises: it merges once more, and because the merged trunk
+changes every FFN's input, each expert's router statistics (and held-out losses) are recomputed
+on the model that will actually be written (restat.py: merged trunk + that expert, forward only),
+and then the router's pooled second moment over every expert's shard (pooled.py).
+`sync` runs that pass for every expert in turn; with 100 experts on 100 machines, `sync
+--no-restat` and then `mfgguf restat RUN --expert I` per machine. `sync` after R = 1 (no rounds)
+is this finalisation alone.
+
+Crash safety: the new trunk is first written under RUN/rounds/sync_<k>/ (`before/` hard links of
+the inputs, `after/` the new trunk, `sync.json` the plan); then published with a rename, its JSON
+and the manifest. Every publishing step is idempotent, and each expert's statistics pass replaces
+its module atomically, so a sync killed at any point finishes when run again, with the same bytes.
+
+Example:
+    >>> sync(Path("RUN"))  # after every expert has trained round k of R
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mfgguf.gguf.fileio import pwrite_all
+from mfgguf.converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
+from mfgguf.errors import MfggufError
+from mfgguf.run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
+                   read_module_meta, recorded_experts, router_stats_current, update_manifest, write_json)
+from mfgguf.train.rounds.outer import is_plain
+
+SYNC_FORMAT = "mfgguf-sync"
+
+
+def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, restat: bool = True,
+         device: str = "cpu", progress: bool = True, outer_lr: float = 1.0, outer_momentum: float = 0.0,
+         experts: list[int] | None = None) -> dict:
+    """Merge the experts' shared-tensor copies into the next trunk version (between sync rounds).
+
+    Run it after every expert has trained its current round (`train-expert --shared ... --rounds R`).
+    Between rounds the merged trunk is what every expert continues from. After the last round (and
+    for R = 1) it finalises: the merged trunk is final and each expert's router statistics are
+    recomputed on merged trunk + that expert (forward only), so `mfgguf assemble` routes for the
+    model it writes, and so are the router's pooled statistics (`mfgguf router-stats`); --no-restat
+    leaves both to `mfgguf restat RUN --expert I`, one process per expert on any machine, then
+    `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density).
+    --outer-lr / --outer-momentum: DiLoCo's outer Nesterov step on the pseudo-gradient trunk - merge
+    instead of taking the merge (1 and 0, the default, take it; DiLoCo uses 0.7 and 0.9). --experts
+    I,J: only those experts take part (a domain held out of training, or trained later); later syncs
+    keep the set the first one recorded. A killed sync finishes when re-run.
+
+    Example:
+        >>> sync(Path("RUN"), merge="mean")["round"]
+        1
+    """
+    from mfgguf.train.rounds.restat import needs_restat, restat as restat_one
+
+    rd = RunDir(run)
+    info = rd.info()
+    t0 = time.perf_counter()
+    plan_file = rd.pending_sync()
+    if plan_file is None:
+        trunk = read_module_meta(rd, 0) if rd.module_meta(0).is_file() else {}
+        ids = synced_experts(rd, trunk, experts)
+        if trunk.get("final"):  # the last merge is published: only statistics passes can be left
+            restats = restat and [i for i in ids if needs_restat(rd, trunk, i)]
+            if not restats and (not restat or router_stats_current(rd, ids)):
+                raise MfggufError(f"{rd.root} is already synced after its last round; assemble it with"
+                                  f" `mfgguf assemble {rd.root}`")
+            plan_file = sorted(rd.rounds.glob("sync_*/sync.json"))[-1]
+        else:
+            plan_file = _stage(rd, info, ids, merge, density, device, progress, outer_lr, outer_momentum)
+    plan = read_json(plan_file, "the sync plan")
+    ids = plan.get("expert_ids") or list(range(1, plan["experts"] + 1))
+    _publish(rd, plan_file.parent, plan)
+    plan["state"] = "published"
+    write_json(plan_file, plan)
+    restated = []
+    if plan["final"] and restat:
+        from mfgguf.train.experts.pooled import pool_router_stats, write_pooled
+        from mfgguf.train.experts.stats import RouterStats
+
+        cfg = read_module_meta(rd, 0)["config"]
+        acc = RouterStats(cfg["n_layers"], cfg["dim"], second_moment=True)  # the router's G, from the same passes
+        for i in ids:
+            _say(progress, f"router statistics of {module_name(i)} on the merged trunk")
+            if restat_one(rd.root, i, device=device, pooled=acc)["restated"]:
+                restated.append(i)
+        if len(restated) == len(ids):
+            write_pooled(rd, acc, t0=t0, experts=ids)
+        elif not router_stats_current(rd, ids):  # some were restated by an earlier, killed sync: one more pass
+            _say(progress, "pooled router statistics of the merged model")
+            pool_router_stats(rd.root, device=device, progress=False, experts=ids)
+    trunk = read_module_meta(rd, 0)
+    plan["wall_s"] = round(float(plan.get("wall_s") or 0.0) + time.perf_counter() - t0, 2)  # a re-run adds its own
+    write_json(plan_file, plan)  # the wall-clock-matched baseline's budget counts every sync
+    return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
+            "outer_lr": plan.get("outer_lr", 1.0), "outer_momentum": plan.get("outer_momentum", 0.0),
+            "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],
+            "heldout_loss": trunk.get("heldout_loss", {}), "before_heldout_loss": plan["before_heldout_loss"],
+            "experts": plan["experts"], "restated": restated, "wall_s": time.perf_counter() - t0,
+            "dir": str(plan_file.parent)}
+
+
+def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[int]:
+    """The experts that take part in the sync rounds: `experts` where given, else the set the trunk's last sync
+    recorded (a held-out expert sits out every round), else every expert of the partition."""
+    n = int(rd.info()["n_experts"])
+    recorded = recorded_experts(trunk)
+    if experts is None:
+        return list(recorded or range(1, n + 1))
+    ids = sorted({rd.check_expert_index(int(i)) for i in experts})
+    if not ids:
+        raise MfggufError("--experts selects no expert; name the experts whose shared copies to merge, e.g. 1-4")
+    if recorded and ids != list(recorded):
+        raise MfggufError(f"the earlier syncs of {rd.root} merged experts {','.join(map(str, recorded))}; every round"
+                          f" must merge the same experts: pass --experts {','.join(map(str, recorded))} (or leave it out)")
+    return ids
+
+
+# ---- staging: compute every new module under rounds/sync_<k>/after ------------------------------
+
+
+def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, device: str, progress: bool,
+           outer_lr: float = 1.0, outer_momentum: float = 0.0) -> Path:
+    from mfgguf.converters.layout import load_module, trunk_shapes, model_config
+    from mfgguf.train.experts.expert import load_trunk_meta
+    from mfgguf.train.rounds.outer import check_outer, previous_momentum
+
+    check_outer(outer_lr, outer_momentum)
+    n = len(ids)
+    trunk = load_trunk_meta(rd)
+    k = int(trunk.get("round", 0))
+    metas = {}
+    missing = [i for i in ids if not rd.module_meta(i).is_file()]
+    if missing:
+        raise MfggufError(f"expert {missing[0]} has not trained round {k + 1} ({len(missing)} of {n} missing);"
+                          f" run `mfgguf train-expert {rd.root} --expert {missing[0]}` first, or leave it out of"
+                          f" every sync with --experts")
+    for i in ids:
+        m = read_module_meta(rd, i)
+        if m.get("trunk_sha256") != trunk["sha256"] or int(m.get("round", 1)) != k + 1:
+            raise MfggufError(f"{module_name(i)} has not trained round {k + 1} against the current trunk;"
+                              f" run `mfgguf train-expert {rd.root} --expert {i}` first")
+        metas[i] = m
+    rounds = {int(m.get("rounds", 1)) for m in metas.values()}
+    if len(rounds) > 1:
+        raise MfggufError(f"the experts were trained with different --rounds ({sorted(rounds)}); retrain them with one value")
+    R = rounds.pop()
+    if not any(m.get("shared_tensors") for m in metas.values()):
+        raise MfggufError("the experts share no trunk tensors, so there is nothing to sync; assemble the run directly,"
+                          " or train the experts with --shared norms|attn|all")
+    final = k + 1 == R
+    if outer_momentum and (f := previous_momentum(rd.rounds, trunk)) is not None:  # refuse a stale one up front
+        f.close()
+
+    manifest = read_manifest(rd)
+    tmod = load_module(rd, 0, manifest)
+    cfg = model_config(tmod, info.get("vocab_size") or trunk["config"]["vocab_size"])
+    mods = [load_module(rd, i, manifest) for i in ids]
+    shapes = trunk_shapes(cfg)
+    what = merge_plan(mods, shapes, merge, density)
+
+    d = rd.rounds / f"sync_{k + 1:02d}"
+    if d.exists():  # a sync that died before its plan was written: start it over
+        shutil.rmtree(d)
+    before, after = d / "before", d / "after"
+    before.mkdir(parents=True)
+    after.mkdir()
+    for i in [0, *ids]:  # the inputs, kept (hard links cost nothing; the next round replaces the files)
+        for src in (rd.module_file(i), rd.module_meta(i)):
+            link_or_copy(src, before / src.name)
+
+    outer = {"lr": outer_lr, "momentum": outer_momentum, "from_trunk": trunk["sha256"], "round": k + 1,
+             "previous": trunk if outer_momentum else None, "rounds_dir": rd.rounds}
+    how = merge if is_plain(outer_lr, outer_momentum) else f"{merge}, outer lr {outer_lr:g} momentum {outer_momentum:g}"
+    _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({how}) from {n} experts")
+    new_trunk = after / rd.module_file(0).name
+    _merged_trunk(tmod, mods, what, new_trunk, merge, density, outer, {nm: shapes[nm] for nm in what})
+    from mfgguf.train.experts.base_score import reference_heldout
+    from mfgguf.train.engine.loop import mean, resolve_device
+    from mfgguf.train.rounds.restat import heldout_trunk, trunk_scoring
+
+    tokens, precision = trunk_scoring(trunk, list(metas.values()))
+    held = heldout_trunk(rd, new_trunk, trunk, device, (tokens, precision))
+    # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
+    before_held = reference_heldout(rd, trunk, tokens, resolve_device(device), precision)
+    tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
+             "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
+             "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
+             "heldout_loss": held, "heldout_loss_mean": mean(held),
+             "sync": {"merge": merge, "density": density, "merged_tensors": list(what), "experts": n,
+                      "expert_ids": ids, "outer_lr": outer_lr, "outer_momentum": outer_momentum}}
+    tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
+    metas_after = {"trunk": tfull}
+    plan = {"format": SYNC_FORMAT, "state": "staged", "round": k + 1, "rounds": R, "final": final, "merge": merge,
+            "density": density, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
+            "merged_tensors": len(what), "experts": n, "expert_ids": ids,
+            "before_heldout_loss": before_held, "modules": metas_after}
+    write_json(d / "sync.json", plan)
+    return d / "sync.json"
+
+
+def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge: str, density: float,
+                  outer: dict | None = None, shapes: dict | None = None) -> None:
+    """The trunk file with every tensor in `what` replaced by its merge, written atomically at `out`.
+
+    Same safetensors header and tensor offsets as the trunk (all f32, same shapes), so the copy is
+    patched in place one merged row chunk at a time: memory is one chunk, whatever N is. With a
+    non-plain `outer` (outer.py) the chunk written is the outer step toward the merge, and the new
+    momentum goes to `out`'s folder as outer.safetensors.
+    """
+    from mfgguf.train.rounds.outer import OUTER_FILE, MomentumFile, is_plain, outer_rows, previous_momentum
+
+    step = outer is not None and not is_plain(outer["lr"], outer["momentum"])
+    prev = new_v = None
+    with atomic_path(out) as tmp:
+        shutil.copyfile(tmod.path, tmp)
+        fd = os.open(tmp, os.O_WRONLY)
+        try:
+            if step and outer["previous"] is not None:
+                prev = previous_momentum(outer["rounds_dir"], outer["previous"])
+            if step and outer["momentum"]:  # μ = 0 keeps no state
+                new_v = MomentumFile.create(out.parent / OUTER_FILE, shapes,
+                                            {"from_trunk": outer["from_trunk"], "round": outer["round"],
+                                             "lr": outer["lr"], "momentum": outer["momentum"]})
+            for name, positions in what.items():
+                e = tmod.entries[name]
+                cols = e.shape[-1] if e.shape else 1
+
+                def outer_step(r0: int, t: np.ndarray, merged: np.ndarray) -> np.ndarray:
+                    """t: (rows, cols), the trunk this round started from -> the rows the outer step writes."""
+                    v = prev.read(name, r0, t.shape[0], cols) if prev is not None else None
+                    rows, v2 = outer_rows(t, merged, v, lr=outer["lr"], momentum=outer["momentum"])
+                    if new_v is not None:
+                        new_v.write(name, r0, v2)
+                    return rows
+
+                for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge, density=density,
+                                              then=outer_step if step else None):
+                    pwrite_all(fd, rows.astype(np.float32, copy=False), e.begin + r0 * cols * 4)
+            if new_v is not None:
+                new_v.close(sync=True)
+                new_v = None
+        finally:
+            os.close(fd)
+            for f in (prev, new_v):
+                if f is not None:
+                    f.close()
+
+
+# ---- publishing: idempotent steps, so a killed sync completes when re-run ------------------------
+
+
+def _publish(rd: RunDir, d: Path, plan: dict) -> None:
+    from mfgguf.train.rounds.outer import OUTER_FILE
+
+    if (d / "after" / OUTER_FILE).is_file():  # before the trunk: the next sync checks it against the trunk
+        os.replace(d / "after" / OUTER_FILE, rd.rounds / OUTER_FILE)
+    for meta in plan["modules"].values():
+        index = int(meta["index"])
+        staged = d / "after" / meta["file"]
+        if staged.is_file():
+            os.replace(staged, rd.module_file(index))
+        write_json(rd.module_meta(index), meta)
+        update_manifest(rd, index, meta)
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        import sys
+
+        print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,40 @@
+"""report.md from a report's figures: titled by the run's name, goals checked against the Goals passed in."""
+
+from __future__ import annotations
+
+from mfgguf.eval.report import Goals, report_markdown
+
+
+def _report() -> dict:
+    res = lambda ppl: {"domains": {"python": {"ppl": ppl}}, "overall": {"ppl": ppl}, "prompt_tps": 100.0,  # noqa: E731
+                       "decode_tps": 10.0, "peak_rss_mb": 50.0}
+    return {
+        "run": "/some/machine/path/n4-r4", "domains": ["python"], "recipe": {"experts": 4},
+        "config": {"base_quant": "f16", "max_tokens_per_domain": 2048},
+        "results": {"moe ridge top-1": res(9.0), "trunk alone": res(10.0), "oracle python": res(8.9)},
+        "oracle": {"experts": {"python": 1}, "mixed": {"ppl": 8.9}},
+        "goals": {"moe_over_trunk_worst_domain": 0.9, "moe_over_flop_dense_mixed": 0.97,
+                  "moe_over_wallclock_dense_mixed": 0.85, "best_router_vs_oracle": 9.0 / 8.9, "q8_0_over_f16": 1.001},
+        "flops": {"rounds": 1, "models": {}, "total": 1.0, "critical_path": 0.5, "modules": {}, "formulas": {}},
+        "best": "moe ridge top-1", "best_stats_router": "moe ridge top-1", "routing": {}, "wall_s": 3.0,
+    }
+
+
+def _met(md: str, goal: str) -> str:
+    return next(line for line in md.splitlines() if line.startswith(f"| {goal}")).rsplit("|", 2)[-2].strip()
+
+
+def test_title_names_the_run_not_the_path():
+    md = report_markdown(_report())
+    assert md.startswith("# mfgguf evaluation: n4-r4\n") and "/some/machine" not in md
+
+
+def test_goals_come_from_the_configuration():
+    md = report_markdown(_report())
+    assert "0.9x the wall-clock-matched dense model" in md and "1.0x the FLOP-matched dense model" in md
+    assert _met(md, "MoE at most 1.0x the FLOP") == "yes" and _met(md, "stretch: MoE at most 0.95x") == "no"
+    assert _met(md, "best statistics-only router (moe ridge top-1) within 2%") == "yes"
+    md = report_markdown(_report(), Goals(flop_dense=0.96, flop_dense_stretch=0.98, router_vs_oracle=1.005))
+    assert _met(md, "MoE at most 0.96x the FLOP") == "no" and _met(md, "stretch: MoE at most 0.98x") == "yes"
+    assert _met(md, "best statistics-only router (moe ridge top-1) within 0.5%") == "no"
+    assert _met(md, "q8_0 within 0.5% of f16") == "yes"

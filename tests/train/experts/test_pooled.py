@@ -1,0 +1,107 @@
+"""`mfgguf router-stats`: the router's second moment pooled once per run, the same as the experts' own would pool."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file
+from typer.testing import CliRunner
+
+from mfgguf.cli.app import app
+from mfgguf.config import ModelConfig
+from mfgguf.converters.assemble import assemble
+from mfgguf.run import STATS_PREFIX, RunDir, read_module_meta, router_stats_current
+from mfgguf.train.experts.expert import build_expert_model
+from mfgguf.train.engine.weights import read_safetensors
+from mfgguf.train.engine.loop import evaluate, load_tokens
+from mfgguf.train.experts.stats import RouterStats
+
+from tests.conftest import TINY_EXPERTS, copy_run
+
+
+def _cli(*args):
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    return r.exit_code, r.output
+
+
+def test_pooled_equals_the_experts_own_second_moments_pooled_by_count(trained_run):
+    """G = sum_i n_i M_i / sum_i n_i, each M_i measured on trunk + expert i over its shard (what module format 1
+    stored per expert), over as many tokens as each expert's recorded mean (the very tokens, for a
+    `--stats-from pass` expert)."""
+    rd = RunDir(trained_run)
+    cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
+    pooled = json.loads(rd.router_stats_meta.read_text())
+    model = build_expert_model(rd, cfg, 0, torch.device("cpu"), bf16_trunk=False, trunk_path=rd.module_file(0))
+    G = [np.zeros((cfg.dim, cfg.dim)) for _ in range(cfg.n_layers)]
+    n = 0
+    for i in range(1, TINY_EXPERTS + 1):
+        meta = read_module_meta(rd, i)
+        model.load_expert({k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
+        st = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
+        evaluate(model, load_tokens(rd.shard(i), "shard"), pooled["tokens_per_source"], "single", torch.device("cpu"),
+                 meta["precision"], hook=st.hook)
+        assert st.n == meta["router_stats_count"]
+        t, own = st.tensors(), load_file(rd.module_file(i))
+        for l in range(cfg.n_layers):
+            a, b = t[f"{STATS_PREFIX}blk.{l}.mean"].numpy(), own[f"{STATS_PREFIX}blk.{l}.mean"]
+            if meta["router_stats_from"] == "pass":
+                np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+            else:  # gathered by training's last steps (tailstats.py): other windows, the same quantity
+                assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.98, (i, l)
+            G[l] += st.n * t[f"{STATS_PREFIX}blk.{l}.second_moment"].double().numpy()
+        n += st.n
+    got = load_file(rd.router_stats)
+    assert pooled["router_stats_count"] == n and pooled["source"] == "experts"
+    for l in range(cfg.n_layers):
+        np.testing.assert_allclose(got[f"{STATS_PREFIX}blk.{l}.second_moment"], G[l] / n, rtol=1e-3, atol=1e-4)
+    assert router_stats_current(rd)
+
+
+def test_a_retrained_expert_makes_them_stale_and_router_stats_fixes_it(trained_run, tmp_path):
+    from mfgguf.options import TrainOptions
+    from mfgguf.train.experts.expert import train_expert
+
+    run = copy_run(trained_run, tmp_path / "run")
+    train_expert(run, 2, options=TrainOptions(tokens=2048), restart=True, progress=False)
+    assert not router_stats_current(RunDir(run))
+    out = tmp_path / "m.gguf"
+    code, text = _cli("assemble", run, "-o", out, "-q")  # runs the pass itself, saying so in one line
+    assert code == 0 and out.is_file(), text
+    assert "predate expert_002" in text and "mfgguf router-stats" in text, text
+    assert router_stats_current(RunDir(run))
+    train_expert(run, 2, options=TrainOptions(tokens=3072), restart=True, progress=False)  # stale again: `router-stats` fixes it too
+    assert not router_stats_current(RunDir(run))
+    code, text = _cli("router-stats", run, "--no-progress")
+    assert code == 0 and "second moments over" in text, text
+    assert router_stats_current(RunDir(run))
+    assert assemble(run, tmp_path / "m2.gguf", quant="f32", progress=False)["router"] == "ridge"
+
+
+def test_router_stats_needs_every_expert_or_the_trunk_source(trained_run, tmp_path):
+    run = copy_run(trained_run, tmp_path / "run")
+    rd = RunDir(run)
+    rd.module_meta(3).unlink()
+    code, text = _cli("router-stats", run, "--no-progress")
+    assert code == 1 and text.startswith("error: expert_003 is not trained yet") and len(text.strip().splitlines()) == 1, text
+    code, text = _cli("router-stats", run, "--source", "sideways")
+    assert code == 1 and "unknown --source 'sideways'" in text, text
+    code, text = _cli("router-stats", run, "--source", "trunk", "--no-progress")
+    assert code == 0, text
+    meta = json.loads(rd.router_stats_meta.read_text())
+    assert meta["source"] == "trunk" and meta["experts"] == {} and meta["tokens_per_source"] == 16_384  # the experts' sample
+    out = tmp_path / "m.gguf"  # the trunk's statistics hold for any experts
+    assert assemble(run, out, quant="f32", experts=[1, 2], progress=False)["router"] == "ridge"
+
+
+def test_an_imported_base_passes_at_the_precision_its_experts_train_in():
+    """An imported trunk records fp32 without having trained here; its trunk-alone pass must not run at fp32
+    where experts train at bf16 (3x slower and a different forward than the experts' statistics saw)."""
+    from mfgguf.train.engine.loop import resolve_precision
+    from mfgguf.train.experts.pooled import trunk_pass_precision
+
+    cpu = torch.device("cpu")
+    assert trunk_pass_precision({"precision": "fp32"}, cpu) == "fp32"  # a trunk trained here: as it trained
+    assert trunk_pass_precision({"precision": "bf16"}, cpu) == "bf16"
+    assert trunk_pass_precision({"precision": "fp32", "source": "base"}, cpu) == resolve_precision("auto", cpu)

@@ -1,0 +1,188 @@
+"""`mfgguf train-base` and eval's baselines on an imported base: the base itself trained further, full or LoRA.
+
+A small random `LlamaForCausalLM` saved by transformers is imported (tests/base), prepared on the
+built-in corpus, and trained on: peft's LoRA merged into the weights computes what the adapted model
+computed; continued pretraining changes every tensor and LoRA only the adapted linears; `mfgguf eval`
+on an imported run trains the practitioner's baselines FLOP-matched to its experts and scores them
+with llama.cpp beside the MoE.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+from typer.testing import CliRunner
+
+from mfgguf.cli.app import app
+from mfgguf.config import ModelConfig
+from mfgguf.flops import continued_step_flops, expert_step_flops, module_flops, trunk_step_flops
+from mfgguf.run import RunDir, read_module_meta
+from mfgguf.train.whole.continued import _inject_lora, _merged
+from mfgguf.train.engine.weights import trunk_alone
+from tests.base.test_import_base import save_hf_llama
+from tests.converters import text_sample
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    from mfgguf.data.tokenizer import train_tokenizer
+
+    d = tmp_path_factory.mktemp("continued")
+    tok = d / "tokenizer.json"
+    train_tokenizer([text_sample(60_000)] * 2, 400).save(str(tok))
+    run = d / "run"
+    r = cli("import-base", save_hf_llama(d / "hf", tok, tied=False), "--out", run)
+    assert r.exit_code == 0, r.output
+    r = cli("prepare", "builtin", "--out", run, "--experts", "2", "--max-chars-per-domain", "150000", "--no-progress")
+    assert r.exit_code == 0, r.output
+    return run
+
+
+def test_merged_lora_computes_what_the_adapted_model_computed(base_run):
+    rd = RunDir(base_run)
+    cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
+    model, route = trunk_alone(rd.module_file(0), cfg, torch.device("cpu"))
+    named = _inject_lora(model, rank=4)
+    assert named and all("lora_" in n for n in named)
+    with torch.no_grad():
+        for n, p in named.items():  # lora_B starts at zero: give the adapters something to merge
+            p.normal_(0.0, 0.05)
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+    before = model(idx, route=route)
+    merged = _merged(model, cfg)
+    assert not any("lora" in n for n in dict(merged.named_parameters()))
+    torch.testing.assert_close(merged(idx, route=route), before, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_train_base_writes_a_trunk_llama_cpp_runs(base_run, tmp_path, mode):
+    out = tmp_path / mode
+    r = cli("train-base", base_run, "-o", out, "--mode", mode, "--tokens", 4096, "--lr", 1e-2, "--rank", 4, "--no-progress")
+    assert r.exit_code == 0, r.output
+    meta = read_module_meta(RunDir(out), 0)
+    assert meta["continued"]["mode"] == mode and meta["tokens_seen"] == 4096 and meta["source"] == "base"
+    old, new = load_file(str(RunDir(base_run).module_file(0))), load_file(str(RunDir(out).module_file(0)))
+    assert old.keys() == new.keys()
+    changed = {k for k in old if not np.array_equal(old[k], new[k])}
+    if mode == "full":
+        assert changed == set(old)  # every parameter trained
+    else:  # the adapted linears only: embedding, norms and head as they were
+        assert changed and all(k.startswith("blk.") and "norm" not in k for k in changed)
+        assert "token_embd.weight" not in changed and "output.weight" not in changed
+    gguf = tmp_path / f"{mode}.gguf"
+    r = cli("assemble", out, "-o", gguf, "--experts", "none", "--quant", "f32", "-q")
+    assert r.exit_code == 0, r.output
+    from mfgguf.runtime.perplexity import perplexity
+
+    held = next(iter(RunDir(out).heldout_tokens(512).values()))
+    assert np.isfinite(perplexity(gguf, held, ctx=64)["ppl"])
+
+
+def test_train_base_refuses_in_one_line(base_run, tmp_path):
+    (tmp_path / "taken").mkdir()
+    r = cli("train-base", base_run, "-o", tmp_path / "taken", "--tokens", 4096, "--lr", 1e-3)
+    assert r.exit_code == 1 and "already exists" in r.output and "--force" in r.output and "Traceback" not in r.output
+    r = cli("train-base", base_run, "-o", tmp_path / "x", "--mode", "adapter", "--tokens", 4096, "--lr", 1e-3)
+    assert r.exit_code == 1 and "unknown baseline mode" in r.output and not (tmp_path / "x").exists()
+    r = cli("train-base", base_run, "-o", tmp_path / "x", "--shards", "1,7", "--tokens", 4096, "--lr", 1e-3)
+    assert r.exit_code == 1 and "--shards 1,7 is out of range" in r.output and not (tmp_path / "x").exists()
+
+
+def test_continued_flops_count_what_trains():
+    cfg = ModelConfig(vocab_size=400, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, anchor_ff=128, expert_ff=32,
+                      ctx_len=64, seed_expert=True)
+    full = continued_step_flops(cfg, "full").total
+    assert full == trunk_step_flops(cfg).total  # the seed trains with the anchor: the base's whole FFN
+    lora = continued_step_flops(cfg, "lora", rank=4).total
+    expert = expert_step_flops(cfg).total
+    assert expert < full and lora < full  # no weight gradients for the frozen base
+
+
+def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, tmp_path):
+    run = tmp_path / "run"
+    import shutil
+
+    shutil.copytree(base_run, run, symlinks=True)
+    r = cli("train-expert", run, "--expert", 1, "--tokens", 4096, "--eval-tokens", 512, "--no-progress")
+    assert r.exit_code == 0, r.output
+    r = cli("eval", run, "--routers", "ridge", "--top-k", "1", "--quants", "", "--baselines", "flop,lora",
+            "--max-tokens", 1024, "--ctx", 64)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((run / "eval" / "report.json").read_text())
+    labels = [p["label"] for p in rep["base_baselines"]["plans"]]
+    assert labels == ["base, continued pretraining, FLOP-matched", "base + LoRA r16, FLOP-matched"]
+    for key in ("moe_over_flop_dense_mixed", "moe_over_lora_dense_mixed"):
+        assert rep["goals"][key] > 0
+    expert_flops = module_flops(read_module_meta(RunDir(run), 1))
+    step = 16 * 256
+    for p in rep["base_baselines"]["plans"]:  # FLOP-matched within half an optimizer step
+        meta = read_module_meta(RunDir(p["run"]), 0)
+        per_tok = module_flops(meta) / meta["tokens_seen"]
+        assert abs(module_flops(meta) - expert_flops) <= per_tok * step / 2 + 1e-6 * expert_flops
+    assert set(rep["base_baselines"]["grid"]) == {"full", "lora"}
+    assert rep["results"]["moe ridge top-1"]["domains"].keys() == rep["results"][labels[0]]["domains"].keys()
+
+
+def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(tmp_path, base_run):
+    """The README's recipe shape on a GGUF-imported base (no tokenizer.json in RUN: its vocabulary lives in base/):
+    experts with attention copies over two sync rounds, then `eval`. Every choice-making stage runs with the test
+    split gone, so none of them can have opened it; eval then scores the test split it is given back."""
+    import shutil
+
+    from tests.base.test_import_base import converted
+
+    tok = base_run.parent / "tokenizer.json"
+    gguf = converted(save_hf_llama(tmp_path / "hf", tok, tied=True), tmp_path / "base.gguf", "f32")
+    run = tmp_path / "run"
+    assert cli("import-base", gguf, "--out", run).exit_code == 0
+    r = cli("prepare", "builtin", "--out", run, "--experts", "2", "--max-chars-per-domain", "150000", "--no-progress")
+    assert r.exit_code == 0, r.output
+    rd = RunDir(run)
+    assert not rd.tokenizer.is_file() and rd.valid_dir.is_dir() and rd.validation_dir == rd.valid_dir
+    assert set(rd.info()["valid"]) == set(rd.info()["heldout"])  # every domain has both splits
+    test = tmp_path / "test-split"
+    shutil.move(rd.heldout_dir, test)  # from here until eval's scoring, nothing may read the test split:
+    rd.heldout_dir.mkdir()  # a decoy in its place fails whatever opens it
+    for d in rd.info()["heldout"]:
+        rd.heldout(d).write_bytes(b"not the test split")
+    for _ in range(2):
+        for i in (1, 2):
+            r = cli("train-expert", run, "--expert", i, "--tokens", 8192, "--eval-tokens", 512, "--shared", "attn",
+                    "--rounds", 2, "--no-progress")
+            assert r.exit_code == 0, r.output
+        r = cli("sync", run)
+        assert r.exit_code == 0, r.output
+    from mfgguf.eval.base_baselines import critical_path_s, plan_and_train
+
+    metas = {i: read_module_meta(rd, i) for i in range(3)}
+    plans, grid = plan_and_train(rd, metas, tmp_path / "baselines", ("flop", "wallclock"))
+    assert set(grid) == {"full"} and len(grid["full"]["heldout_loss_trained_domains"]) == 3
+    flop = next(p for p in plans if p.key == "flop")
+    assert flop.run.name == f"grid-full-lr{grid['full']['chosen_lr']:g}"  # the grid ran at the budget it is used with
+    wall = next(p for p in plans if p.key == "wallclock")
+    syncs = [json.loads(f.read_text()) for f in sorted(rd.rounds.glob("sync_*/sync.json"))]
+    assert len(syncs) == 2 and all(s["wall_s"] > 0 for s in syncs)
+    assert wall.budget == critical_path_s(rd, {i: metas[i] for i in (1, 2)}) > sum(s["wall_s"] for s in syncs)
+    assert all(metas[i]["restat_tokens"] > 0 for i in (1, 2))  # the final sync's passes, counted in module_flops
+
+    shutil.rmtree(rd.heldout_dir)
+    shutil.move(test, rd.heldout_dir)
+    r = cli("eval", run, "--routers", "ridge,uniform", "--top-k", "1", "--quants", "", "--baselines", "flop",
+            "--max-tokens", 1024, "--ctx", 64, "--out", tmp_path / "baselines")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "baselines" / "report.json").read_text())
+    assert rep["splits"]["validation"] == "valid" and rep["splits"]["test"] == "heldout"
+    assert "trunk as trained (before sync)" in rep["results"]
+    assert rep["best"] == min(rep["validation"], key=lambda k: rep["validation"][k]["ppl"])
+    assert "(validation)" in (tmp_path / "baselines" / "report.md").read_text()
