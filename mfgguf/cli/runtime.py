@@ -27,8 +27,10 @@ def chat_cmd(
     seed: int = typer.Option(0, help="Random seed: the same seed replays the same conversation."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="Longest reply, in tokens."),
     ctx: int = _CTX,
+    lora: Path = typer.Option(None, "--lora", help="A llama.cpp LoRA adapter GGUF of MODEL to apply."),
 ):
-    chat(model, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, n_ctx=ctx)
+    chat(model, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, n_ctx=ctx,
+         lora=lora)
 
 
 @command("generate", generate)
@@ -68,8 +70,11 @@ def perplexity_cmd(
     ctx: int = typer.Option(None, "--ctx", help="Window in tokens (default 1024, or the model's trained context where"
                             " shorter; at most the trained context)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
+    lora: Path = typer.Option(None, "--lora", help="A llama.cpp LoRA adapter GGUF of MODEL to apply (`train-base"
+                              " --mode lora` writes OUT/lora.gguf for the base's `assemble --experts none` file)."),
 ):
-    r = perplexity_files(model, data=data or None, run=run, ctx=ctx, progress=not as_json and sys.stderr.isatty())
+    r = perplexity_files(model, data=data or None, run=run, ctx=ctx, progress=not as_json and sys.stderr.isatty(),
+                         lora=lora)
     if as_json:
         typer.echo(json.dumps(r, indent=2))
         return
@@ -77,7 +82,8 @@ def perplexity_cmd(
     from rich.table import Table
 
     o = r["overall"]
-    t = Table(title=f"perplexity of {model.name} (llama.cpp, ctx {o['ctx']}, second half of each window scored)")
+    name = model.name + (f" + {lora.name}" if lora else "")
+    t = Table(title=f"perplexity of {name} (llama.cpp, ctx {o['ctx']}, second half of each window scored)")
     for col in ("domain", "perplexity", "nll/token", "scored tokens", "input tokens", "windows"):
         t.add_column(col, justify="left" if col == "domain" else "right")
     row = lambda name, v, **kw: t.add_row(name, f"{v['ppl']:.3f}", f"{v['nll']:.4f}", f"{v['n_tokens']:,}",

@@ -71,12 +71,14 @@ def chat(
     seed: int = 0,
     max_tokens: int = 256,
     n_ctx: int | None = None,
+    lora: Path | None = None,
 ) -> None:
     """Chat with MODEL in the terminal; replies stream as they are produced.
 
     Uses the GGUF's chat template. Type a message and press Enter. /reset starts a new
     conversation, /quit or Ctrl-D leaves, Ctrl-C stops the current reply. Older turns are
     dropped when the conversation outgrows the model's context (--ctx, default: the trained one).
+    --lora ADAPTER applies a llama.cpp LoRA adapter of MODEL (one domain's, from `train-base --mode lora`).
 
     Example:
         >>> chat("model.gguf", temperature=0.7, seed=1)
@@ -89,7 +91,7 @@ def chat(
         import readline  # noqa: F401  line editing and history for input()
     except ImportError:
         pass
-    with loaded(model, n_ctx=n_ctx, seed=seed) as llm:
+    with loaded(model, n_ctx=n_ctx, seed=seed, lora=lora) as llm:
         h = llm.mfgguf_header
         print(f"{h['name'] or Path(model).name} ({h['arch']}, context {llm.mfgguf_n_ctx} tokens). {HELP}.", flush=True)
         budget = _Budget(llm)

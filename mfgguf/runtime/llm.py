@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mfgguf.errors import MfggufError
+from mfgguf.gguf.lora import check_adapter
 
 def _written_archs() -> tuple[str, ...]:
     from mfgguf.families import written_archs
@@ -123,11 +124,13 @@ def open_model(
     n_batch: int | None = None,
     threads: int | None = None,
     verbose: bool = False,
+    lora: Path | None = None,
 ):
     """Validate a GGUF and load it with llama-cpp-python; the caller must `close()` it.
 
-    n_ctx defaults to the model's trained context (a longer one is an error). Prefer
-    `loaded(...)`, which closes the model for you.
+    n_ctx defaults to the model's trained context (a longer one is an error). `lora` is a llama.cpp
+    LoRA adapter GGUF of this model (`train-base --mode lora` writes one) applied at scale 1.
+    Prefer `loaded(...)`, which closes the model for you.
 
     Example:
         >>> llm = open_model("model.gguf", n_ctx=128)
@@ -136,6 +139,10 @@ def open_model(
     """
     header = read_header(path)
     n_ctx = check_ctx(header, n_ctx)
+    if lora is not None:
+        if not Path(lora).is_file():
+            raise MfggufError(f"LoRA adapter not found: {lora}; pass the lora.gguf that `mfgguf train-base --mode lora` wrote")
+        check_adapter(Path(lora), Path(header["path"]))
     import llama_cpp
 
     from mfgguf.runtime import repack
@@ -155,6 +162,7 @@ def open_model(
             seed=seed,
             logits_all=logits_all,
             verbose=verbose,
+            lora_path=str(lora) if lora is not None else None,
         )
     except ValueError as e:  # llama.cpp rejected the file although the header looked right
         raise MfggufError(f"llama.cpp could not load {header['path']} ({e}); re-create it with `mfgguf assemble`") from None

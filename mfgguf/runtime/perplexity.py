@@ -118,7 +118,7 @@ def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None
     }
 
 
-def _open(model, ctx: int | None, batch: int | None, threads: int | None):
+def _open(model, ctx: int | None, batch: int | None, threads: int | None, lora: Path | None = None):
     """(context manager, ctx) for a path; an open Llama is used as is."""
     from contextlib import nullcontext
 
@@ -127,14 +127,15 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None):
 
         header = read_header(model)
         ctx = check_ctx(header, ctx or min(WINDOW, header["context_length"]))
-        return loaded(model, n_ctx=ctx, n_batch=min(batch or BATCH, ctx), threads=threads), ctx
+        return loaded(model, n_ctx=ctx, n_batch=min(batch or BATCH, ctx), threads=threads, lora=lora), ctx
     ctx = check_ctx(model.mfgguf_header, ctx or getattr(model, "mfgguf_n_ctx", None))
     if ctx > model.n_ctx():
         raise MfggufError(f"--ctx {ctx} is longer than the open model's context {model.n_ctx()}; reopen it with n_ctx={ctx}")
     return nullcontext(model), ctx
 
 
-def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = None, threads: int | None = None) -> dict:
+def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = None, threads: int | None = None,
+               lora: Path | None = None) -> dict:
     """Perplexity of a token sequence under a GGUF, computed by llama.cpp.
 
     MODEL is a GGUF path (or an open Llama). ctx defaults to 1,024 tokens, or the model's trained
@@ -144,13 +145,13 @@ def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = Non
     Example:
         >>> perplexity("model.gguf", np.load("RUN/data/heldout/code.npy"), ctx=128)
     """
-    cm, ctx = _open(model, ctx, batch, threads)
+    cm, ctx = _open(model, ctx, batch, threads, lora)
     with cm as llm:
         return _perplexity_llm(llm, tokens, ctx)
 
 
 def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch: int | None = None,
-                         threads: int | None = None, progress: bool = False) -> dict:
+                         threads: int | None = None, progress: bool = False, lora: Path | None = None) -> dict:
     """Perplexity per domain and overall (token-weighted mean NLL) with one load of the model.
 
     `domains` maps a name to token ids. Returns {"domains": {name: result}, "overall": {...}}
@@ -160,7 +161,7 @@ def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch:
         >>> r = perplexity_by_domain("model.gguf", {"code": a, "prose": b})
         >>> r["overall"]["ppl"], r["domains"]["code"]["ppl"]
     """
-    cm, ctx = _open(model, ctx, batch, threads)
+    cm, ctx = _open(model, ctx, batch, threads, lora)
     with cm as llm:
         return _by_domain_llm(llm, domains, ctx, progress)
 
@@ -185,7 +186,8 @@ def _by_domain_llm(llm, domains: dict, ctx: int, progress: bool) -> dict:
 
 
 def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path | None = None, ctx: int | None = None,
-                     batch: int | None = None, threads: int | None = None, progress: bool = True) -> dict:
+                     batch: int | None = None, threads: int | None = None, progress: bool = True,
+                     lora: Path | None = None) -> dict:
     """Perplexity of MODEL, computed by llama.cpp, on text files or on a RUN's held-out split.
 
     With --data FILE (repeatable) each file is UTF-8 text tokenized by the GGUF's own tokenizer
@@ -193,7 +195,8 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
     is one domain. Windows of --ctx tokens (default 1,024, or the model's trained context where
     that is shorter; at most the trained context), each evaluated fresh with its second half
     scored, as llama.cpp's perplexity tool does. Reports every domain with its token counts and
-    the token-weighted overall figure.
+    the token-weighted overall figure. --lora ADAPTER scores MODEL with a llama.cpp LoRA adapter
+    applied (the lora.gguf `train-base --mode lora` writes, on the base's dense GGUF).
 
     Example:
         >>> perplexity_files("model.gguf", run="RUN", ctx=128)["overall"]["ppl"]
@@ -211,7 +214,7 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
             if not text.strip():
                 raise MfggufError(f"data file {f} is empty; pass a file with text to score")
             texts[f.stem] = text
-    cm, ctx = _open(model, ctx, batch, threads)
+    cm, ctx = _open(model, ctx, batch, threads, lora)
     with cm as llm:
         if data is not None:  # the GGUF's own tokenizer, run by llama.cpp
             domains = {k: np.asarray(llm.tokenize(v.encode("utf-8"), add_bos=False, special=False)) for k, v in texts.items()}

@@ -7,7 +7,8 @@ batch, context, precision and loop as an expert (train/engine/loop.py):
   - full:  continued pretraining: every parameter trains (embedding, attention, norms, FFNs, head);
   - lora:  peft's LoRA (rank `rank`, alpha = 2 x rank, every linear layer of every block: q, k, v,
            o, gate, up, down) injected into our own model; only the adapters train, and they are
-           merged into the weights at the end.
+           merged into the weights at the end, and also written unmerged as a llama.cpp adapter
+           (OUT/lora.gguf, train/whole/adapter.py).
 The result is a RUN of its own (out/<name>/, sharing the data) whose trunk is the trained base: `mfgguf
 assemble OUT --experts none` writes it as a plain dense GGUF of the base's family with the base's
 tokenizer, so llama.cpp scores it as it scores the MoE.
@@ -29,13 +30,17 @@ import torch
 
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.errors import MfggufError
+from mfgguf.families import family
+from mfgguf.gguf.lora import write_lora_adapter
 from mfgguf.model import Transformer
 from mfgguf.run import RunDir, data_view, read_module_meta, write_module
 from mfgguf.train.engine.loop import heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
 from mfgguf.train.whole.trunk import plan_activations
 from mfgguf.train.engine.weights import trunk_alone
+from mfgguf.train.whole.adapter import adapter_tensors
 
 MODES = ("full", "lora")
+ADAPTER_FILE = "lora.gguf"  # --mode lora: the unmerged adapter for llama.cpp (`perplexity --lora`), beside the RUN
 LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "gate", "up", "down")  # every linear of a block
 
 
@@ -52,6 +57,8 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     pretraining of every parameter (--mode full) or a peft LoRA on every linear layer (--mode lora, merged at the
     end), on the union of the shards (each cut to the shortest), with an expert's batch, context and precision.
     Writes a RUN at OUT whose trunk is the trained base: `mfgguf assemble OUT --experts none` makes it a GGUF.
+    --mode lora also writes OUT/lora.gguf, the same LoRA unmerged as a llama.cpp adapter of the base's own
+    dense GGUF (`mfgguf assemble RUN --experts none`), to serve one adapter per domain (`--lora`).
     `mfgguf eval` trains these itself on an imported run (FLOP- and wall-clock-matched, LR from a small grid).
 
     Example:
@@ -86,7 +93,10 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     ckpt_meta = {"module": "continued", "kind": mode, "tokens": tc.tokens, "lr": tc.lr, "shards": list(shards)}
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=view.checkpoint_dir(0),
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=f"base, {mode}", micro=micro)
-    if mode == "lora":
+    adapter = None
+    if mode == "lora":  # llama.cpp's own form of the same LoRA, for serving it unmerged beside the base
+        adapter = write_lora_adapter(view.root / ADAPTER_FILE, family(cfg.family).gguf_arch, adapter_tensors(model),
+                                     name=f"mfgguf-lora-{'-'.join(map(str, shards))}")
         model = _merged(model, cfg)
     held = heldout_losses(view.validation_dir, model, tc.eval_tokens, route, dev, prec)
     tensors = {k: v.detach().float().contiguous() for k, v in model.trunk_tensors().items()}
@@ -97,6 +107,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
             "wall_s": time.perf_counter() - t_start,
             "continued": {"mode": mode, "from_trunk_sha256": trunk["sha256"], "shards": list(shards), "lr": lr,
                           "rank": rank if mode == "lora" else None, "micro_batch": micro,
+                          "adapter": adapter.name if adapter else None,
                           "trained_params": sum(p.numel() for p in named.values())}}
     write_module(view, 0, tensors, meta)
     shutil.rmtree(view.checkpoint_dir(0), ignore_errors=True)
