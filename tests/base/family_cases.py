@@ -1,0 +1,157 @@
+"""The checks every imported model family passes, written once; each family's file brings its model and quirks.
+
+A family's module-scoped fixture is a `case`: (HF directory, llama.cpp's f32 conversion of it,
+transformers' logits, token ids), built by `family_case` from the family's own `save_hf_*`. The
+helpers below assert what holds for every family (transformers against the imported PyTorch trunk
+and against llama.cpp; the GGUF import is the converter's file bit for bit; an MoE whose experts
+equal the seed computes the base; a refusal is one line that writes nothing) and hand back what
+they built, so that a family's test adds only the assertions that are its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tests.base.test_import_base import CHAT, cli, converted, ids_of, max_rel, prepared, trunk_gguf
+from tests.converters import llama_logits, reference_logits
+
+Case = tuple[Path, Path, np.ndarray, list[int]]
+
+
+def save_random(out: Path, tokenizer_json: Path, model_cls, config_cls, *, seed: int, biases: bool = False,
+                bos: str | None = None, tokenizer: dict | None = None, **config) -> Path:
+    """A random `model_cls` (GQA 4/2 heads, 64 wide, 2 layers), f32, with a tokenizer and chat template.
+
+    Norms (and, with `biases`, biases) are drawn away from their identity values so that a misplaced
+    or dropped one shows in the logits; `config` is what the family sets beyond that shared shape."""
+    import torch
+
+    vocab = json.loads(tokenizer_json.read_text())
+    cfg = config_cls(vocab_size=len(vocab["model"]["vocab"]) + 3, hidden_size=64, intermediate_size=160,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, bos_token_id=0,
+                     eos_token_id=0, initializer_range=0.2, **config)
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif biases and name.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
+    model.save_pretrained(out)
+    (out / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": bos,
+        **(tokenizer or {}), "chat_template": CHAT}))
+    return out
+
+
+def with_config(hf: Path, **changes) -> Path:
+    """`hf` with its config.json changed after saving (what the model class itself would not build)."""
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, **changes}))
+    return hf
+
+
+def hf_logits(hf: Path, ids: list[int]) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def family_case(d: Path, tokenizer_json: Path, save: Callable[[Path, Path], Path]) -> Case:
+    hf = save(d / "hf", tokenizer_json)
+    ids = ids_of(tokenizer_json)
+    return hf, converted(hf, d / "base.gguf", "f32"), hf_logits(hf, ids), ids
+
+
+def arch(path: Path) -> str:
+    import gguf
+
+    return gguf.GGUFReader(path).get_field("general.architecture").contents()
+
+
+def computes(run: Path, g: Path, ref: np.ndarray, ids: list[int]) -> np.ndarray:
+    """The PyTorch trunk and llama.cpp on `g` both compute `ref`; llama.cpp's logits back."""
+    torch_logits, _ = reference_logits(run, g, ids)
+    assert max_rel(torch_logits, ref) <= 1e-4, max_rel(torch_logits, ref)
+    got = llama_logits(g, ids, 128)
+    assert max_rel(got, ref) <= 1e-3, max_rel(got, ref)
+    return got
+
+
+def hf_import_computes(tmp_path: Path, case: Case, trunk_arch: str | None = None) -> tuple[Path, Path]:
+    """Imported from the HF directory, the trunk computes transformers' logits; (run, trunk GGUF) back."""
+    hf, _, ref, ids = case
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "32")
+    g = trunk_gguf(run, tmp_path / "trunk.gguf")
+    if trunk_arch is not None:
+        assert arch(g) == trunk_arch
+    computes(run, g, ref, ids)
+    return run, g
+
+
+def gguf_import_matches(tmp_path: Path, case: Case, marker: str, *, tied: bool) -> tuple[Path, np.ndarray]:
+    """Imported from the converter's GGUF, the trunk is that file, tensor for tensor and bit for bit (with
+    `marker` among them; a tied base has no head, the trunk writes token_embd's copy), and computes
+    transformers' logits; (trunk GGUF, llama.cpp's logits) back."""
+    import gguf
+
+    _, base, ref, ids = case
+    run = prepared(base, tmp_path / "run")
+    g = trunk_gguf(run, tmp_path / "trunk.gguf")
+    mine, theirs = {t.name: t for t in gguf.GGUFReader(g).tensors}, {t.name: t for t in gguf.GGUFReader(base).tensors}
+    if tied:
+        theirs.setdefault("output.weight", theirs["token_embd.weight"])
+    assert sorted(mine) == sorted(theirs) and marker in mine
+    for name, t in mine.items():
+        assert t.tensor_type == theirs[name].tensor_type and np.array_equal(t.data, theirs[name].data), name
+    return g, computes(run, g, ref, ids)
+
+
+def seeded_run(tmp_path: Path, hf: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """A run of the imported `hf` whose two experts are the seed, untrained; (run, trunk tensors) back."""
+    from safetensors.numpy import load_file
+
+    from mfgguf.run import RunDir, write_module
+
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "64")
+    rd = RunDir(run)
+    trunk = json.loads(rd.module_meta(0).read_text())
+    t = load_file(str(rd.module_file(0)))
+    seed = {f"blk.{l}.ffn_{f}.weight": t[f"blk.{l}.ffn_{f}_seed.weight"] for l in range(2) for f in ("gate", "up", "down")}
+    for i in (1, 2):
+        write_module(rd, i, seed, {"kind": "expert", "config": trunk["config"], "trunk_sha256": trunk["sha256"]})
+    return run, t
+
+
+def untrained_moe_computes(tmp_path: Path, case: Case, *flags: str):
+    """Experts equal to the seed, assembled with `flags`: before training, llama.cpp's MoE is the base.
+
+    (run, MoE GGUF, trunk tensors, llama.cpp's logits) back."""
+    _, _, ref, ids = case
+    run, t = seeded_run(tmp_path, case[0])
+    moe = tmp_path / "moe.gguf"
+    r = cli("assemble", run, "-o", moe, "--quant", "f32", "--router", "uniform", *flags, "-q")
+    assert r.exit_code == 0, r.output
+    got = llama_logits(moe, ids, 128)
+    assert max_rel(got, ref) <= 1e-3, max_rel(got, ref)
+    return run, moe, t, got
+
+
+def one_line(r, what: str) -> None:
+    """The CLI refused with exit 1 in one line that says `what`."""
+    assert r.exit_code == 1 and what in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def import_refused(src: Path, out: Path, what: str) -> None:
+    """import-base refuses `src` in one line saying `what`, and writes nothing."""
+    one_line(cli("import-base", src, "--out", out), what)
+    assert not out.exists()
