@@ -113,7 +113,7 @@ def test_commands_are_found():
     """The parser sees the README's commands (a parser that finds nothing would pass everything)."""
     readme = [(v, o) for w, v, o in ALL if w.startswith("README.md")]
     assert len(readme) >= 15
-    assert ("assemble", ["-o", "--quant"]) in readme
+    assert ("assemble", ["-o", "--quant", "--top-k"]) in readme
     assert {v for v, _ in readme} >= {"prepare", "train-trunk", "train-experts", "assemble", "chat", "generate"}
     assert len(ALL) >= 60  # README + docs/
 

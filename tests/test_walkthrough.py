@@ -1,7 +1,8 @@
-"""README's "Bring your own base model" walk-through, run word for word through the CLI.
+"""docs/own-base.md's walk-through (`import-base` and `extend` without a download, linked from the
+README), run word for word through the CLI.
 
 The demo's trunk it starts from is the session's tiny trunk assembled as `mfgguf demo` assembles
-it (`assemble --experts none --quant q8_0`); every other line is the README's own, in a directory
+it (`assemble --experts none --quant q8_0`); every other line is the page's own, in a directory
 that holds the repository's README.md, mfgguf/ and tests/ (the walk-through's corpora).
 """
 
@@ -21,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _walkthrough() -> list[list[str]]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Bring your own base model", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "own-base.md").read_text()
+    section = page.split("## The walk-through", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return [shlex.split(line, comments=True)[1:] for line in block.splitlines() if line.startswith("mfgguf ")]
 

@@ -32,7 +32,8 @@ def calibrate_cmd(
     out: Path = typer.Option(..., "-o", "--out", help="The calibrated .gguf to write."),
     top_k: str = typer.Option(None, "--top-k", help="Top-k values to try, e.g. 1,2,3 (default 1..min(experts, 4))."),
     temperature: str = typer.Option(None, "--temperature", help="Router temperatures tried with top-k >= 2 (default 0.5,1,2)."),
-    bias: str = typer.Option(None, "--bias", help="Bias steps in nats tried per expert, e.g. -1,1 (default none: no bias search)."),
+    bias: str = typer.Option(None, "--bias", help="Bias steps in nats tried per expert, e.g. -1,1 (default none: no bias search)."
+                             " Experimental: measured not to pay, see docs/studies.md."),
     bias_passes: int = typer.Option(1, "--bias-passes", help="Rounds of the per-expert bias search."),
     tokens: int = typer.Option(8192, "--tokens", help="Calibration sample: training tokens scored per candidate."),
     ctx: int = typer.Option(None, "--ctx", help="Window length (default and maximum: the model's context)."),

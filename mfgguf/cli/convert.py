@@ -34,7 +34,8 @@ def assemble_cmd(
     experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 or 1-4"
                                  " (default all; 'none' = trunk alone)."),
     merge: str = typer.Option("mean", "--merge", help=f"Experts' trained copies of trunk tensors: {'|'.join(MERGES)}"
-                              " (mean = token-weighted; none = the trunk as trained)."),
+                              " (mean = token-weighted; none = the trunk as trained; ties: experimental, measured not to pay,"
+                              " see docs/studies.md)."),
     merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density",
                                         help="ties: share of each delta row kept (largest magnitudes)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),

@@ -15,9 +15,16 @@ from pathlib import Path
 import typer
 
 from mfgguf.converters.merge import DEFAULT_DENSITY
-from mfgguf.options import JobOptions, TrainOptions
+from mfgguf.options import JobOptions, TrainOptions, option_help
 from mfgguf.cli.app import command
 from mfgguf.cli.options import train_options
+
+NOT_PAYING = "Experimental: measured not to pay, see docs/studies.md."
+
+
+def _not_paying(*names: str) -> dict[str, str]:
+    """The help of training options the studies measured not to pay: their own, and the mark."""
+    return {n: f"{option_help(n)} {NOT_PAYING}" for n in names}
 
 
 def _doc(module: str, fn: str) -> str:
@@ -73,7 +80,7 @@ def train_trunk_cmd(
 
 
 @command("train-expert", help=_doc("experts.expert", "train_expert"))
-@train_options("expert")
+@train_options("expert", help=_not_paying("complement", "expert_layers"))
 def train_expert_cmd(
     run: Path = _RUN,
     expert: int = typer.Option(..., "--expert", help="Expert index, 1..N."),
@@ -119,7 +126,8 @@ def train_base_cmd(
 
 @command("train-experts", help=_doc("fanout.schedule", "train_experts"))
 @train_options("expert", help={"rounds": "Sync rounds R: every expert's round, then `sync`, R times (default: what"
-                                         " the run's experts were started with, else 1)."})
+                                         " the run's experts were started with, else 1).",
+                               **_not_paying("complement", "expert_layers")})
 def train_experts_cmd(
     run: Path = _RUN,
     experts: str = typer.Option(None, "--experts", help="Which experts, e.g. 1-40,45 (default: all)."),
@@ -131,8 +139,8 @@ def train_experts_cmd(
                                  " (RUN on a shared filesystem) or copy (through Ray's object store)."),
     retries: int = typer.Option(2, "--retries", help="Times a job killed from outside is started again."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
-    outer_lr: float = typer.Option(1.0, "--outer-lr", help="Every sync's outer step, as sync's."),
-    outer_momentum: float = typer.Option(0.0, "--outer-momentum", help="Every sync's outer momentum, as sync's."),
+    outer_lr: float = typer.Option(1.0, "--outer-lr", help=f"Every sync's outer step, as sync's. {NOT_PAYING}"),
+    outer_momentum: float = typer.Option(0.0, "--outer-momentum", help=f"Every sync's outer momentum, as sync's. {NOT_PAYING}"),
     *, options: TrainOptions,
 ):
     from mfgguf.train.fanout.schedule import train_experts
@@ -150,14 +158,14 @@ def train_experts_cmd(
 def sync_cmd(
     run: Path = _RUN,
     merge: str = typer.Option("mean", "--merge", help="How the experts' shared copies merge: mean (token-weighted)"
-                              " or ties."),
+                              " or ties (experimental: measured not to pay, see docs/studies.md)."),
     merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density", help="ties: share of each delta row kept."),
     restat: bool = typer.Option(True, "--restat/--no-restat", help="After the last round, recompute every expert's"
                                 " router statistics here (--no-restat: run `mfgguf restat RUN --expert I` per expert)."),
     outer_lr: float = typer.Option(1.0, "--outer-lr", help="Outer step toward the merge (DiLoCo: 0.7; 1 with"
-                                   " momentum 0 makes the merge the next trunk)."),
+                                   f" momentum 0 makes the merge the next trunk). {NOT_PAYING}"),
     outer_momentum: float = typer.Option(0.0, "--outer-momentum", help="Outer Nesterov momentum across syncs"
-                                         " (DiLoCo: 0.9; kept in RUN/rounds/outer.safetensors)."),
+                                         f" (DiLoCo: 0.9; kept in RUN/rounds/outer.safetensors). {NOT_PAYING}"),
     experts: str = typer.Option(None, "--experts", help="Only these experts take part, e.g. 1,2,4,5 (one"
                                           " held out of training); later syncs keep the first one's set. Default:"
                                           " every expert."),
@@ -202,7 +210,7 @@ def router_stats_cmd(
     run: Path = _RUN,
     source: str = typer.Option("experts", "--source", help="experts: trunk + each expert over a sample of its shard"
                                " (as the experts' own statistics); trunk: the trunk alone over the mixed data"
-                               " (cheaper, measured worse)."),
+                               " (cheaper; experimental: measured not to pay, see docs/studies.md)."),
     tokens: int = typer.Option(None, "--tokens", help="Tokens per expert (source experts) or in all (source trunk);"
                                " default: each expert's own statistics' sample (16,384 for every preset; 4 x its eval tokens)."),
     experts: str = typer.Option(None, "--experts", help="Experts to pool over, e.g. 1,3 or 1-4 (default all; the ones"
@@ -218,7 +226,7 @@ def router_stats_cmd(
                f" {Path(run) / 'modules' / m['file']}, {m['seconds']:.1f} s")
 
 
-@command("relabel", help=_doc("whole.relabel", "relabel"))
+@command("relabel", help=f"{_doc('whole.relabel', 'relabel')}\n\n{NOT_PAYING}")
 def relabel_cmd(
     run: Path = _RUN,
     out: Path = typer.Option(..., "--out", "-o", help="The new RUN directory to write (its experts untrained)."),
