@@ -51,12 +51,13 @@ import numpy as np
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, atomic_path, finished_against, read_manifest, router_stats_stale
 from mfgguf.converters import quant as Q
-from mfgguf.converters.ensure_stats import plan_with_stats
+from mfgguf.converters.plan.ensure_stats import Pool, plan_with_stats
 from mfgguf.gguf.fileio import pread_into, pwrite_all, truncated
 from mfgguf.converters.routing.guard import Guard, guard_new_rows
 from mfgguf.gguf.header import Header, read_gguf_header
-from mfgguf.converters.layout import Module, PooledStatsNeeded, Slot, header_bytes, load_module, read_header, run_tokenizer_kv, \
-    write_header
+from mfgguf.converters.plan.modules import Module, PooledStatsNeeded, load_module, read_header
+from mfgguf.converters.plan.header import Slot, header_bytes, write_header
+from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
 from mfgguf.converters.merge import open_checked
 from mfgguf.converters.readback import verify
 from mfgguf.converters.routing.router import RouterBuilder, keep_rows
@@ -73,7 +74,7 @@ COPY_BYTES = 64 << 20  # bytes per copy_file_range call
 
 def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int] | None = None,
            remove: list[int] | None = None, force: bool = False, threads: int | None = None,
-           keep_routing: bool = False, guard: Guard | None = None) -> dict:
+           keep_routing: bool = False, guard: Guard | None = None, pool_stats: Pool | None = None) -> dict:
     """Add experts trained later against the same trunk to a finished MoE GGUF, or remove experts
     from it, without the original modules and without retraining: the router is recomputed in closed
     form from the statistics `assemble` recorded in the file. --add RUN takes the experts of RUN
@@ -87,7 +88,8 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
     lowers the added experts' logits by the fewest nats (searched: 0, 0.25, 0.5, 1, ..., then halved gaps) under
     which every old expert's training shard (a 4,096-token sample from --guard-run RUN, default the --add RUN,
     scored by llama.cpp) moves by at most PCT percent of perplexity: the price, the new domain's own gain given
-    back, is printed.
+    back, is printed. `pool_stats` is the router-stats pass run first where the --add RUN's pooled statistics
+    are missing or stale (as `assemble` does; None: the planner's error stands).
 
     Example:
         mfgguf extend model.gguf --add RUN2 --experts 1 -o model4.gguf
@@ -114,7 +116,7 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
     src = _Source.read(model)
     keep = src.kept(remove or [])
     adds = plan_with_stats(lambda: _additions(Path(add), experts, src), RunDir(add), progress=False,
-                           verb="extend", experts=experts) if add else None
+                           verb="extend", experts=experts, pool=pool_stats) if add else None
     p = _plan(src, keep, adds, keep_routing)
     with open(model, "rb") as fin:
         with atomic_path(out, suffix=f".{os.getpid()}") as tmp:

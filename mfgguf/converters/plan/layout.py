@@ -21,9 +21,7 @@ Example:
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -31,183 +29,22 @@ from mfgguf import __version__
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.base.runbase import imported
 from mfgguf.errors import MfggufError
-from mfgguf.run import STATS_PREFIX, RunDir, module_name, read_manifest, read_module_meta, router_stats_stale
+from mfgguf.run import RunDir, read_manifest
 from mfgguf.converters.routing import complement as cp
 from mfgguf.converters.routing import stats as routerstats
 from mfgguf.gguf import schema
 from mfgguf.converters.merge import DEFAULT_DENSITY, merge_plan
 from mfgguf.converters.routing.router import needs_stats
-from mfgguf.gguf.fileio import pwrite_all
 from mfgguf.gguf.header import kv_value
-from mfgguf.families import block_extras, family, resolve_layout
-from mfgguf.gguf.schema import ALIGNMENT, FFN, VType, blk
+from mfgguf.families import family, resolve_layout
+from mfgguf.gguf.schema import ALIGNMENT, FFN, blk
 
-
-# ---- module files --------------------------------------------------------------------------------
-
-
-@dataclass
-class Entry:
-    name: str
-    shape: tuple[int, ...]
-    begin: int  # absolute byte offset of the tensor data in the file
-    end: int
-
-
-@dataclass
-class Module:
-    index: int
-    name: str
-    path: Path
-    meta: dict
-    entries: dict[str, Entry]
-    header_len: int  # 8 + JSON header length: bytes before the first tensor
-    size: int
-    mtime_ns: int = 0  # as planned: a later reader (the merge) checks the file is still the same
-
-
-def read_header(path: Path, what: str) -> tuple[int, dict[str, Entry]]:
-    """Parse a safetensors header; raise a one-line error naming `what` if it is damaged or truncated."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise MfggufError(f"{what} ({path.name}) is truncated (no safetensors header); retrain it")
-        (n,) = struct.unpack("<Q", raw)
-        if n > size - 8:
-            raise MfggufError(f"{what} ({path.name}) is truncated (header runs past the end of the file); retrain it")
-        try:
-            hdr = json.loads(f.read(n))
-        except ValueError:
-            raise MfggufError(f"{what} ({path.name}) has a damaged safetensors header; retrain it") from None
-    entries, end = {}, 0
-    for k, v in hdr.items():
-        if k == "__metadata__":
-            continue
-        if v.get("dtype") != "F32":
-            raise MfggufError(f"{what}: tensor {k} is {v.get('dtype')}, expected F32 module weights; retrain it")
-        b, e = v["data_offsets"]
-        entries[k] = Entry(k, tuple(v["shape"]), 8 + n + b, 8 + n + e)
-        end = max(end, 8 + n + e)
-    if end != size:
-        state = "truncated" if end > size else "longer than its header says"
-        raise MfggufError(f"{what} ({path.name}) is {state} ({size} bytes, header says {end}); retrain it")
-    return 8 + n, entries
-
-
-def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Numpy shape of every trunk tensor by GGUF name (mirrors mfgguf.model.trunk_shapes, torch-free)."""
-    hd, C = cfg.head_dim, cfg.dim
-    extras = block_extras(family(cfg.family), n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=hd)
-    s = {"token_embd.weight": (cfg.vocab_size, C), "output_norm.weight": (C,), "output.weight": (cfg.vocab_size, C)}
-    for l in range(cfg.n_layers):
-        s.update({f"blk.{l}.{x}": shape for x, shape in extras.items()})
-        s.update({
-            blk(l, "attn_norm"): (C,), blk(l, "attn_q"): (cfg.n_heads * hd, C), blk(l, "attn_k"): (cfg.n_kv_heads * hd, C),
-            blk(l, "attn_v"): (cfg.n_kv_heads * hd, C), blk(l, "attn_output"): (C, cfg.n_heads * hd), blk(l, "ffn_norm"): (C,),
-            blk(l, "ffn_gate_shexp"): (cfg.anchor_ff, C), blk(l, "ffn_up_shexp"): (cfg.anchor_ff, C),
-            blk(l, "ffn_down_shexp"): (C, cfg.anchor_ff),
-        })
-        if cfg.seed_expert:  # the seed FFN experts start from; only the trunk-alone (dense) file holds it
-            s.update({blk(l, "ffn_gate_seed"): (cfg.expert_ff, C), blk(l, "ffn_up_seed"): (cfg.expert_ff, C),
-                      blk(l, "ffn_down_seed"): (C, cfg.expert_ff)})
-    return s
-
-
-def expert_shapes(cfg: ModelConfig, with_stats: bool, second_moment: bool = False) -> dict[str, tuple[int, ...]]:
-    """An expert file's tensors: FFN weights, + its FFN-input means (+ second moments: module format 1)."""
-    s = {}
-    for l in range(cfg.n_layers):
-        s[blk(l, "ffn_gate")] = (cfg.expert_ff, cfg.dim)
-        s[blk(l, "ffn_up")] = (cfg.expert_ff, cfg.dim)
-        s[blk(l, "ffn_down")] = (cfg.dim, cfg.expert_ff)
-        if with_stats:
-            s[f"{STATS_PREFIX}blk.{l}.mean"] = (cfg.dim,)
-        if second_moment:
-            s[f"{STATS_PREFIX}blk.{l}.second_moment"] = (cfg.dim, cfg.dim)
-    return s
-
-
-def pooled_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    return {f"{STATS_PREFIX}blk.{l}.second_moment": (cfg.dim, cfg.dim) for l in range(cfg.n_layers)}
-
-
-class PooledStatsNeeded(MfggufError):
-    """The pooled router statistics are missing or stale: the router-stats pass would fix it (ensure_stats.py)."""
-
-    def __init__(self, message: str, why: str):
-        super().__init__(message)
-        self.why = why  # "are missing", or router_stats_stale's reason
-
-
-def load_pooled_stats(run: RunDir, manifest: dict, trunk: Module, experts: list[Module]) -> Module:
-    """The pooled router statistics (train/experts/pooled.py) of this trunk and these experts, checked against the manifest."""
-    redo = f"compute them with `mfgguf router-stats {run.root}`"
-    if not run.router_stats_meta.is_file() or not run.router_stats.is_file():
-        raise PooledStatsNeeded(f"{run.root} has no pooled router statistics (modules/{run.router_stats.name}); {redo}",
-                                "are missing")
-    meta = json.loads(run.router_stats_meta.read_text())
-    rec = manifest.get("router_stats") or {}
-    if rec.get("blake3") != meta.get("blake3") or not meta.get("blake3"):
-        raise MfggufError(f"the pooled router statistics' metadata differs from the manifest's; {redo}")
-    if why := router_stats_stale(meta, trunk.meta["sha256"], {m.name: m.meta["sha256"] for m in experts}):
-        raise PooledStatsNeeded(f"the pooled router statistics {why}; {redo}", why)
-    st = run.router_stats.stat()
-    if st.st_size != meta.get("bytes"):
-        raise MfggufError(f"{run.router_stats.name} is {st.st_size} bytes, {meta.get('bytes')} were recorded: modified"
-                          f" or truncated; {redo}")
-    header_len, entries = read_header(run.router_stats, "the pooled router statistics")
-    return Module(-1, "router_stats", run.router_stats, meta, entries, header_len, st.st_size, st.st_mtime_ns)
-
-
-def _check_shapes(what: str, entries: dict[str, Entry], want: dict[str, tuple[int, ...]], hint: str) -> None:
-    for k, shape in want.items():
-        if k not in entries:
-            raise MfggufError(f"{what} has no tensor {k}; {hint}")
-        if entries[k].shape != shape:
-            raise MfggufError(f"{what}: tensor {k} has shape {list(entries[k].shape)}, expected {list(shape)}; {hint}")
-
-
-def load_module(run: RunDir, index: int, manifest: dict) -> Module:
-    """Metadata + safetensors header of module `index`, checked against the manifest."""
-    name = module_name(index)
-    meta = read_module_meta(run, index)
-    rec = manifest.get("modules", {}).get(name)
-    hint = "retrain it" if index else "retrain the trunk"
-    if rec is None:
-        raise MfggufError(f"module {name} is not in the run manifest; {hint}")
-    if rec.get("sha256") != meta.get("sha256") or rec.get("blake3") != meta.get("blake3"):
-        raise MfggufError(f"module {name}: its metadata hashes differ from the manifest's; {hint}")
-    path = run.module_file(index)
-    st = path.stat()
-    size = st.st_size
-    if size != meta.get("bytes"):
-        raise MfggufError(f"module {name} ({path.name}) is {size} bytes, {meta.get('bytes')} were recorded: modified or truncated; {hint}")
-    header_len, entries = read_header(path, f"module {name}")
-    return Module(index, name, path, meta, entries, header_len, size, st.st_mtime_ns)
+from mfgguf.converters.plan.header import Slot, header_bytes
+from mfgguf.converters.plan.modules import Module, load_module, load_pooled_stats
+from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
 
 
 # ---- the plan ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Slot:
-    name: str  # GGUF tensor name
-    shape: tuple[int, ...]  # numpy order (slowest first); ggml dims are reversed
-    qtype: str
-    why: str | None  # why the type differs from the requested one
-    offset: int = 0  # relative to the start of the data section
-    nbytes: int = 0
-    n_expert: int = 0  # stacked expert tensor: expert p's bytes at offset + p * expert_bytes
-    written: int = 0  # bytes written so far (the writer's own accounting)
-
-    @property
-    def expert_bytes(self) -> int:
-        return self.nbytes // self.n_expert if self.n_expert else 0
-
-    @property
-    def row_bytes(self) -> int:
-        return schema.QTYPES[self.qtype].row_bytes(self.shape[-1])
 
 
 @dataclass
@@ -433,109 +270,3 @@ def _place(p: Plan) -> None:
     p.header = header_bytes(p.kv, p.slots)
     assert _pad(len(p.header)) == p.data_offset
     p.by_name = {s.name: s for s in p.slots}
-
-
-
-# ---- GGUF header serialization -------------------------------------------------------------------
-
-_SCALAR = {VType.UINT8: "<B", VType.INT8: "<b", VType.UINT16: "<H", VType.INT16: "<h", VType.UINT32: "<I",
-           VType.INT32: "<i", VType.FLOAT32: "<f", VType.BOOL: "<?", VType.UINT64: "<Q", VType.INT64: "<q",
-           VType.FLOAT64: "<d"}
-
-
-def _str(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return struct.pack("<Q", len(b)) + b
-
-
-def _value(vt: VType, v) -> bytes:
-    if vt == VType.STRING:
-        return _str(v)
-    return struct.pack(_SCALAR[vt], v)
-
-
-def header_bytes(kv: list[tuple[str, str, object]], slots: list[Slot]) -> bytes:
-    """GGUF v3 header: key-values and tensor infos (not padded). Array values are (item type, list)."""
-    out = [schema.GGUF_MAGIC, struct.pack("<IQQ", schema.GGUF_VERSION, len(slots), len(kv))]
-    for key, vt, v in kv:
-        vt = VType[vt]
-        out += [_str(key), struct.pack("<I", vt)]
-        if vt == VType.ARRAY:
-            it, items = v
-            it = VType[it]
-            out.append(struct.pack("<IQ", it, len(items)))
-            if it == VType.STRING:
-                out += [_str(x) for x in items]
-            else:
-                out.append(np.asarray(items, dtype=_SCALAR[it]).tobytes())
-        else:
-            out.append(_value(vt, v))
-    for s in slots:
-        dims = s.shape[::-1]  # ggml order: fastest first
-        out += [_str(s.name), struct.pack("<I", len(dims)), struct.pack(f"<{len(dims)}Q", *dims),
-                struct.pack("<IQ", schema.QTYPES[s.qtype].ggml, s.offset)]
-    return b"".join(out)
-
-
-def write_header(fd: int, header: bytes, data_offset: int) -> None:
-    """The header at offset 0 of `fd`, zeros up to `data_offset`."""
-    at = pwrite_all(fd, np.frombuffer(header, np.uint8), 0)
-    pwrite_all(fd, np.zeros(data_offset - at, np.uint8), at)
-
-
-# ---- tokenizer -----------------------------------------------------------------------------------
-
-
-def run_tokenizer_kv(run: RunDir) -> tuple[list[tuple[str, str, object]], int]:
-    """The tokenizer keys a RUN's GGUF carries and its vocabulary size: an imported base's own, copied
-    unchanged (base/runbase.py), else those of the RUN's byte-level BPE."""
-    base = imported(run.root)
-    if base is not None:
-        kv, vocab, _ = base.gguf_kv()
-        return kv, vocab
-    return tokenizer_kv(run.tokenizer)
-
-
-def tokenizer_kv(path: Path) -> tuple[list[tuple[str, str, object]], int]:
-    """GGUF tokenizer keys for a byte-level BPE tokenizer.json, and its vocabulary size."""
-    if not path.is_file():
-        raise MfggufError(f"tokenizer not found: {path}; create the run with `mfgguf prepare`")
-    try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
-        model = tj["model"]
-        vocab: dict[str, int] = dict(model["vocab"])
-        merges = model.get("merges", [])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise MfggufError(f"tokenizer {path} is unreadable ({e}); re-create the run with `mfgguf prepare`") from None
-    if model.get("type", "BPE") != "BPE":
-        raise MfggufError(f"tokenizer {path} is {model.get('type')}, not byte-level BPE; re-create the run with `mfgguf prepare`")
-    added = {a["content"]: a for a in tj.get("added_tokens", [])}
-    for a in added.values():
-        vocab.setdefault(a["content"], a["id"])
-    n = max(vocab.values()) + 1
-    tokens: list[str | None] = [None] * n
-    for s, i in vocab.items():
-        tokens[i] = s
-    if any(t is None for t in tokens):
-        raise MfggufError(f"tokenizer {path} has gaps in its token ids; re-create the run with `mfgguf prepare`")
-    types = [schema.TOKEN_NORMAL] * n
-    for a in added.values():
-        types[a["id"]] = schema.TOKEN_CONTROL if a.get("special") else 4  # 4: USER_DEFINED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
-    eos = vocab.get(schema.EOS_TOKEN)
-    if eos is None:
-        raise MfggufError(f"tokenizer {path} has no {schema.EOS_TOKEN} token; re-create the run with `mfgguf prepare`")
-    kv = [
-        ("tokenizer.ggml.model", "STRING", "gpt2"),
-        ("tokenizer.ggml.pre", "STRING", "gpt-2"),
-        ("tokenizer.ggml.tokens", "ARRAY", ("STRING", tokens)),
-        ("tokenizer.ggml.token_type", "ARRAY", ("INT32", types)),
-        ("tokenizer.ggml.merges", "ARRAY", ("STRING", merges)),
-        ("tokenizer.ggml.bos_token_id", "UINT32", eos),  # GPT-2 style: one token opens and ends documents
-        ("tokenizer.ggml.eos_token_id", "UINT32", eos),
-        ("tokenizer.ggml.padding_token_id", "UINT32", eos),
-        ("tokenizer.ggml.add_bos_token", "BOOL", False),  # training sequences carry no BOS
-        ("tokenizer.ggml.add_eos_token", "BOOL", False),
-        ("tokenizer.chat_template", "STRING", schema.CHAT_TEMPLATE),
-    ]
-    return kv, n
