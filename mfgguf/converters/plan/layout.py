@@ -40,7 +40,8 @@ from mfgguf.families import family, resolve_layout
 from mfgguf.gguf.schema import ALIGNMENT, FFN, blk
 
 from mfgguf.converters.plan.header import Slot, header_bytes
-from mfgguf.converters.plan.modules import Module, load_module, load_pooled_stats
+from mfgguf.converters.plan.modules import (Module, check_shapes, expert_shapes, load_module, load_pooled_stats,
+                                            pooled_shapes, trunk_shapes)
 from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
 
 
@@ -116,7 +117,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     cfg = model_config(trunk, vocab)
     cfg.validate()
     layout = resolve_layout(family(cfg.family), layout)
-    _check_shapes("module trunk", trunk.entries, trunk_shapes(cfg), "retrain the trunk")
+    check_shapes("module trunk", trunk.entries, trunk_shapes(cfg), "retrain the trunk")
 
     ids = list(range(1, info["n_experts"] + 1)) if experts is None else list(experts)
     if len(set(ids)) != len(ids):
@@ -134,7 +135,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
                               f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
         if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
             raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
-        _check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats, _format1(m) and router == "ridge")
+        check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats, _format1(m) and router == "ridge")
                       | (cp.learned_shapes(cfg.n_layers, cfg.dim) if cp.is_complement(m.meta) else {}),
                       "retrain it (or use --router uniform if only its statistics are missing)")
         if stats and not m.meta.get("router_stats_count"):
@@ -147,7 +148,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     pooled = None
     if N and router in ("ridge", "ridge+learned") and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
         pooled = load_pooled_stats(run, manifest, trunk, mods)  # format-1 experts alone: their own second moments
-        _check_shapes("the pooled router statistics", pooled.entries, pooled_shapes(cfg), f"run `mfgguf router-stats {run.root}`")
+        check_shapes("the pooled router statistics", pooled.entries, pooled_shapes(cfg), f"run `mfgguf router-stats {run.root}`")
     if N and not 1 <= top_k <= R:
         raise MfggufError(f"--top-k {top_k} is out of range; this model has {R} experts, use 1..{R}")
     if N == 0:

@@ -16,9 +16,8 @@ from pathlib import Path
 from mfgguf.config import ModelConfig
 from mfgguf.errors import MfggufError
 from mfgguf.run import STATS_PREFIX, RunDir, module_name, read_module_meta, router_stats_stale
-from mfgguf.gguf import schema
 from mfgguf.families import block_extras, family
-from mfgguf.gguf.schema import FFN, blk
+from mfgguf.gguf.schema import blk
 
 
 
@@ -139,7 +138,7 @@ def load_pooled_stats(run: RunDir, manifest: dict, trunk: Module, experts: list[
     return Module(-1, "router_stats", run.router_stats, meta, entries, header_len, st.st_size, st.st_mtime_ns)
 
 
-def _check_shapes(what: str, entries: dict[str, Entry], want: dict[str, tuple[int, ...]], hint: str) -> None:
+def check_shapes(what: str, entries: dict[str, Entry], want: dict[str, tuple[int, ...]], hint: str) -> None:
     for k, shape in want.items():
         if k not in entries:
             raise MfggufError(f"{what} has no tensor {k}; {hint}")
