@@ -123,24 +123,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise MfggufError(f"expert {dup[0]} is listed twice in --experts; list each expert once")
-    mods = []
-    for i in ids:
-        run.check_expert_index(i)
-        m = load_module(run, i, manifest)
-        if int(m.meta.get("round", 1)) < int(m.meta.get("rounds", 1)):
-            raise MfggufError(f"module {m.name} has trained round {m.meta['round']} of {m.meta['rounds']}; run"
-                              f" `mfgguf sync RUN`, then `mfgguf train-expert RUN --expert {i}` for the next round")
-        if trunk.meta.get("final") and m.meta.get("trunk_sha256") == trunk.meta.get("synced_from"):
-            raise MfggufError(f"module {m.name}'s router statistics predate the final sync; run"
-                              f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
-        if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
-            raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
-        check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats, _format1(m) and router == "ridge")
-                      | (cp.learned_shapes(cfg.n_layers, cfg.dim) if cp.is_complement(m.meta) else {}),
-                      "retrain it (or use --router uniform if only its statistics are missing)")
-        if stats and not m.meta.get("router_stats_count"):
-            raise MfggufError(f"module {m.name} recorded no router statistics; retrain it or use --router uniform")
-        mods.append(m)
+    mods = _expert_modules(run, ids, manifest, trunk, cfg, stats, router)
     N = len(ids)
     comp = N > 0 and cp.check(router, layout, cfg.seed_expert, [m.name for m in mods], [cp.is_complement(m.meta) for m in mods])
     R = N + comp  # routed experts: the seed is one more when the experts complement it
@@ -169,7 +152,44 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         ctx = base.gguf_kv()[2]
         kv = [(k, t, ctx if k == f"{arch}.context_length" else v) for k, t, v in kv]
     kv += tok_kv
-    kv += [
+    kv += _mfgguf_kv(cfg, info, trunk, mods, ids, pooled, lay=lay, quant=quant, router=router, top_k=top_k,
+                     comp=comp, merged=merged, merge=merge, density=density)
+    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged, comp,
+             constants=_constants(cfg, arch))
+    _place(p)
+    return p
+
+
+def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, cfg: ModelConfig, stats: bool,
+                    router: str) -> list[Module]:
+    """The experts' modules, each checked: its last round synced, trained against this trunk, shaped as the config says."""
+    mods = []
+    for i in ids:
+        run.check_expert_index(i)
+        m = load_module(run, i, manifest)
+        if int(m.meta.get("round", 1)) < int(m.meta.get("rounds", 1)):
+            raise MfggufError(f"module {m.name} has trained round {m.meta['round']} of {m.meta['rounds']}; run"
+                              f" `mfgguf sync RUN`, then `mfgguf train-expert RUN --expert {i}` for the next round")
+        if trunk.meta.get("final") and m.meta.get("trunk_sha256") == trunk.meta.get("synced_from"):
+            raise MfggufError(f"module {m.name}'s router statistics predate the final sync; run"
+                              f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
+        if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
+            raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
+        check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats, _format1(m) and router == "ridge")
+                      | (cp.learned_shapes(cfg.n_layers, cfg.dim) if cp.is_complement(m.meta) else {}),
+                      "retrain it (or use --router uniform if only its statistics are missing)")
+        if stats and not m.meta.get("router_stats_count"):
+            raise MfggufError(f"module {m.name} recorded no router statistics; retrain it or use --router uniform")
+        mods.append(m)
+    return mods
+
+
+def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], ids: list[int], pooled: Module | None, *,
+               lay: str, quant: str, router: str, top_k: int, comp: bool, merged: dict, merge: str,
+               density: float) -> list[tuple[str, str, object]]:
+    """The `mfgguf.*` keys: what the file was assembled from and how, and what `extend` recomputes the router from."""
+    N = len(mods)
+    kv = [
         ("mfgguf.version", "STRING", __version__),
         ("mfgguf.layout", "STRING", lay),
         ("mfgguf.quant", "STRING", quant),
@@ -199,10 +219,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
         if merge == "ties":
             kv.append(("mfgguf.merge_density", "FLOAT64", density))  # f64: the exact float given
-    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged, comp,
-             constants=_constants(cfg, arch))
-    _place(p)
-    return p
+    return kv
 
 
 def _format1(m: Module) -> bool:

@@ -199,7 +199,8 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
                     accum: int, progress: bool, t_start: float) -> dict:
     """train_trunk's second half for a layer-streamed run (streamed.py): same meta, same module file."""
     from mfgguf.train.engine.offload import ParamStore, trunk_units
-    from mfgguf.train.engine.streamed import StreamedTrunk, plan_micro, streamed_bytes, streamed_heldout, streamed_loop
+    from mfgguf.train.engine.streamed import StreamedTrunk, plan_micro, streamed_bytes
+    from mfgguf.train.engine.streamed_loop import streamed_heldout, streamed_loop
 
     micro_of = tc.batch_size  # the user's batch: one micro-batch when it fits
     tc = replace(tc, batch_size=tc.batch_size * accum)
