@@ -149,18 +149,7 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
         raise MfggufError(f"--accum {accum} must be at least 1")
     budget = parse_size(memory_budget) if memory_budget is not None else None
     limit = budget if budget is not None else mem_available(fallback=1 << 50)  # unknown: train in memory
-    resumable = (ckpt_dir / "stream" / "state.json").is_file()
-    streamed = resumable or in_memory_bytes(cfg, tc.batch_size * (accum or 1)) > limit if stream is None else stream
-    if resumable and not streamed:
-        raise MfggufError(f"{ckpt_dir} holds a layer-streamed checkpoint; continue it with --stream, or pass --restart"
-                          " to start over in memory")
-    if streamed:
-        if (ckpt_dir / "state.safetensors").is_file():
-            raise MfggufError(f"{ckpt_dir} holds an in-memory checkpoint but this run would stream; pass --restart"
-                              " to start over streamed, or train without --memory-budget to continue it")
-        if budget is None and stream is None and progress:
-            print(f"trunk: about {in_memory_bytes(cfg, tc.batch_size) / 2**30:.1f} GiB in memory, more than the"
-                  f" {limit / 2**30:.1f} GiB available: training layer-streamed", file=sys.stderr)
+    if _streams(cfg, tc, ckpt_dir, accum, budget, limit, stream, progress):
         return _train_streamed(rd, info, preset, cfg, tc, data, dev, prec, ckpt_dir, int(0.8 * limit) if budget is None else budget,
                                STREAMED_ACCUM if accum is None else accum, progress, t_start)
     tc = replace(tc, batch_size=tc.batch_size * (accum or 1))
@@ -193,6 +182,25 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
                title=f"trunk ({preset}, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
+
+
+def _streams(cfg, tc, ckpt_dir: Path, accum: int | None, budget: int | None, limit: int, stream: bool | None,
+             progress: bool) -> bool:
+    """Whether the trunk trains layer-streamed: forced by `stream`, else when a streamed checkpoint is there or the
+    in-memory estimate exceeds `limit`; a checkpoint of the other kind is refused."""
+    resumable = (ckpt_dir / "stream" / "state.json").is_file()
+    streamed = resumable or in_memory_bytes(cfg, tc.batch_size * (accum or 1)) > limit if stream is None else stream
+    if resumable and not streamed:
+        raise MfggufError(f"{ckpt_dir} holds a layer-streamed checkpoint; continue it with --stream, or pass --restart"
+                          " to start over in memory")
+    if streamed:
+        if (ckpt_dir / "state.safetensors").is_file():
+            raise MfggufError(f"{ckpt_dir} holds an in-memory checkpoint but this run would stream; pass --restart"
+                              " to start over streamed, or train without --memory-budget to continue it")
+        if budget is None and stream is None and progress:
+            print(f"trunk: about {in_memory_bytes(cfg, tc.batch_size) / 2**30:.1f} GiB in memory, more than the"
+                  f" {limit / 2**30:.1f} GiB available: training layer-streamed", file=sys.stderr)
+    return streamed
 
 
 def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, prec: str, ckpt_dir: Path, budget: int,
