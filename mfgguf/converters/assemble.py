@@ -25,7 +25,7 @@ Phases, each checking its own state before the next runs:
 
 Memory is a few chunks in flight (plus their quantized bytes), the experts' means (layers x dim
 each), one layer's second moment and a few read-ahead buffers per open file: it does not grow with
-the number of experts (about 100 MB at 100 experts of the `1b` preset or of SmolLM2). Each phase's
+the number of experts (docs/assembly.md has the figures). Each phase's
 seconds, and the stream's reading, hashing, checking, quantizing and writing summed over threads,
 come back with the result (profile.py). Every module file is read once, sequentially; its digest is computed on that
 same read (the very bytes that are quantized) and compared with the manifest's (blake3; sha256
@@ -98,7 +98,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     weighted mean of the copies), `ties` (TIES-merging of their deltas, keeping `merge_density`
     of each row) or `none` (the trunk as trained). The output appears only when complete and
     verified; an existing file is replaced only with force=True. `fast_quant` quantizes q8_0 with
-    ggml's vectorised quantizer (fastquant.py: ~8x faster, a few bytes per million differ from
+    ggml's vectorised quantizer (fastquant.py: several times faster, a few bytes per million differ from
     llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
     pooled statistics, where missing or stale, are computed first by `pool_stats` (`mfgguf router-stats`'s
     pass, which the caller above hands in; None: the planner's error, naming that verb, stands).

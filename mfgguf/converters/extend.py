@@ -13,7 +13,7 @@ G = sum_s c_s G_s / sum_s c_s (one source: G_s itself). A source stays while any
 with it does. So removing what was added drops its source and gives back the very bytes the router
 was computed from: the router, and the whole file, come back bit for bit. The price is one
 layers x dim x dim f32 array per source in the statistics block after the tensor data
-(routerstats.py; `tiny` 32 KB, `small` 1 MB, `1b` 50 MB), which no GGUF reader loads. Experts
+(routerstats.py; docs/assembly.md gives its size per preset), which no GGUF reader loads. Experts
 added from the RUN a source already came from share its G.
 
 Streaming, as assembly: the output is preallocated beside the destination; every tensor of the

@@ -1,7 +1,7 @@
 """Read module files once each, hashing them on background threads, and yield their tensors in row chunks.
 
 Hashing every input byte is the assembly's integrity guarantee and was its costliest step with
-sha256 (~1 GB/s on one core here). Modules now record a blake3 digest too (~3 GB/s per core), and
+sha256. Modules now record a blake3 digest too (several times faster per core: docs/assembly.md), and
 that is what is checked; modules from before it are checked against their sha256. Each file is
 read by a "lane" thread: it preads the file sequentially into its own small pool of buffers,
 hashes each buffer and checks it for NaN/Inf (both drop the GIL), and queues it. The caller

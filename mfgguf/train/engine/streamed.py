@@ -35,8 +35,8 @@ from mfgguf.model import Block, RMSNorm, rope_for
 from mfgguf.train.engine.loop import LOGITS_CHUNK, autocast
 from mfgguf.train.engine.offload import ParamStore, Slot, Unit
 
-PIECE = 1 << 22  # f32 elements per piece of the update pass (16 MB per array)
-HEAD_ROWS = 4096  # vocabulary rows of the output head read and applied at once (16 MB at dim 1024)
+PIECE = 1 << 22  # f32 elements per piece of the update pass (4 bytes each, per array)
+HEAD_ROWS = 4096  # vocabulary rows of the output head read and applied at once (x dim f32)
 BASELINE = 400 << 20  # bytes a process needs before any tensor: python, torch, the tokens' mmap
 
 
@@ -172,7 +172,7 @@ class StreamedTrunk:
         """h: (N, C) normalised, y: (N,) -> (log-sum-exp (N,), target logit (N,)) over the vocabulary.
 
         The vocabulary in chunks of HEAD_ROWS rows (each read once), the tokens in blocks under
-        each: the cost is linear in N (chunks sized by N made it quadratic: 0.77x at 4x the batch)."""
+        each: the cost is linear in N (chunks sized by N made it quadratic: docs/memory.md)."""
         N = h.shape[0]
         hb = h.to(self._cdt)  # cast once, as autocast casts the in-memory head's input once
         m = torch.full((N,), -math.inf, device=self.dev)

@@ -44,7 +44,8 @@ from mfgguf.train.fanout.jobs import Job
 # use the largest.
 JOB_MB = {"tiny": 560, "small": 1350, "1b": 2048}
 # Torch threads one job should get before another job runs beside it (scripts/bench_fanout.py on 2 cores:
-# tiny, 2 jobs x 1 thread = 1.34x faster than 1 job x 2 threads; small 0.70x, so small keeps 2).
+# tiny runs faster as 2 jobs x 1 thread than as 1 job x 2 threads, small slower, so small keeps 2;
+# docs/distributed.md).
 JOB_THREADS = {"tiny": 1, "small": 2, "1b": 2}
 MEMORY_HEADROOM = 0.85  # share of available memory the local scheduler may fill with jobs
 
@@ -61,7 +62,7 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
     cap = os.environ.get("OMP_NUM_THREADS", "")
     cores = min(cores, int(cap)) if cap.isdigit() and int(cap) > 0 else cores
     if workers is None:
-        avail_mb = mem_available(fallback=8 << 30) / (1 << 20)  # unknown: assume an 8 GB laptop
+        avail_mb = mem_available(fallback=8 << 30) / (1 << 20)  # unknown: assume a small laptop's 8 GiB
         fit = int(avail_mb * MEMORY_HEADROOM // JOB_MB.get(preset, max(JOB_MB.values())))
         workers = max(1, min(cores // JOB_THREADS.get(preset, 2), fit))
     if workers < 1:

@@ -50,7 +50,7 @@ class RouterTuning:
     epochs: int = 4  # passes over those windows
     lr: float = 1e-3  # Adam's step on the router rows (their entries are O(0.1) after the ridge fit)
     batch_size: int = 8  # windows per step
-    micro_batch: int = 2  # windows per forward/backward (gradients accumulate): 3.5 GB peak at SmolLM2 + 4 experts, 6 at 8
+    micro_batch: int = 2  # windows per forward/backward (gradients accumulate): bounds the peak (docs/assembly.md)
     ctx: int | None = None  # tuning window; None: the context the experts trained with
     val_tokens: int = 8192  # validation tokens scored by llama.cpp before and after, spread over the experts
     val_ctx: int | None = None  # llama.cpp's scoring window; None: 1,024 or the model's context
