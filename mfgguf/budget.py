@@ -1,6 +1,6 @@
 """Fit a pipeline's training tokens to a wall-clock budget, from the speed measured on this CPU.
 
-CPUs of the same machine kind train 2-3x apart (native bf16 and AMX, or fp32 on AVX2 alone), so
+CPUs of the same machine kind train several times apart (docs/benchmarks.md; native bf16 and AMX, or fp32 on AVX2 alone), so
 `mfgguf demo --minutes M` measures a few trunk steps first (train/engine/speed.py) and scales the trunk's
 and every expert's tokens by one factor so that the whole recipe (trunk, every expert round, the
 syncs, assembly, perplexity, generation) fits in M minutes. Torch-free: it only does arithmetic.

@@ -111,19 +111,7 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     stage("assemble trunk", fresh(trunk_gguf), ["assemble", run.root, "-o", trunk_gguf, "--quant", cfg.quant,
                                                  "--experts", "none", "--force"])
 
-    ppl = {}
-    for label, path in (("trunk alone", trunk_gguf), ("assembled MoE", moe)):
-        _banner(f"perplexity: {label}")
-        res, text = run_stage(f"perplexity {label}", ["perplexity", path, "--run", run.root, "--json"], capture=True)
-        results.append(res)
-        ppl[label] = json.loads(text)
-
-    _banner("sample generation")
-    from mfgguf.runtime.generate import generate
-
-    t0 = time.perf_counter()
-    sample = generate(moe, cfg.prompt, max_tokens=sample_tokens, temperature=0.7, seed=0)
-    results.append(StageResult("generate", round(time.perf_counter() - t0, 2), float("nan")))
+    ppl, sample = _measure(run, trunk_gguf, moe, cfg.prompt, sample_tokens, results)
 
     summary = {
         "config": asdict(cfg),
@@ -139,6 +127,25 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     write_text(out / "summary.md", summary_markdown(summary))
     _print_summary(summary, moe, run.root)
     return summary
+
+
+def _measure(run: RunDir, trunk_gguf: Path, moe: Path, prompt: str, sample_tokens: int,
+             results: list[StageResult]) -> tuple[dict, str]:
+    """Both models' held-out perplexity (each a stage of its own) and a sample of the MoE's text."""
+    ppl = {}
+    for label, path in (("trunk alone", trunk_gguf), ("assembled MoE", moe)):
+        _banner(f"perplexity: {label}")
+        res, text = run_stage(f"perplexity {label}", ["perplexity", path, "--run", run.root, "--json"], capture=True)
+        results.append(res)
+        ppl[label] = json.loads(text)
+
+    _banner("sample generation")
+    from mfgguf.runtime.generate import generate
+
+    t0 = time.perf_counter()
+    sample = generate(moe, prompt, max_tokens=sample_tokens, temperature=0.7, seed=0)
+    results.append(StageResult("generate", round(time.perf_counter() - t0, 2), float("nan")))
+    return ppl, sample
 
 
 def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_tokens: int, expert_tokens: int,

@@ -73,7 +73,7 @@ def apply_rope_neox(x, cos, sin):  # x: (B, H, T, hd); rotate (x[i], x[i + hd/2]
 
 def apply_rope(x, cos, sin):  # x: (B, H, T, hd); rotate adjacent pairs like llama.cpp's normal mode
     # (x[2i] + i x[2i+1]) * (cos + i sin) is the rotation, in one complex multiply: the same products and
-    # sums as writing it out, bit for bit, in fewer operations (a `small` bf16 training step ~3% faster)
+    # sums as writing it out, bit for bit, in fewer operations (a `small` bf16 training step measurably faster: docs/benchmarks.md)
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, H, T, hd/2) complex
     return torch.view_as_real(xc * torch.complex(cos, sin)).flatten(-2).type_as(x)  # (B, H, T, hd)
 

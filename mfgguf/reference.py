@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mfgguf.converters.layout import model_config, run_tokenizer_kv
+from mfgguf.converters.plan.layout import model_config
+from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
 from mfgguf.converters.merge import DEFAULT_DENSITY, merge_arrays
 from mfgguf.gguf.schema import UNNORMALISED_TOPK
 from mfgguf.errors import MfggufError

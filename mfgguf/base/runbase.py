@@ -58,7 +58,7 @@ class BaseFiles:
 @functools.lru_cache(maxsize=4)
 def _vocab_kv(path: Path, mtime_ns: int) -> tuple[list[tuple[str, str, object]], int, int]:
     """gguf_kv of one vocab.gguf version. Our own header parser, not gguf-py's reader: that one builds
-    numpy views item by item and took 2.8 s for SmolLM2's 49,152 tokens and 48,900 merges, every plan."""
+    numpy views item by item, seconds for a real base's vocabulary on every plan (docs/benchmarks.md)."""
     from mfgguf.gguf.header import read_gguf_header
 
     h = read_gguf_header(path)

@@ -19,6 +19,13 @@ from mfgguf.options import parse_experts
 from mfgguf.cli.app import command
 
 
+def _pool_router_stats(run: Path, **kw) -> dict:
+    """The router-stats pass `assemble` and `extend` run where the pooled statistics are missing or stale."""
+    from mfgguf.train.experts.pooled import pool_router_stats  # torch: only when the pass runs
+
+    return pool_router_stats(run, **kw)
+
+
 @command("assemble", assemble)
 def assemble_cmd(
     run: Path = typer.Argument(..., help="The RUN directory (trunk and experts trained)."),
@@ -46,7 +53,7 @@ def assemble_cmd(
 ):
     r = assemble(run, out, quant=quant, top_k=top_k, router=router, layout=layout, experts=parse_experts(experts),
                  merge=merge, merge_density=merge_density, force=force, threads=threads, fast_quant=fast_quant,
-                 progress=not quiet)
+                 progress=not quiet, pool_stats=_pool_router_stats)
     n = len(r["experts"])
     what = f"{n} experts, top-{r['top_k']}, router {r['router']}" if n else "trunk alone (dense)"
     if r["merged_tensors"]:
@@ -74,7 +81,8 @@ def extend_cmd(
     if guard_run is not None and guard is None:
         raise MfggufError("--guard-run names the RUN --guard reads the old experts' shards from; pass --guard PCT too")
     r = extend(model, out, add=add, experts=parse_experts(experts), remove=_slots(remove), force=force, threads=threads,
-               keep_routing=keep_routing, guard=None if guard is None else Guard(max_move=guard / 100, run=guard_run))
+               keep_routing=keep_routing, guard=None if guard is None else Guard(max_move=guard / 100, run=guard_run),
+               pool_stats=_pool_router_stats)
     how = "rows kept, new ones from" if r["keep_routing"] else "recomputed from"
     typer.echo(f"wrote {r['path']}: {r['experts']} experts ({r['added']} added, {r['removed']} removed), router"
                f" {r['router']} {how} {r['sources']} source{'s' * (r['sources'] != 1)}, "

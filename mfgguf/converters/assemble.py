@@ -2,7 +2,7 @@
 
 Phases, each checking its own state before the next runs:
   1. validate + layout  (layout.plan: metadata and headers only, nothing written yet); pooled router
-                        statistics that are missing or stale are computed first (ensure_stats.py)
+                        statistics that are missing or stale are computed first (plan/ensure_stats.py)
   2. header             key-values, tokenizer, provenance and tensor infos, at offset 0
   3. preallocate        the whole file (posix_fallocate): a full disk fails now, not in an hour
   4+5. stream          trunk and experts, tensor by tensor in row chunks of at most CHUNK_BYTES,
@@ -25,7 +25,7 @@ Phases, each checking its own state before the next runs:
 
 Memory is a few chunks in flight (plus their quantized bytes), the experts' means (layers x dim
 each), one layer's second moment and a few read-ahead buffers per open file: it does not grow with
-the number of experts (about 100 MB at 100 experts of the `1b` preset or of SmolLM2). Each phase's
+the number of experts (docs/assembly.md has the figures). Each phase's
 seconds, and the stream's reading, hashing, checking, quantizing and writing summed over threads,
 come back with the result (profile.py). Every module file is read once, sequentially; its digest is computed on that
 same read (the very bytes that are quantized) and compared with the manifest's (blake3; sha256
@@ -68,8 +68,8 @@ from pathlib import Path
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, atomic_path
 from mfgguf.converters import quant as Q
-from mfgguf.converters.ensure_stats import plan_with_stats
-from mfgguf.converters.layout import plan
+from mfgguf.converters.plan.ensure_stats import Pool, plan_with_stats
+from mfgguf.converters.plan.layout import plan
 from mfgguf.converters.merge import DEFAULT_DENSITY
 from mfgguf.converters.profile import Profile
 from mfgguf.converters.readback import verify
@@ -88,7 +88,7 @@ WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": M
 def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1, router: str = "ridge",
              layout: str = "auto", experts: list[int] | None = None, merge: str = "mean",
              merge_density: float = DEFAULT_DENSITY, force: bool = False, threads: int | None = None,
-             fast_quant: bool = False, progress: bool = True) -> dict:
+             fast_quant: bool = False, progress: bool = True, pool_stats: Pool | None = None) -> dict:
     """Assemble the trunk and experts of RUN into one GGUF that stock llama.cpp runs.
 
     Streams one tensor at a time into a preallocated file, quantizing as it goes (ggml's own
@@ -98,9 +98,10 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     weighted mean of the copies), `ties` (TIES-merging of their deltas, keeping `merge_density`
     of each row) or `none` (the trunk as trained). The output appears only when complete and
     verified; an existing file is replaced only with force=True. `fast_quant` quantizes q8_0 with
-    ggml's vectorised quantizer (fastquant.py: ~8x faster, a few bytes per million differ from
+    ggml's vectorised quantizer (fastquant.py: several times faster, a few bytes per million differ from
     llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
-    pooled statistics, where missing or stale, are computed first (`mfgguf router-stats`'s pass).
+    pooled statistics, where missing or stale, are computed first by `pool_stats` (`mfgguf router-stats`'s
+    pass, which the caller above hands in; None: the planner's error, naming that verb, stands).
     `top_k=None`: 1, or 2 when the experts complement the seed (seed + one expert, as they trained).
 
     Example:
@@ -115,7 +116,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     prof = Profile()
     with prof.phase("plan"):
         p = plan_with_stats(lambda: plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts,
-                                         merge=merge, density=merge_density), rd, progress=progress, experts=experts)
+                                         merge=merge, density=merge_density), rd, progress=progress, experts=experts,
+                            pool=pool_stats)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
     threads = threads or Q.default_threads()

@@ -21,7 +21,7 @@ import numpy as np
 
 from mfgguf.errors import MfggufError
 from mfgguf.gguf import schema
-from mfgguf.converters.layout import header_bytes
+from mfgguf.converters.plan.header import header_bytes
 
 KV = tuple[str, str, object]  # (key, gguf value type name, value), as layout.header_bytes takes them
 

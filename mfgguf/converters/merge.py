@@ -37,7 +37,7 @@ from mfgguf.gguf.fileio import pread_into, truncated
 
 MERGES = ("none", "mean", "ties")
 DEFAULT_DENSITY = 0.2  # ties: share of each delta row kept (the paper's k = 20%)
-MERGE_CHUNK_BYTES = 1 << 20  # f32 bytes of one tensor per step; with the f64 accumulators ~6x this is live
+MERGE_CHUNK_BYTES = 1 << 20  # f32 bytes of one tensor per step; the f64 accumulators keep a few times this live
 
 
 # ---- the arithmetic, on (rows, cols) f32 arrays ----------------------------------------------------

@@ -71,8 +71,8 @@ def quantize(x: np.ndarray, qtype: str, *, threads: int | None = None, out: np.n
 
     Rows are quantized independently, so a tensor may be quantized in row chunks and the
     chunks' bytes concatenated. Raises MfggufError when the row length does not fit the block.
-    `fast=True` quantizes q8_0 with ggml-cpu's vectorised row quantizer (fastquant.py: ~8x
-    faster, a few bytes per million differ from the reference); other types are unaffected.
+    `fast=True` quantizes q8_0 with ggml-cpu's vectorised row quantizer (fastquant.py: several
+    times faster, a few bytes per million differ from the reference); other types are unaffected.
     """
     t = QTYPES[qtype]
     x = np.ascontiguousarray(x, dtype=np.float32)

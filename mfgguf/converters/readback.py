@@ -14,7 +14,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from mfgguf.converters.layout import Plan
+from mfgguf.converters.plan.layout import Plan
 from mfgguf.converters.quant import ggml_lib
 from mfgguf.gguf.schema import QTYPES
 

@@ -1,7 +1,7 @@
 """Read module files once each, hashing them on background threads, and yield their tensors in row chunks.
 
 Hashing every input byte is the assembly's integrity guarantee and was its costliest step with
-sha256 (~1 GB/s on one core here). Modules now record a blake3 digest too (~3 GB/s per core), and
+sha256. Modules now record a blake3 digest too (several times faster per core: docs/assembly.md), and
 that is what is checked; modules from before it are checked against their sha256. Each file is
 read by a "lane" thread: it preads the file sequentially into its own small pool of buffers,
 hashes each buffer and checks it for NaN/Inf (both drop the GIL), and queues it. The caller
@@ -41,7 +41,7 @@ from blake3 import blake3
 
 from mfgguf.errors import MfggufError
 from mfgguf.gguf.fileio import pread_into, truncated
-from mfgguf.converters.layout import Module
+from mfgguf.converters.plan.modules import Module
 from mfgguf.converters.profile import Profile
 
 CHUNK_BYTES = 4 << 20  # f32 bytes per chunk: read, hashed, quantized and written per step
@@ -78,18 +78,7 @@ def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHU
     """
     prof = profile if profile is not None else Profile()
     lanes = max(1, min(lanes, len(mods)))
-    cols_max = max((_cols(e) for m in mods for e in m.entries.values()), default=1)
-    n_elem = max(chunk_bytes // 4, cols_max)
-    pools = []
-    for _ in range(lanes):
-        pool: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-        for _ in range(LANE_BUFFERS):
-            pool.put(np.empty(n_elem, np.float32))
-        pools.append(pool)
-    work: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(lanes)]
-    threads = [threading.Thread(target=_lane, args=(q,), name=f"mfgguf-read-{i}", daemon=True) for i, q in enumerate(work)]
-    for t in threads:
-        t.start()
+    pools, work, threads = _start_lanes(mods, lanes, chunk_bytes)
 
     active: list[tuple[int, _Job]] = []  # (lane, job), in module order
     nxt = 0
@@ -125,11 +114,8 @@ def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHU
                 item = _take(job)
                 if isinstance(item, _Done):
                     active.remove((lane, job))
-                    algo, want = _recorded(job.mod.meta)
-                    if item.digest != want:
-                        m = job.mod
-                        fail(job, MfggufError(f"module {m.name} ({m.path.name}) does not match its recorded {algo}:"
-                                              " the file changed after training; retrain it"))
+                    if (e := _mismatch(job.mod, item.digest)) is not None:
+                        fail(job, e)
                     else:
                         start(lane)
                     continue
@@ -154,6 +140,32 @@ def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHU
             q.put(None)
         for t in threads:
             t.join()
+
+
+def _start_lanes(mods: list[Module], lanes: int, chunk_bytes: int):
+    """Each lane's pool of buffers, its work queue and its reading thread, started."""
+    cols_max = max((_cols(e) for m in mods for e in m.entries.values()), default=1)
+    n_elem = max(chunk_bytes // 4, cols_max)
+    pools = []
+    for _ in range(lanes):
+        pool: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        for _ in range(LANE_BUFFERS):
+            pool.put(np.empty(n_elem, np.float32))
+        pools.append(pool)
+    work: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(lanes)]
+    threads = [threading.Thread(target=_lane, args=(q,), name=f"mfgguf-read-{i}", daemon=True) for i, q in enumerate(work)]
+    for t in threads:
+        t.start()
+    return pools, work, threads
+
+
+def _mismatch(m: Module, digest) -> MfggufError | None:
+    """The error where a module's streamed digest is not the one recorded for it."""
+    algo, want = _recorded(m.meta)
+    if digest == want:
+        return None
+    return MfggufError(f"module {m.name} ({m.path.name}) does not match its recorded {algo}:"
+                       " the file changed after training; retrain it")
 
 
 def _take(job: _Job):

@@ -54,52 +54,23 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     docs, source_stats = load_corpus(sources, text_field=text_field, max_chars_per_domain=max_chars_per_domain,
                                      progress=progress)
     domains = [d.domain for d in docs]
-    train_idx, valid_idx, held_idx = split_three(domains, heldout_frac, valid_frac, seed)
-    if len(train_idx) == 0:
-        raise MfggufError("no training documents left after the test and validation splits; add data or lower"
-                          " --heldout-frac and --valid-frac")
+    train_idx, valid_idx, held_idx = _split(domains, heldout_frac, valid_frac, seed)
 
     base = imported(out)  # `mfgguf import-base` wrote RUN: the base's own tokenizer, EOS and vocabulary
-    if base is not None:
-        binfo = base_info(base)
-        tok, vocab, eos, eos_token = base_tokenizer(base), int(binfo["shape"]["vocab_size"]), int(binfo["eos_id"]), binfo["eos_token"]
-    else:
-        with _status(progress, f"training a {vocab_size}-token BPE on {len(train_idx)} documents"):
-            tok = train_tokenizer((docs[i].text for i in train_idx), vocab_size)
-        vocab, eos, eos_token = tok.get_vocab_size(), EOS_ID, EOS_TOKEN
+    tok, vocab, eos, eos_token = _tokenizer(base, [docs[i].text for i in train_idx], vocab_size, progress)
     dtype = token_dtype(vocab)
     tokens = _tokenize(tok, [d.text for d in docs], dtype, progress)
 
-    with _status(progress, f"partitioning {len(train_idx)} documents into {n_experts} shards ({partition})"):
-        part = _partition(partition, tokens, domains, train_idx, n_experts, overlap, seed)
-    shard_docs = [train_idx[s] for s in part.shards]  # indices into `docs`
-    _check_shards(shard_docs, partition, n_experts, len(train_idx))
+    part, shard_docs = _shards(partition, tokens, domains, train_idx, n_experts, overlap, seed, progress)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the RUN should be an ordinary directory
+    tmp = _temp_dir(out)
     try:
         run = RunDir(tmp)
-        run.heldout_dir.mkdir(parents=True)
-        run.valid_dir.mkdir(parents=True)
-        if base is not None:
-            carry_into(base, tmp)
-            if base.tokenizer_json.is_file():
-                shutil.copyfile(base.tokenizer_json, run.tokenizer)
-        else:
-            tok.save(str(run.tokenizer))
+        _write_tokenizer(run, base, tok)
         rng = np.random.default_rng([seed, 5])
         # training order is shuffled once, so a reader that streams the file sees mixed domains
         train_tokens = write_tokens(run.train_tokens, tokens, rng.permutation(train_idx), dtype, eos)
-        shards = []
-        for i, idx in enumerate(shard_docs, 1):
-            n = write_tokens(run.shard(i), tokens, rng.permutation(idx), dtype, eos)
-            comp = {}
-            for j in idx:
-                comp[domains[j]] = comp.get(domains[j], 0) + len(tokens[j]) + 1
-            shards.append({"id": i, "docs": len(idx), "tokens": n, "domains": dict(sorted(comp.items()))})
+        shards = _write_shards(run, shard_docs, tokens, domains, rng, dtype, eos)
         heldout = _write_split(held_idx, run.heldout, run.heldout_text, docs, tokens, dtype, eos)
         valid = _write_split(valid_idx, run.valid, run.valid_text, docs, tokens, dtype, eos)
         if partition == "cluster":
@@ -136,6 +107,68 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return info
+
+
+def _split(domains: list[str], heldout_frac: float, valid_frac: float, seed: int):
+    """The documents' indices for training, validation and test; some must be left to train on."""
+    train_idx, valid_idx, held_idx = split_three(domains, heldout_frac, valid_frac, seed)
+    if len(train_idx) == 0:
+        raise MfggufError("no training documents left after the test and validation splits; add data or lower"
+                          " --heldout-frac and --valid-frac")
+    return train_idx, valid_idx, held_idx
+
+
+def _shards(partition: str, tokens, domains, train_idx, n_experts: int, overlap: float, seed: int, progress: bool):
+    """The partition of the training documents, and each shard's documents as indices into the corpus."""
+    with _status(progress, f"partitioning {len(train_idx)} documents into {n_experts} shards ({partition})"):
+        part = _partition(partition, tokens, domains, train_idx, n_experts, overlap, seed)
+    shard_docs = [train_idx[s] for s in part.shards]  # indices into `docs`
+    _check_shards(shard_docs, partition, n_experts, len(train_idx))
+    return part, shard_docs
+
+
+def _tokenizer(base, train_texts: list[str], vocab_size: int, progress: bool):
+    """(tokenizer, vocabulary size, EOS id, EOS token): an imported base's own, else a BPE trained on `train_texts`."""
+    if base is not None:
+        binfo = base_info(base)
+        return base_tokenizer(base), int(binfo["shape"]["vocab_size"]), int(binfo["eos_id"]), binfo["eos_token"]
+    with _status(progress, f"training a {vocab_size}-token BPE on {len(train_texts)} documents"):
+        tok = train_tokenizer(iter(train_texts), vocab_size)
+    return tok, tok.get_vocab_size(), EOS_ID, EOS_TOKEN
+
+
+def _temp_dir(out: Path) -> Path:
+    """The RUN's directory while it is written, beside OUT (moved into place when complete)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the RUN should be an ordinary directory
+    return tmp
+
+
+def _write_tokenizer(run: RunDir, base, tok) -> None:
+    """The split directories, and the tokenizer: an imported base's files carried over, or the trained BPE."""
+    run.heldout_dir.mkdir(parents=True)
+    run.valid_dir.mkdir(parents=True)
+    if base is not None:
+        carry_into(base, run.root)
+        if base.tokenizer_json.is_file():
+            shutil.copyfile(base.tokenizer_json, run.tokenizer)
+    else:
+        tok.save(str(run.tokenizer))
+
+
+def _write_shards(run: RunDir, shard_docs, tokens, domains, rng, dtype, eos) -> list[dict]:
+    """Each expert's shard, its documents in a shuffled order; run.json's record of each."""
+    shards = []
+    for i, idx in enumerate(shard_docs, 1):
+        n = write_tokens(run.shard(i), tokens, rng.permutation(idx), dtype, eos)
+        comp = {}
+        for j in idx:
+            comp[domains[j]] = comp.get(domains[j], 0) + len(tokens[j]) + 1
+        shards.append({"id": i, "docs": len(idx), "tokens": n, "domains": dict(sorted(comp.items()))})
+    return shards
 
 
 def _write_split(idx, npy, txt, docs, tokens, dtype, eos) -> dict:

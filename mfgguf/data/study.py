@@ -12,8 +12,8 @@ project's own set-up, nothing from a hub:
 
 Files are read in a fixed pseudo-random order (so a capped domain samples the whole tree) and
 each domain is capped by `prepare --max-chars-per-domain`. On this project's set-up (torch,
-numpy, llama-cpp-python... in the venv, a Debian-like base image) every domain holds 30-160 MB of
-text; the study's capped sizes are in docs/results/README.md.
+numpy, llama-cpp-python... in the venv, a Debian-like base image) every domain holds tens of MB of
+text or more; the study's capped sizes are in docs/results/README.md.
 
 Example:
     >>> mfgguf prepare STUDY --source study --max-chars-per-domain 30000000 --partition label

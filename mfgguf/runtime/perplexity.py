@@ -6,8 +6,8 @@ the logits at positions ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1, so every
 sees at least ctx/2 tokens of context. As in llama.cpp, the first token of a window is replaced
 by BOS when the model's tokenizer adds one. NLL is accumulated in float64. Only the scored
 positions' logits are asked of llama.cpp, one batch of at most 512 at a time, so memory stays near
-the model's own size at any window (an 8,192-token window at vocabulary 49,152 would otherwise hold
-1.6 GB of logits).
+the model's own size at any window (a long window at a large vocabulary would otherwise hold gigabytes
+of logits).
 
 Example:
     >>> from mfgguf.runtime.perplexity import perplexity
@@ -28,9 +28,9 @@ from mfgguf.runtime.llm import check_ctx, loaded
 
 
 BATCH = 512  # tokens per llama_decode call: llama.cpp's default batch; at most this many rows of logits exist
-ROWS = 64  # logits rows reduced at a time (a row is n_vocab floats: 192 KB at 49,152)
+ROWS = 64  # logits rows reduced at a time (a row is n_vocab floats)
 WINDOW = 1024  # default window (--ctx), or the model's trained context where that is shorter: an imported
-# base's 8,192 would cost ~1.3x per token in attention and score nothing on a domain of fewer tokens
+# base's 8,192 would cost more per token in attention (docs/memory.md) and score nothing on a domain of fewer tokens
 
 
 def windows(n_tokens: int, ctx: int) -> list[tuple[int, int]]:
@@ -63,7 +63,7 @@ def _nll_of_window(llm, window: np.ndarray, bos: int | None) -> tuple[float, int
     The window goes through llama.cpp in batches of the context's n_batch tokens, and each batch asks
     for the logits of its scored positions only; they are reduced to NLL before the next batch runs.
     So at most n_batch x n_vocab logits exist at a time, whatever the window (all logits of one
-    8,192-token window at vocabulary 49,152 would be 1.6 GB).
+    long window at a large vocabulary would be gigabytes).
     """
     ids = window.tolist()
     if bos is not None:

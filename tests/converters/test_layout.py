@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from mfgguf.converters import layout as LY
+from mfgguf.converters.plan import layout as LY
+from mfgguf.converters.plan import modules as MF
 from mfgguf.converters import quant as Q
 from mfgguf.converters.assemble import assemble
 from mfgguf.run import RunDir
@@ -90,8 +91,8 @@ def test_trunk_shapes_match_model(run):
 
     for name in ("tiny", "small", "1b"):
         cfg = get_preset(name).model
-        assert LY.trunk_shapes(cfg) == trunk_shapes(cfg)
-        assert {k: v for k, v in LY.expert_shapes(cfg, False).items()} == expert_shapes(cfg)
+        assert MF.trunk_shapes(cfg) == trunk_shapes(cfg)
+        assert {k: v for k, v in MF.expert_shapes(cfg, False).items()} == expert_shapes(cfg)
 
 
 def test_kq_fallback_recorded_for_tiny_rows(run):

@@ -37,6 +37,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,14 +80,7 @@ def calibrate(model: Path, run: Path, out: Path, *, grid: CalibrationGrid = Cali
     from mfgguf.runtime.perplexity import perplexity
 
     model, out, rd = Path(model), Path(out), RunDir(run)
-    if not rd.root.is_dir():
-        raise MfggufError(f"RUN directory not found: {rd.root}; pass the RUN the model was assembled from")
-    if out.is_dir():
-        raise MfggufError(f"{out} is a directory; give a file name such as {out / 'calibrated.gguf'}")
-    if out.exists() and not force:
-        raise MfggufError(f"{out} already exists; pass --force to overwrite it")
-    if tokens < 1:
-        raise MfggufError(f"--tokens {tokens} is too small; pass a positive number of calibration tokens")
+    _check_paths(rd, out, tokens, force)
     header = read_header(model)
     ctx = check_ctx(header, ctx)
     arch, kv = header["arch"], read_kv(model)
@@ -116,20 +110,7 @@ def calibrate(model: Path, run: Path, out: Path, *, grid: CalibrationGrid = Cali
             return seen[key]
 
         zero = np.zeros(n_exp)
-        best = (score(k0, 1.0, zero), k0, 1.0, zero)
-        for k in ks:
-            for t in ((1.0,) if k == 1 else grid.temperature):
-                nll = score(k, float(t), zero)
-                if nll < best[0]:
-                    best = (nll, k, float(t), zero)
-        for _ in range(grid.bias_passes if grid.bias else 0):
-            for i in range(n_exp):
-                for step in grid.bias:
-                    b = best[3].copy()
-                    b[i] += step
-                    nll = score(best[1], best[2], b)
-                    if nll < best[0]:
-                        best = (nll, best[1], best[2], b)
+        best = _search(score, grid, ks, k0, n_exp)
         before = seen[(k0, 1.0, tuple(zero))]
         candidates = [{"top_k": k, "temperature": t, "bias": [float(x) for x in b], "ppl": math.exp(v)}
                       for (k, t, b), v in seen.items()]
@@ -148,6 +129,39 @@ def calibrate(model: Path, run: Path, out: Path, *, grid: CalibrationGrid = Cali
     return {"path": str(out), "model": str(model), "chosen": chosen, "ppl_before": record["ppl_before"],
             "ppl_after": record["ppl_after"], "tokens": record["tokens"], "ctx": ctx, "bias_spread": spread,
             "candidates": candidates}
+
+
+def _check_paths(rd: RunDir, out: Path, tokens: int, force: bool) -> None:
+    if not rd.root.is_dir():
+        raise MfggufError(f"RUN directory not found: {rd.root}; pass the RUN the model was assembled from")
+    if out.is_dir():
+        raise MfggufError(f"{out} is a directory; give a file name such as {out / 'calibrated.gguf'}")
+    if out.exists() and not force:
+        raise MfggufError(f"{out} already exists; pass --force to overwrite it")
+    if tokens < 1:
+        raise MfggufError(f"--tokens {tokens} is too small; pass a positive number of calibration tokens")
+
+
+def _search(score: Callable[[int, float, np.ndarray], float], grid: CalibrationGrid, ks: tuple[int, ...], k0: int,
+            n_exp: int) -> tuple[float, int, float, np.ndarray]:
+    """(nll, top-k, temperature, bias) of the best candidate: the file's own top-k first, then each top-k with
+    each temperature, then each expert's bias, step by step, for `grid.bias_passes` passes."""
+    zero = np.zeros(n_exp)
+    best = (score(k0, 1.0, zero), k0, 1.0, zero)
+    for k in ks:
+        for t in ((1.0,) if k == 1 else grid.temperature):
+            nll = score(k, float(t), zero)
+            if nll < best[0]:
+                best = (nll, k, float(t), zero)
+    for _ in range(grid.bias_passes if grid.bias else 0):
+        for i in range(n_exp):
+            for step in grid.bias:
+                b = best[3].copy()
+                b[i] += step
+                nll = score(best[1], best[2], b)
+                if nll < best[0]:
+                    best = (nll, best[1], best[2], b)
+    return best
 
 
 def _write(model: Path, dst: Path, arch: str, k: int, rows: dict[str, np.ndarray], record: dict) -> None:

@@ -2,7 +2,7 @@
 
 `extend --keep-routing` leaves the old experts' router rows exactly as they were, so tokens rank the
 old experts as before; what still moves an old domain is the added expert taking some of its tokens.
-On SmolLM2 with 768-unit experts that moved manual pages by +1.15% and C++ by +0.62%
+On SmolLM2 with 768-unit experts that still moved old domains' perplexity by around a percent
 (docs/assembly.md). The guard lowers the added experts' logits by b nats and takes the first b of
 a ladder (0, -0.25, -0.5, ...) under which every old expert's own training shard moves by at most
 `max_move` of perplexity against the file before the change, scored by llama.cpp on an evenly
@@ -47,7 +47,7 @@ RIDGE = 1e-4  # of the mean diagonal of G: keeps the solve well posed where G is
 
 @dataclass(frozen=True)
 class Guard:
-    max_move: float = 0.005  # largest relative move of any old expert's shard perplexity (0.005: 0.5%)
+    max_move: float = 0.005  # largest relative move of any old expert's shard perplexity (0.005: half a percent)
     # nats added to the new experts' logits, tried in order; at -8 they are all but never routed to
     steps: tuple[float, ...] = (0.0, -0.25, -0.5, -1.0, -2.0, -4.0, -8.0)
     refine: int = 2  # halvings of the gap between the last step over the limit and the first within it

@@ -16,14 +16,14 @@ Methods:
 
 Scale. Top-1 only needs the argmax, but with top-k > 1 the softmax weights depend on the scale.
 ridge and centroid are scaled so that, at each shard's mean vector, the shard's own expert's
-logit exceeds the average of the others by MARGIN_NATS = 4 on average (about 55x the weight of
+logit exceeds the average of the others by MARGIN_NATS = 4 on average (e^4 times the weight of
 a typical other expert): confident for in-domain tokens, still mixing near the boundaries.
 
 Streaming: `RouterBuilder.add_*` is fed one expert's statistics at a time (even one row chunk of
 a second moment at a time); the state is the N small means plus, for format-1 experts, the pooled
 second moment they add up (layers x dim x dim, f32). Where the pooled G is a file (format 2), a
 `pooled` reader hands it over one layer at a time when the router is solved: one layer in memory
-(4 MB at dim 1,024), not all of them (50 MB at the `1b` preset), so memory does not grow with the
+(dim x dim f32), not all of them, so memory does not grow with the
 experts' sizes or the number of layers.
 
 Example:
@@ -167,8 +167,7 @@ def _one_blas_thread():
     """Run numpy's OpenBLAS on one thread inside the block.
 
     These solves are small (dim x dim, dim ~ 1024): OpenBLAS's thread hand-offs cost more than they
-    save, badly so on small shared machines (measured on 2 vCPUs: solve 170 ms with 2 threads,
-    26 ms with 1; cholesky 500 ms vs 34 ms). Nothing changes where no OpenBLAS is found.
+    save, badly so on small shared machines (docs/assembly.md). Nothing changes where no OpenBLAS is found.
     """
     lib = _openblas()
     if lib is None:

@@ -12,8 +12,8 @@ keeps it valid):
 
 No GGUF reader looks there: llama.cpp and gguf-py read the tensors at their offsets, and llama.cpp
 maps the file without touching those pages. In the header, as base64 key-values (the format before
-this one), llama.cpp formatted every byte while it loaded: +2.5 s and +200 MB peak RSS for a `1b`
-block, and the same again in assembly's own re-read check. A tool that rewrites the file (llama.cpp's
+this one), llama.cpp formatted every byte while it loaded (seconds and hundreds of MB of peak RSS for a `1b`
+block: docs/assembly.md), and the same again in assembly's own re-read check. A tool that rewrites the file (llama.cpp's
 quantizer, gguf-py) drops the block: the file size then no longer equals offset + block length, and
 extend says so instead of reading foreign bytes.
 

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from mfgguf.gguf.fileio import pread_into, pwrite_all
-from mfgguf.converters.layout import Plan
+from mfgguf.converters.plan.layout import Plan
 from mfgguf.converters.merge import open_checked
 from mfgguf.gguf.schema import blk
 from mfgguf.converters.stream import CHUNK_BYTES

@@ -21,9 +21,8 @@ from mfgguf.converters.profile import Profile
 class QuantPool:
     """Quantize and write streamed row chunks on `threads` threads, one whole chunk per thread.
 
-    Splitting one chunk over threads costs more than it gains for small tensors (a 1 MB `1b` expert
-    tensor, q8_0: 464 MB/s on one thread, 239 MB/s split over two on the 2-core machine: the hand-
-    off dominates), and most of a `1b` run's bytes are such tensors. So whole chunks go to
+    Splitting one chunk over threads costs more than it gains for small tensors (a `1b` expert
+    tensor in q8_0 ran about half as fast split over two threads: the hand-off dominates; docs/assembly.md), and most of a `1b` run's bytes are such tensors. So whole chunks go to
     different threads: each lands at its own offset, so their order does not matter, and the copy
     into the page cache overlaps the next chunk's quantization. A chunk's stream buffer is released
     once it is written; at most `4 x threads` chunks are in flight, and a worker's error is raised

@@ -16,13 +16,13 @@ are read once per step whatever the batch, so a larger batch amortises the I/O.
 
 Same training as `run_loop`: the batch at each step, the init, AdamW's arithmetic and the clipping
 are the in-memory run's, so the two agree within float rounding (tests/train/engine/test_streamed.py).
+The loop around it (checkpoints, resume, the held-out curve) is streamed_loop.py.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -32,12 +32,11 @@ from torch.optim.adamw import adamw
 from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.model import Block, RMSNorm, rope_for
-from mfgguf.train.engine.driver import LoopResult, train_steps
-from mfgguf.train.engine.loop import LOGITS_CHUNK, autocast, eval_windows
-from mfgguf.train.engine.offload import ParamStore, Slot, Unit, load_state
+from mfgguf.train.engine.loop import LOGITS_CHUNK, autocast
+from mfgguf.train.engine.offload import ParamStore, Slot, Unit
 
-PIECE = 1 << 22  # f32 elements per piece of the update pass (16 MB per array)
-HEAD_ROWS = 4096  # vocabulary rows of the output head read and applied at once (16 MB at dim 1024)
+PIECE = 1 << 22  # f32 elements per piece of the update pass (4 bytes each, per array)
+HEAD_ROWS = 4096  # vocabulary rows of the output head read and applied at once (x dim f32)
 BASELINE = 400 << 20  # bytes a process needs before any tensor: python, torch, the tokens' mmap
 
 
@@ -173,7 +172,7 @@ class StreamedTrunk:
         """h: (N, C) normalised, y: (N,) -> (log-sum-exp (N,), target logit (N,)) over the vocabulary.
 
         The vocabulary in chunks of HEAD_ROWS rows (each read once), the tokens in blocks under
-        each: the cost is linear in N (chunks sized by N made it quadratic: 0.77x at 4x the batch)."""
+        each: the cost is linear in N (chunks sized by N made it quadratic: docs/memory.md)."""
         N = h.shape[0]
         hb = h.to(self._cdt)  # cast once, as autocast casts the in-memory head's input once
         m = torch.full((N,), -math.inf, device=self.dev)
@@ -231,10 +230,29 @@ class StreamedTrunk:
         xL = self._blocks_forward(x0, cos, sin, keep)  # keep[l]: input of block l, (B, T, C)
         del x0
         sq: dict[str, torch.Tensor] = {}  # squared gradient norm per tensor
-
-        # head: the normalised input with autograd, then the two vocabulary passes
-        xr = xL.reshape(N, -1).detach().requires_grad_()
+        xr = xL.reshape(N, -1).detach().requires_grad_()  # the head's input, with autograd
         del xL
+        loss, dx = self._head_backward(xr, targets, sq)
+        del xr
+        dx = self._blocks_backward(keep, dx.view(B, T, -1), cos, sin, sq)
+
+        # embedding: the gradient of the rows this batch used (every other row's is zero)
+        ge = torch.zeros(len(ids), self.cfg.dim, device=self.dev).index_add_(0, inv.reshape(-1).to(self.dev),
+                                                                            dx.reshape(N, -1))  # (U, C)
+        sq["tok_embd.weight"] = ge.pow(2).sum()
+        del dx
+
+        # clip exactly as torch.nn.utils.clip_grad_norm_, then AdamW tensor by tensor
+        order = [s.name for u in self.units for s in u.slots]
+        total = torch.linalg.vector_norm(torch.stack([sq[n].sqrt() for n in order]))
+        coef = float(torch.clamp(tc.grad_clip / (total + 1e-6), max=1.0))
+        self._todo = (step, lr, tc, coef, ids.numpy(), ge.cpu())
+        return loss
+
+    def _head_backward(self, xr: torch.Tensor, targets: torch.Tensor, sq: dict) -> tuple[float, torch.Tensor]:
+        """The head on the last activations `xr` (N, C): the normalised input with autograd, then the two
+        vocabulary passes; the batch's mean loss and the gradient of `xr`."""
+        N = xr.shape[0]
         self.norm.weight.data = self._norm_weight()
         self.norm.weight.requires_grad_()
         with autocast(self.prec, self.dev):
@@ -266,11 +284,14 @@ class StreamedTrunk:
         gn = self.norm.weight.grad
         sq["output_norm.weight"] = gn.pow(2).sum()
         self.store.write("head", "grad", "P", gn.cpu().numpy().copy(), head.slot("output_norm.weight"))
-        dx = xr.grad.view(B, T, -1)
+        dx = xr.grad
         self.norm.weight.grad = None
-        del h, hn, xr
+        del h, hn
+        return loss, dx
 
-        # blocks, last first, recomputed micro-batch by micro-batch
+    def _blocks_backward(self, keep: list, dx: torch.Tensor, cos, sin, sq: dict) -> torch.Tensor:
+        """The blocks, last first, recomputed micro-batch by micro-batch; the gradient of the embedding's output."""
+        B = dx.shape[0]
         if self.spill:
             self.store.flush_writes()  # the scratch file holds every block input before it is read back
         x_next = self._unstash(keep.pop())
@@ -293,19 +314,7 @@ class StreamedTrunk:
             del x, out
             self._write_grads(unit, dict(self.block.named_parameters()), f"layers.{i}.", sq)
         self._last = None
-
-        # embedding: the gradient of the rows this batch used (every other row's is zero)
-        ge = torch.zeros(len(ids), self.cfg.dim, device=self.dev).index_add_(0, inv.reshape(-1).to(self.dev),
-                                                                            dx.reshape(N, -1))  # (U, C)
-        sq["tok_embd.weight"] = ge.pow(2).sum()
-        del dx
-
-        # clip exactly as torch.nn.utils.clip_grad_norm_, then AdamW tensor by tensor
-        order = [s.name for u in self.units for s in u.slots]
-        total = torch.linalg.vector_norm(torch.stack([sq[n].sqrt() for n in order]))
-        coef = float(torch.clamp(tc.grad_clip / (total + 1e-6), max=1.0))
-        self._todo = (step, lr, tc, coef, ids.numpy(), ge.cpu())
-        return loss
+        return dx
 
     def update(self, commit: dict | None = None, wait: bool = False) -> None:
         """AdamW for the step just computed, on the update thread: reads set `cur`, writes the other,
@@ -380,119 +389,3 @@ class StreamedTrunk:
                     self.store.write(u.name, nxt, region, a.numpy(), s, r0)
                 if k + 1 == len(pieces) or pieces[k + 1][0] is not u:  # the unit's last piece is queued
                     self.store.after_writes(self._ready[u.name].set)
-
-
-# ---- the loop ---------------------------------------------------------------------------------------
-
-
-def init_from_seed(cfg: ModelConfig, seed: int) -> Callable[[Slot], torch.Tensor]:
-    """The initial value of each tensor, drawn in model order exactly as `Transformer.reset_parameters`
-    draws them (norms are ones), one tensor in memory at a time."""
-    g = torch.Generator().manual_seed(seed)
-    std = 0.02
-
-    def init(slot: Slot) -> torch.Tensor:
-        t = torch.ones(slot.shape)
-        if len(slot.shape) == 2:
-            s = std / math.sqrt(2 * cfg.n_layers) if slot.name.endswith(("attn_output.weight", "down.weight")) else std
-            t.normal_(0.0, s, generator=g)
-        return t
-
-    return init
-
-
-def streamed_loop(trunk: StreamedTrunk, data: np.ndarray, tc: TrainConfig, *, stream: int, ckpt_meta: dict,
-                  progress: bool, label: str, heldout: Callable[[], dict] | None, branch_path=None) -> LoopResult:
-    """`run_loop` for a StreamedTrunk: the same driver, batches, schedule and held-out curve; every step
-    is a checkpoint. `branch_path`: where a wsd run keeps its branch point (branch.py)."""
-    impl = StreamedSteps(trunk, tc, ckpt_meta, branch_path)
-    res = train_steps(impl, data, tc, ctx_len=trunk.cfg.ctx_len, stream=stream, label=label, progress=progress,
-                      heldout=heldout)
-    res.io_per_step = impl.io or [0, 0]
-    return res
-
-
-class StreamedSteps:
-    """A StreamedTrunk's step for the driver (driver.Steps): forward and backward, then the update on its
-    own thread, overlapped with the next step's forward, and committed as the checkpoint once written."""
-
-    def __init__(self, trunk: StreamedTrunk, tc: TrainConfig, ckpt_meta: dict, branch_path=None):
-        self.trunk, self.store, self.tc, self.ckpt_meta = trunk, trunk.store, tc, ckpt_meta
-        self.branch_path = branch_path
-        self.io: list[int] | None = None  # [bytes read, bytes written] by the last step
-        self._issued = False  # this step's update was started by settle()
-        self._bytes = (0, 0)
-
-    def resume(self) -> dict | None:
-        store, cfg = self.store, self.trunk.cfg
-        state = load_state(store.root)
-        if state is None:
-            store.create(init_from_seed(cfg, self.tc.seed))
-            state = {**self.ckpt_meta, "step": 0, "set": "a", "history": [], "heldout_history": []}
-            store.commit(state)
-        for k, v in self.ckpt_meta.items():
-            if state.get(k) != v:
-                raise MfggufError(f"streamed checkpoint {store.root} is from a different {k} than this training;"
-                                  " pass --restart (restart=True) to delete it and start over")
-        self.trunk.set = state["set"]
-        return state
-
-    def step(self, step: int, x, y, lr: float) -> float:
-        self._bytes, self._issued = (self.store.bytes_read, self.store.bytes_written), False
-        return self.trunk.step(x, y, step, lr, self.tc)
-
-    def settle(self) -> None:
-        self.trunk.update(wait=True)  # the curve point scores the updated weights
-        self._issued = True
-
-    def checkpoint(self, step: int, state: dict, last: bool) -> None:
-        state = {**self.ckpt_meta, **state}
-        if self._issued:
-            self.store.commit({**state, "set": self.trunk.set})
-        else:
-            self.trunk.update(commit=state)  # overlaps the next step's forward
-        self.io = [self.store.bytes_read - self._bytes[0], self.store.bytes_written - self._bytes[1]]
-
-    def branch(self, step: int, state: dict) -> None:
-        """The branch point from the store's current set, one tensor at a time (P, M, V = weight and moments)."""
-        if self.branch_path is None:
-            return
-        if step and not self._issued:
-            self.settle()
-        from mfgguf.train.whole.branch import save_branch
-
-        where = {s.name: (u, s) for u in self.trunk.units for s in u.slots}
-        region = {"param": "P", "exp_avg": "M", "exp_avg_sq": "V"}
-
-        def read(part: str, name: str) -> np.ndarray:
-            u, s = where[name]
-            return self.store.read(u.name, self.trunk.set, region[part], s)
-
-        save_branch(self.branch_path, {n: s.shape for n, (u, s) in where.items()}, read,
-                    {**self.ckpt_meta, **state, "adam_step": step})
-
-    def finish(self) -> None:
-        self.trunk.join()
-
-
-def streamed_heldout(trunk: StreamedTrunk, heldout_dir, max_tokens: int, budget_tokens: int) -> dict:
-    """{domain: mean loss} like `heldout_losses`, forward-streamed in groups of windows."""
-    from pathlib import Path
-
-    from mfgguf.train.engine.loop import load_tokens
-
-    out = {}
-    for f in sorted(Path(heldout_dir).glob("*.npy")):
-        tokens = load_tokens(f, f"held-out tokens of {f.stem}")
-        starts, win = eval_windows(tokens, trunk.cfg.ctx_len, max_tokens)
-        if not len(starts):
-            continue
-        per = max(1, budget_tokens // win)
-        total, count = 0.0, 0
-        for b in range(0, len(starts), per):
-            rows = np.stack([np.asarray(tokens[s : s + win + 1], dtype=np.int64) for s in starts[b : b + per]])
-            w = torch.from_numpy(rows)
-            total += float(trunk.token_losses(w[:, :-1], w[:, 1:]).double().sum())
-            count += w[:, 1:].numel()
-        out[f.stem] = total / count
-    return out

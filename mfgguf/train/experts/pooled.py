@@ -19,7 +19,7 @@ needed, but the deeper layers' FFN inputs then lack the experts' contribution; m
 Output: modules/router_stats.safetensors (`router_stats.blk.{l}.second_moment`, f32) and its JSON,
 recorded in the manifest with their hashes; the JSON names the trunk and every expert (sha256) it
 was computed with, so assembly never uses statistics that predate a retrained module: it runs this
-pass again first (converters/ensure_stats.py).
+pass again first (converters/plan/ensure_stats.py).
 
 Example:
     >>> pool_router_stats(Path("RUN"))["router_stats_count"]

@@ -44,7 +44,8 @@ from mfgguf.train.fanout.jobs import Job
 # use the largest.
 JOB_MB = {"tiny": 560, "small": 1350, "1b": 2048}
 # Torch threads one job should get before another job runs beside it (scripts/bench_fanout.py on 2 cores:
-# tiny, 2 jobs x 1 thread = 1.34x faster than 1 job x 2 threads; small 0.70x, so small keeps 2).
+# tiny runs faster as 2 jobs x 1 thread than as 1 job x 2 threads, small slower, so small keeps 2;
+# docs/distributed.md).
 JOB_THREADS = {"tiny": 1, "small": 2, "1b": 2}
 MEMORY_HEADROOM = 0.85  # share of available memory the local scheduler may fill with jobs
 
@@ -61,7 +62,7 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
     cap = os.environ.get("OMP_NUM_THREADS", "")
     cores = min(cores, int(cap)) if cap.isdigit() and int(cap) > 0 else cores
     if workers is None:
-        avail_mb = mem_available(fallback=8 << 30) / (1 << 20)  # unknown: assume an 8 GB laptop
+        avail_mb = mem_available(fallback=8 << 30) / (1 << 20)  # unknown: assume a small laptop's 8 GiB
         fit = int(avail_mb * MEMORY_HEADROOM // JOB_MB.get(preset, max(JOB_MB.values())))
         workers = max(1, min(cores // JOB_THREADS.get(preset, 2), fit))
     if workers < 1:
@@ -109,41 +110,9 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
         backend = RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", "small"), max(JOB_MB.values())),
                              transfer=transfer, retries=retries)
     t0 = time.perf_counter()
-    all_jobs: list[Job] = []
-    syncs = 0
     try:
-        while True:
-            if rd.pending_sync() is not None:  # a sync that was killed: finish it first
-                from mfgguf.train.rounds.sync import sync
-
-                sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
-            trunk = _trunk_meta(rd)
-            if trunk.get("final"):
-                break
-            r = int(trunk.get("round", 0)) + 1
-            jobs = [Job(i, r, log=str(rd.root / "logs" / f"{module_name(i)}.log")) for i in ids
-                    if not _trained(rd, i, trunk, r)]
-            if jobs:
-                _say(progress, f"round {r}/{rounds}: {len(jobs)} expert job(s) on {backend.describe()}")
-                backend.run(jobs, opts, _LiveView(jobs, progress))
-                all_jobs += jobs
-            failed = [j for j in jobs if j.state == "failed"]
-            if failed:
-                break
-            if not _needs_sync(rd, ids):
-                break
-            from mfgguf.train.rounds.sync import sync
-
-            if len(ids) < int(info["n_experts"]) and sorted(ids) != recorded_experts(trunk):
-                _say(progress, f"round {r}: the {len(ids)} selected experts are trained; train the others, then"
-                               f" `mfgguf sync {rd.root}`, or merge these alone: `mfgguf sync {rd.root} --experts"
-                               f" {','.join(map(str, ids))}`")
-                break
-            _say(progress, f"sync {r}/{rounds}")
-            sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
-            syncs += 1
-            if r >= rounds:
-                break
+        all_jobs, syncs = _run_rounds(rd, ids, int(info["n_experts"]), rounds, backend, opts, progress, outer_lr,
+                                      outer_momentum)
         if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, int(info["n_experts"])) \
                 and not router_stats_current(rd):
             from mfgguf.train.experts.pooled import pool_router_stats
@@ -164,6 +133,47 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
         raise MfggufError(f"{len(summary['failed'])} expert job(s) failed, e.g. {module_name(first.expert)}: {first.error}"
                           f" (log: {first.log}); fix it and re-run train-experts to train only what is missing")
     return summary
+
+
+def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend, opts: JobOptions, progress: bool,
+                outer_lr: float, outer_momentum: float) -> tuple[list[Job], int]:
+    """Each round's jobs of the experts not trained yet, then its sync, until the last round (or a failure,
+    or a selection that leaves other experts to train first); every job run, and the syncs."""
+    all_jobs: list[Job] = []
+    syncs = 0
+    while True:
+        if rd.pending_sync() is not None:  # a sync that was killed: finish it first
+            from mfgguf.train.rounds.sync import sync
+
+            sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
+        trunk = _trunk_meta(rd)
+        if trunk.get("final"):
+            break
+        r = int(trunk.get("round", 0)) + 1
+        jobs = [Job(i, r, log=str(rd.root / "logs" / f"{module_name(i)}.log")) for i in ids
+                if not _trained(rd, i, trunk, r)]
+        if jobs:
+            _say(progress, f"round {r}/{rounds}: {len(jobs)} expert job(s) on {backend.describe()}")
+            backend.run(jobs, opts, _LiveView(jobs, progress))
+            all_jobs += jobs
+        failed = [j for j in jobs if j.state == "failed"]
+        if failed:
+            break
+        if not _needs_sync(rd, ids):
+            break
+        from mfgguf.train.rounds.sync import sync
+
+        if len(ids) < n_experts and sorted(ids) != recorded_experts(trunk):
+            _say(progress, f"round {r}: the {len(ids)} selected experts are trained; train the others, then"
+                           f" `mfgguf sync {rd.root}`, or merge these alone: `mfgguf sync {rd.root} --experts"
+                           f" {','.join(map(str, ids))}`")
+            break
+        _say(progress, f"sync {r}/{rounds}")
+        sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
+        syncs += 1
+        if r >= rounds:
+            break
+    return all_jobs, syncs
 
 
 # ---- what is done ------------------------------------------------------------------------------

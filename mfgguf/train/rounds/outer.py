@@ -8,7 +8,7 @@ pseudo-gradient Δ = t - m (t: the trunk the round started from), and the next t
     t' = t - η (Δ + μ v')     Nesterov's look-ahead form, as DiLoCo's outer SGD
 
 η = 1, μ = 0 is plain sync (t' = m; that path does not run this code, so its bits are unchanged).
-DiLoCo's choice is η = 0.7, μ = 0.9: at the first sync that moves the trunk 1.33x the way to the
+DiLoCo's choice is η = 0.7, μ = 0.9: at the first sync that moves the trunk η (1 + μ) times the way to the
 merge, later ones also along the previous rounds' direction.
 
 The momentum v (f32, only the merged tensors, in trunk order) is a safetensors file written beside

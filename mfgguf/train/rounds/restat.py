@@ -116,8 +116,8 @@ def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = 
 
 def trunk_scoring(trunk_meta: dict, experts: list[dict] = ()) -> tuple[int, str]:
     """(held-out tokens a domain, precision) the trunk is scored with. A trunk trained here: as it scored
-    itself. An imported base never trained here: its own settings (65,536 tokens a domain, fp32) took 377 s
-    of a sync on SmolLM2 (15-18 s now), so it is scored as its `experts` (their metadata) score themselves:
+    itself. An imported base never trained here: its own settings (65,536 tokens a domain, fp32) made
+    most of a sync's time on SmolLM2 (docs/sync-rounds.md), so it is scored as its `experts` (their metadata) score themselves:
     their held-out tokens, their precision."""
     eval_tokens = int(trunk_meta.get("train", {}).get("eval_tokens", 65_536))
     if trunk_meta.get("source") == "base" and experts:

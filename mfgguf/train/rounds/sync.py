@@ -134,7 +134,8 @@ def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[i
 
 def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, device: str, progress: bool,
            outer_lr: float = 1.0, outer_momentum: float = 0.0) -> Path:
-    from mfgguf.converters.layout import load_module, trunk_shapes, model_config
+    from mfgguf.converters.plan.modules import load_module, trunk_shapes
+    from mfgguf.converters.plan.layout import model_config
     from mfgguf.train.experts.expert import load_trunk_meta
     from mfgguf.train.rounds.outer import check_outer, previous_momentum
 

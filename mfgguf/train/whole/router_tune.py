@@ -50,7 +50,7 @@ class RouterTuning:
     epochs: int = 4  # passes over those windows
     lr: float = 1e-3  # Adam's step on the router rows (their entries are O(0.1) after the ridge fit)
     batch_size: int = 8  # windows per step
-    micro_batch: int = 2  # windows per forward/backward (gradients accumulate): 3.5 GB peak at SmolLM2 + 4 experts, 6 at 8
+    micro_batch: int = 2  # windows per forward/backward (gradients accumulate): bounds the peak (docs/assembly.md)
     ctx: int | None = None  # tuning window; None: the context the experts trained with
     val_tokens: int = 8192  # validation tokens scored by llama.cpp before and after, spread over the experts
     val_ctx: int | None = None  # llama.cpp's scoring window; None: 1,024 or the model's context
@@ -70,14 +70,49 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
     tuning never saw (each shard's last tenth) is lower; OUT then differs from MODEL in its router
     tensors and the `mfgguf.router_tuning` record only. The held-out split is never read.
     """
-    import torch  # here, not at the top: the CLI imports this module for its defaults and must start without torch
-
-    from mfgguf.reference import gguf_provenance, reference_model
+    from mfgguf.reference import gguf_provenance
     from mfgguf.runtime.llm import check_ctx, read_header
-    from mfgguf.runtime.perplexity import WINDOW, perplexity
-    from mfgguf.train.engine.loop import autocast, resolve_precision
+    from mfgguf.runtime.perplexity import WINDOW
 
     model, out, rd, t = Path(model), Path(out), RunDir(run), tuning
+    _check_args(model, out, rd, t, force)
+    prov = gguf_provenance(model)
+    experts = prov["experts"]
+    if len(experts) + prov["complement"] < 2:
+        raise MfggufError(f"{model} routes {len(experts) + prov['complement']} FFN; router tuning needs a MoE GGUF with 2+ experts")
+    metas = _checked_metas(rd, model, experts)  # {0: trunk, i: expert i}
+    ctx = int(t.ctx or metas[0]["config"]["ctx_len"])
+    budget = t.tokens if t.tokens is not None else sum(int(metas[i].get("tokens_seen") or 0) for i in experts) // 100
+    if budget < 1:
+        raise MfggufError(f"--tokens {budget} is too small; pass a positive number of tuning tokens")
+    header = read_header(model)
+    val_ctx = check_ctx(header, t.val_ctx or min(WINDOW, header["context_length"]))
+    windows, val = sample_windows(rd, experts, budget, ctx, t.val_tokens, val_ctx, t.seed)  # (W, ctx+1), (V,)
+
+    tuned, before_rows, history, precision, tune_s = _tune_rows(rd, model, windows, t, ctx, progress)
+
+    say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
+    before, after = _score(model, out, tuned, val, val_ctx, threads)
+    kept = after["nll"] < before["nll"]
+    say(f"tune-router: validation ppl {before['ppl']:.4f} -> {after['ppl']:.4f}: "
+        + ("tuned rows kept" if kept else "tuned rows dropped, the file's rows written back"))
+    record = {**asdict(t), "tokens": int(windows.size - len(windows)), "ctx": ctx, "val_ctx": val_ctx,
+              "val_tokens": int(len(val)), "steps": len(history), "precision": precision, "tune_s": tune_s,
+              "loss_first": history[0], "loss_last": history[-1], "ppl_before": before["ppl"],
+              "ppl_tuned": after["ppl"], "kept": kept, "sample": [f"data/shard_{i:03d}.npy" for i in experts],
+              "previous": read_kv(model).get(TUNING_KEY)}
+    final = tuned if kept else before_rows
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
+        write_edited(model, tmp, [(TUNING_KEY, "STRING", json.dumps(record, sort_keys=True))], final, "the tuned file")
+        os.chmod(tmp, 0o644)
+    return {"path": str(out), "model": str(model), "kept": kept, "ppl_before": before["ppl"],
+            "ppl_tuned": after["ppl"], "ppl_after": after["ppl"] if kept else before["ppl"],
+            "tokens": record["tokens"], "steps": len(history), "tune_s": tune_s, "val_tokens": record["val_tokens"],
+            "loss_first": history[0], "loss_last": history[-1], "history": history}
+
+
+def _check_args(model: Path, out: Path, rd: RunDir, t: RouterTuning, force: bool) -> None:
     if not rd.root.is_dir():
         raise MfggufError(f"RUN directory not found: {rd.root}; pass the RUN the model was assembled from")
     if not model.is_file():
@@ -93,18 +128,15 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
             raise MfggufError(f"{name} {v} is too small; pass a positive number")
     if not t.lr > 0:
         raise MfggufError(f"--lr {t.lr} must be positive")
-    prov = gguf_provenance(model)
-    experts = prov["experts"]
-    if len(experts) + prov["complement"] < 2:
-        raise MfggufError(f"{model} routes {len(experts) + prov['complement']} FFN; router tuning needs a MoE GGUF with 2+ experts")
-    metas = _checked_metas(rd, model, experts)  # {0: trunk, i: expert i}
-    ctx = int(t.ctx or metas[0]["config"]["ctx_len"])
-    budget = t.tokens if t.tokens is not None else sum(int(metas[i].get("tokens_seen") or 0) for i in experts) // 100
-    if budget < 1:
-        raise MfggufError(f"--tokens {budget} is too small; pass a positive number of tuning tokens")
-    header = read_header(model)
-    val_ctx = check_ctx(header, t.val_ctx or min(WINDOW, header["context_length"]))
-    windows, val = sample_windows(rd, experts, budget, ctx, t.val_tokens, val_ctx, t.seed)  # (W, ctx+1), (V,)
+
+
+def _tune_rows(rd: RunDir, model: Path, windows: np.ndarray, t: RouterTuning, ctx: int, progress: bool):
+    """Adam steps on the router rows alone, the rest of the reference model frozen; (tuned rows by tensor name,
+    the file's rows, the loss per step, the precision, the seconds)."""
+    import torch  # here, not at the top: the CLI imports this module for its defaults and must start without torch
+
+    from mfgguf.reference import reference_model
+    from mfgguf.train.engine.loop import autocast, resolve_precision
 
     dev = torch.device("cpu")
     precision = resolve_precision(t.precision, dev)
@@ -146,32 +178,21 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
     names = [f"blk.{l}.ffn_gate_inp.weight" for l in range(len(rows))]
     before_rows = read_f32(model, names)
     tuned = {n: r.detach().float().numpy().reshape(before_rows[n].shape) for n, r in zip(names, rows)}
-    del net, rows, opt  # llama.cpp scores next: the reference's f32 weights need not stay resident
+    return tuned, before_rows, history, precision, tune_s  # the reference's f32 weights go: llama.cpp scores next
 
-    say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
+
+def _score(model: Path, out: Path, tuned: dict[str, np.ndarray], val: np.ndarray, val_ctx: int,
+           threads: int | None) -> tuple[dict, dict]:
+    """llama.cpp's perplexity on the validation windows with the file's rows, then with the tuned ones."""
+    from mfgguf.runtime.perplexity import perplexity
+
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.tune.", dir=out.parent if out.parent.is_dir() else None) as td:
         scratch = Path(td) / "candidate.gguf"
         copy_with_kv(model, scratch, [])
         before = perplexity(scratch, val, ctx=val_ctx, threads=threads)
         set_f32(scratch, tuned)
         after = perplexity(scratch, val, ctx=val_ctx, threads=threads)
-    kept = after["nll"] < before["nll"]
-    say(f"tune-router: validation ppl {before['ppl']:.4f} -> {after['ppl']:.4f}: "
-        + ("tuned rows kept" if kept else "tuned rows dropped, the file's rows written back"))
-    record = {**asdict(t), "tokens": int(windows.size - len(windows)), "ctx": ctx, "val_ctx": val_ctx,
-              "val_tokens": int(len(val)), "steps": len(history), "precision": precision, "tune_s": tune_s,
-              "loss_first": history[0], "loss_last": history[-1], "ppl_before": before["ppl"],
-              "ppl_tuned": after["ppl"], "kept": kept, "sample": [f"data/shard_{i:03d}.npy" for i in experts],
-              "previous": read_kv(model).get(TUNING_KEY)}
-    final = tuned if kept else before_rows
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
-        write_edited(model, tmp, [(TUNING_KEY, "STRING", json.dumps(record, sort_keys=True))], final, "the tuned file")
-        os.chmod(tmp, 0o644)
-    return {"path": str(out), "model": str(model), "kept": kept, "ppl_before": before["ppl"],
-            "ppl_tuned": after["ppl"], "ppl_after": after["ppl"] if kept else before["ppl"],
-            "tokens": record["tokens"], "steps": len(history), "tune_s": tune_s, "val_tokens": record["val_tokens"],
-            "loss_first": history[0], "loss_last": history[-1], "history": history}
+    return before, after
 
 
 def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_tokens: int, val_ctx: int,

@@ -35,14 +35,14 @@ from mfgguf.train.engine.loop import (check_token_range, heldout_losses, limit_h
                    resolve_precision, result_meta, run_loop)
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
-ONE_SEQUENCE_BUDGET = 11 << 27  # 1.375 GiB: one sequence's activations + the trunk in bf16, for micro-batches of 1
-#                                 (SmolLM2 at ctx 512 estimates 1.24 GiB and trains so; `1b` 1.51 GiB: recompute)
+ONE_SEQUENCE_BUDGET = 11 << 27  # bytes: one sequence's activations + the trunk in bf16, for micro-batches of 1
+#                                 (SmolLM2 at ctx 512 fits and trains so; `1b` does not: recompute; docs/memory.md)
 STREAMED_ACCUM = 4  # streamed runs: sequences per step = batch_size x this unless --accum says otherwise
 #                     (the step's I/O is fixed; see docs/results/bench-trunk-stream.jsonl)
 
 
 def activation_bytes(cfg, sequences: int) -> int:
-    """A rough (high: measured 1.4x at SmolLM2's shape) estimate of one forward's saved activations."""
+    """A rough (high, at SmolLM2's shape: docs/memory.md) estimate of one forward's saved activations."""
     per_tok_layer = 4 * (12 * cfg.dim + 3 * (cfg.anchor_ff + cfg.expert_ff))  # bytes, bf16/f32 mix
     logits = 4 * 3 * cfg.vocab_size  # f32 logits, log-softmax and its gradient
     return sequences * cfg.ctx_len * (cfg.n_layers * per_tok_layer + logits)
@@ -59,11 +59,10 @@ def plan_activations(cfg, batch_size: int) -> tuple[bool, int]:
     The whole batch when it fits; else the largest micro-batch of at least 2 sequences that fits,
     its gradients accumulated over the batch, without recompute; else single sequences where one
     sequence's activations and the trunk's bf16 weights fit ONE_SEQUENCE_BUDGET; else recompute over
-    the whole batch. Measured at SmolLM2's shape (bf16, AVX512-BF16; scripts/bench_train_real.py):
-    at 16 x 256, micro-batches of 2 ran 702 tokens/s at 1.7 GB, recompute 269 tokens/s at 1.2 GB
-    (515 at 2.7 GB without the heap limit it needs), the whole batch 601 tokens/s at 6.7 GB, single
-    sequences 630; at 8 x 512, single sequences 523 tokens/s at 1.66 GB against recompute's 238 at
-    1.21 GB. The `1b` preset (its trunk twice SmolLM2's) keeps recompute and its 1.5 GB goal.
+    the whole batch. That order is the measured one at SmolLM2's shape (scripts/bench_train_real.py;
+    the figures are in docs/memory.md): micro-batches beat recompute and the whole batch in speed at
+    a fraction of the whole batch's memory. The `1b` preset (its trunk twice SmolLM2's) keeps recompute
+    and its memory goal.
     """
     if not wants_recompute(cfg, batch_size):
         return False, batch_size
@@ -149,18 +148,7 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
         raise MfggufError(f"--accum {accum} must be at least 1")
     budget = parse_size(memory_budget) if memory_budget is not None else None
     limit = budget if budget is not None else mem_available(fallback=1 << 50)  # unknown: train in memory
-    resumable = (ckpt_dir / "stream" / "state.json").is_file()
-    streamed = resumable or in_memory_bytes(cfg, tc.batch_size * (accum or 1)) > limit if stream is None else stream
-    if resumable and not streamed:
-        raise MfggufError(f"{ckpt_dir} holds a layer-streamed checkpoint; continue it with --stream, or pass --restart"
-                          " to start over in memory")
-    if streamed:
-        if (ckpt_dir / "state.safetensors").is_file():
-            raise MfggufError(f"{ckpt_dir} holds an in-memory checkpoint but this run would stream; pass --restart"
-                              " to start over streamed, or train without --memory-budget to continue it")
-        if budget is None and stream is None and progress:
-            print(f"trunk: about {in_memory_bytes(cfg, tc.batch_size) / 2**30:.1f} GiB in memory, more than the"
-                  f" {limit / 2**30:.1f} GiB available: training layer-streamed", file=sys.stderr)
+    if _streams(cfg, tc, ckpt_dir, accum, budget, limit, stream, progress):
         return _train_streamed(rd, info, preset, cfg, tc, data, dev, prec, ckpt_dir, int(0.8 * limit) if budget is None else budget,
                                STREAMED_ACCUM if accum is None else accum, progress, t_start)
     tc = replace(tc, batch_size=tc.batch_size * (accum or 1))
@@ -195,11 +183,31 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
     return meta
 
 
+def _streams(cfg, tc, ckpt_dir: Path, accum: int | None, budget: int | None, limit: int, stream: bool | None,
+             progress: bool) -> bool:
+    """Whether the trunk trains layer-streamed: forced by `stream`, else when a streamed checkpoint is there or the
+    in-memory estimate exceeds `limit`; a checkpoint of the other kind is refused."""
+    resumable = (ckpt_dir / "stream" / "state.json").is_file()
+    streamed = resumable or in_memory_bytes(cfg, tc.batch_size * (accum or 1)) > limit if stream is None else stream
+    if resumable and not streamed:
+        raise MfggufError(f"{ckpt_dir} holds a layer-streamed checkpoint; continue it with --stream, or pass --restart"
+                          " to start over in memory")
+    if streamed:
+        if (ckpt_dir / "state.safetensors").is_file():
+            raise MfggufError(f"{ckpt_dir} holds an in-memory checkpoint but this run would stream; pass --restart"
+                              " to start over streamed, or train without --memory-budget to continue it")
+        if budget is None and stream is None and progress:
+            print(f"trunk: about {in_memory_bytes(cfg, tc.batch_size) / 2**30:.1f} GiB in memory, more than the"
+                  f" {limit / 2**30:.1f} GiB available: training layer-streamed", file=sys.stderr)
+    return streamed
+
+
 def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, prec: str, ckpt_dir: Path, budget: int,
                     accum: int, progress: bool, t_start: float) -> dict:
     """train_trunk's second half for a layer-streamed run (streamed.py): same meta, same module file."""
     from mfgguf.train.engine.offload import ParamStore, trunk_units
-    from mfgguf.train.engine.streamed import StreamedTrunk, plan_micro, streamed_bytes, streamed_heldout, streamed_loop
+    from mfgguf.train.engine.streamed import StreamedTrunk, plan_micro, streamed_bytes
+    from mfgguf.train.engine.streamed_loop import streamed_heldout, streamed_loop
 
     micro_of = tc.batch_size  # the user's batch: one micro-batch when it fits
     tc = replace(tc, batch_size=tc.batch_size * accum)

@@ -159,7 +159,8 @@ def test_spilled_activations_change_nothing(prepared_run, tmp_path):
     from mfgguf.train.engine.driver import get_batch
     from mfgguf.train.engine.loop import load_tokens, resolve_device
     from mfgguf.train.engine.offload import ParamStore, trunk_units
-    from mfgguf.train.engine.streamed import StreamedTrunk, init_from_seed
+    from mfgguf.train.engine.streamed import StreamedTrunk
+    from mfgguf.train.engine.streamed_loop import init_from_seed
 
     p = get_preset("tiny")
     cfg = replace(p.model, vocab_size=512)

@@ -199,7 +199,9 @@ def test_a_held_out_expert_sits_out_every_sync(round1, tmp_path):
     assert m3["trunk_sha256"] == _meta(run, 0)["sha256"] and not m3.get("shared_tensors")
     pooled = json.loads(rd.router_stats_meta.read_text())  # over 1 and 2: assembly with 3 pools again, and says why
     assert router_stats_stale(pooled, m3["trunk_sha256"], {"expert_003": m3["sha256"]}) == "cover other experts, not expert_003"
-    r = assemble(run, tmp_path / "all.gguf", quant="f32", progress=False)
+    from mfgguf.train.experts.pooled import pool_router_stats
+
+    r = assemble(run, tmp_path / "all.gguf", quant="f32", progress=False, pool_stats=pool_router_stats)
     assert r["experts"] == list(EXPERTS) and r["merged_tensors"] == 0
 
 

@@ -5,11 +5,14 @@ The ridge router needs the second moment of the FFN inputs pooled over every exp
 by one with `train-expert` has none, and retraining one expert makes it stale. Then `assemble`
 computes it first (one line on stderr says so; the pass shows its progress bar when progress is
 on), as `mfgguf router-stats RUN` would, with the source the old statistics were computed from.
-The pass needs torch, imported only then. Where the pass cannot run on this machine (an expert
-not trained here, or a shard absent), the planner's error stands, with the reason appended.
+The pass itself (train/experts/pooled.py's `pool_router_stats`) sits on the training floor above this
+one, so the callers above (the CLI's `assemble` and `extend`) hand it in as `pool`, importing torch only when
+it runs; without it the planner's error stands, and it names the `mfgguf router-stats` that fixes it.
+Where the pass cannot run on this machine (an expert not trained here, or a shard absent), the planner's
+error stands too, with the reason appended.
 
 Example:
-    >>> p = plan_with_stats(lambda: plan(rd, ...), rd, progress=True)
+    >>> p = plan_with_stats(lambda: plan(rd, ...), rd, progress=True, pool=pool_router_stats)
 """
 
 from __future__ import annotations
@@ -20,29 +23,32 @@ from typing import Callable, TypeVar
 
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_module_meta, untrained_reason
-from mfgguf.converters.layout import PooledStatsNeeded
+from mfgguf.converters.plan.modules import PooledStatsNeeded
 
 T = TypeVar("T")
+# the router-stats pass: pool_router_stats(run, *, source, progress, experts)
+Pool = Callable[..., object]
 
 
 def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool, verb: str = "assemble",
-                    experts: list[int] | None = None) -> T:
+                    experts: list[int] | None = None, pool: Pool | None = None) -> T:
     """`make_plan()`; where it stops for missing or stale pooled statistics, run the pass and plan again.
 
     `experts` are the ones the plan takes (None: every expert of the run): the pass pools over
-    those only, so a run whose other experts are not trained yet still assembles the trained ones."""
+    those only, so a run whose other experts are not trained yet still assembles the trained ones.
+    `pool` is the pass; None: the planner's error stands."""
     try:
         return make_plan()
     except PooledStatsNeeded as e:
+        if pool is None:
+            raise
         source = _recorded_source(rd)
         if (blocked := cannot_pool(rd, source, experts)) is not None:
             raise MfggufError(f"{e} ({verb} cannot compute them here: {blocked})") from None
         some = "" if experts is None else " --experts " + ",".join(map(str, experts))
         print(f"{verb}: the pooled router statistics {e.why}; computing them first (`mfgguf router-stats"
               f" {rd.root}{' --source trunk' if source == 'trunk' else some}`)", file=sys.stderr, flush=True)
-        from mfgguf.train.experts.pooled import pool_router_stats  # torch: only when the pass runs
-
-        pool_router_stats(rd.root, source=source, progress=progress, experts=experts)
+        pool(rd.root, source=source, progress=progress, experts=experts)
     return make_plan()
 
 

@@ -1,0 +1,249 @@
+"""The file `extend` writes: laid out from the finished file's header and the additions, then streamed.
+
+The trunk and the kept experts' slots are copied byte for byte (copy_file_range, no decode); only the new
+experts' tensors are quantized as their module files stream; the router rows and the statistics block go
+in last (extend.py tells the whole story).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mfgguf.errors import MfggufError
+from mfgguf.converters import quant as Q
+from mfgguf.gguf.fileio import pread_into, pwrite_all, truncated
+from mfgguf.converters.plan.modules import Module
+from mfgguf.converters.plan.header import Slot, header_bytes, write_header
+from mfgguf.converters.merge import open_checked
+from mfgguf.converters.routing.router import RouterBuilder, keep_rows
+from mfgguf.converters.routing.stats import StatsBlock, block_start, read_f32, with_offset
+from mfgguf.gguf.schema import (ALIGNMENT, QTYPE_BY_ID, ROUTING_RECORDS, RS_COUNTS, RS_EXPERT_SOURCE, RS_SOURCE_COUNTS, RS_SOURCES, blk)
+from mfgguf.converters.stream import stream_modules
+from mfgguf.converters.extension.source import Additions, Source
+
+EXPS_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
+FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.weight")
+STAT_RE = re.compile(r"router_stats\.blk\.(\d+)\.(mean|second_moment)")
+COPY_BYTES = 64 << 20  # bytes per copy_file_range call
+
+
+# ---- the new file --------------------------------------------------------------------------------
+
+
+@dataclass
+class Extension:
+    src: Source
+    slot_of: list[int | None]  # new slot -> old slot, or None for an added expert
+    new: list[Module]  # added experts, in slot order after the kept ones
+    sources: list[int | None]  # new source -> old source, or None for the added RUN's
+    adds: Additions | None
+    kv: list
+    slots: list[Slot]
+    arch: str
+    header: bytes = b""  # layout.header_bytes
+    data_offset: int = 0
+    total_size: int = 0
+    stats: StatsBlock | None = None  # the new file's statistics block
+    old: dict[str, object] = field(default_factory=dict)  # old tensor infos by name
+
+
+def plan_extension(src: Source, keep: list[int], adds: Additions | None, keep_routing: bool = False) -> Extension:
+    v = src.h.value
+    new = adds.mods if adds else []
+    N = len(keep) + len(new)
+    if N == 0:
+        raise MfggufError("that removes every expert; assemble the trunk alone with `mfgguf assemble RUN --experts none`")
+    if src.top_k > N:
+        raise MfggufError(f"{src.path.name} routes each token to {src.top_k} experts; it cannot keep only {N}")
+    old_src = v(RS_EXPERT_SOURCE)
+    sources: list[int | None] = sorted({old_src[p] for p in keep})
+    expert_source = [sources.index(old_src[p]) for p in keep]
+    if new:
+        shas = v(RS_SOURCES)
+        s = next((sources.index(j) for j, sha in enumerate(shas) if sha == adds.source and j in sources), None)
+        if s is None:
+            hit = next((j for j, sha in enumerate(shas) if sha == adds.source), None)  # all its experts were removed
+            sources.append(hit)
+            s = len(sources) - 1
+        expert_source += [s] * len(new)
+    assert src.router != "ridge" or (None in sources) == (adds is not None and adds.pooled is not None)
+    names, shas, ids = v("mfgguf.modules"), v("mfgguf.module_sha256"), v("mfgguf.experts")
+    counts = [v(RS_COUNTS)[p] for p in keep] + [int(m.meta["router_stats_count"]) for m in new]
+    src_shas = [v(RS_SOURCES)[j] if j is not None else adds.source for j in sources]
+    src_counts = [v(RS_SOURCE_COUNTS)[j] if j is not None else adds.source_count for j in sources]
+    repl = {
+        f"{src.arch}.expert_count": N,
+        "mfgguf.modules": ("STRING", [names[0]] + [names[1 + p] for p in keep] + [m.name for m in new]),
+        "mfgguf.module_sha256": ("STRING", [shas[0]] + [shas[1 + p] for p in keep] + [m.meta["sha256"] for m in new]),
+        "mfgguf.experts": ("UINT32", [ids[p] for p in keep] + [m.index for m in new]),
+        RS_COUNTS: ("UINT64", counts),
+        RS_EXPERT_SOURCE: ("UINT32", expert_source),
+        RS_SOURCES: ("STRING", src_shas),
+        RS_SOURCE_COUNTS: ("UINT64", src_counts),
+        "mfgguf.router_stats_sha256": src_shas[0],
+    }
+    part = v("mfgguf.partition", "")
+    if v("general.name") == f"mfgguf {part} {src.n}x".strip():
+        repl["general.name"] = f"mfgguf {part} {N}x".strip()
+    # recomputed rows are the closed form again: a calibration's or a tuning's record would describe rows that are gone
+    drop = () if keep_routing else ROUTING_RECORDS
+    kv = [(k, t, repl[k] if k in repl else val) for k, t, val in src.h.kv if k not in drop]
+    slots = []
+    for t in src.h.tensors:
+        shape = t.shape
+        if EXPS_RE.fullmatch(t.name):
+            shape = (N, *shape[1:])
+        elif t.name.endswith("ffn_gate_inp.weight"):
+            shape = (N, shape[1])
+        q = QTYPE_BY_ID[t.ggml_type].name
+        rows = int(np.prod(shape[:-1]))
+        slots.append(Slot(t.name, shape, q, None, nbytes=rows * QTYPE_BY_ID[t.ggml_type].row_bytes(shape[-1]),
+                          n_expert=N if EXPS_RE.fullmatch(t.name) else 0))
+    p = Extension(src, [*keep, *[None] * len(new)], new, sources, adds, kv, slots, src.arch)
+    off = 0
+    for s in slots:
+        s.offset = off
+        off += (s.nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+    p.data_offset = (len(header_bytes(kv, slots)) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+    p.stats = StatsBlock(p.data_offset + block_start(off), src.L, src.D, N, len(sources), src.stats.ridge)
+    p.kv = with_offset(kv, block_start(off))
+    p.header = header_bytes(p.kv, slots)
+    p.total_size = p.stats.end
+    p.old = {t.name: t for t in src.h.tensors}
+    return p
+
+
+def write_extension(p: Extension, fin: int, fd: int, threads: int, keep_routing: bool = False) -> None:
+    src, N = p.src, len(p.slot_of)
+    write_header(fd, p.header, p.data_offset)
+    _preallocate(fd, p.total_size)
+    written = {s.name: 0 for s in p.slots}
+    for s in p.slots:  # the trunk and the kept experts: their bytes as they are
+        t = p.old[s.name]
+        base = src.h.data_offset + t.offset
+        if s.n_expert:
+            eb = s.nbytes // N
+            for q, old in enumerate(p.slot_of):
+                if old is not None:
+                    _copy(fin, fd, eb, base + old * eb, p.data_offset + s.offset + q * eb)
+                    written[s.name] += eb
+        elif not s.name.endswith("ffn_gate_inp.weight"):
+            _copy(fin, fd, s.nbytes, base, p.data_offset + s.offset)
+            written[s.name] += s.nbytes
+    # the added experts (and their RUN's G, when it is a new source: hashed here, read a layer at a time below)
+    first = len(p.slot_of) - len(p.new)
+    new_source = p.adds is not None and p.adds.pooled is not None
+    mods = ([p.adds.pooled] if new_source else []) + p.new
+    mu_new = np.zeros((len(p.new), src.L, src.D), np.float32)
+    off = 1 if new_source else 0
+    for pos, name, r0, x, release in stream_modules(mods, lanes=2):
+        try:
+            if (st := STAT_RE.fullmatch(name)) is not None:
+                if pos >= off and st.group(2) == "mean":
+                    mu_new[pos - off, int(st.group(1))] = x.reshape(-1)
+                continue
+            if pos < off or (m := FFN_RE.fullmatch(name)) is None:
+                continue
+            s = _slot(p, blk(int(m.group(1)), f"ffn_{m.group(2)}_exps"))
+            at = s.offset + (first + pos - off) * (s.nbytes // N) + r0 * s.row_bytes
+            q = Q.quantize(x, s.qtype, threads=threads)
+            pwrite_all(fd, q, p.data_offset + at)
+            written[s.name] += q.nbytes
+        finally:
+            release()
+    # router statistics: kept arrays copied as they are, new ones written; then the router from them
+    old_at, at = src.stats, p.stats
+    mu = np.zeros((N, src.L, src.D), np.float32)
+    for q, old in enumerate(p.slot_of):
+        if old is not None:
+            mu[q] = read_f32(fin, old_at.mean(old), (src.L, src.D))
+        else:
+            mu[q] = mu_new[q - first]
+        pwrite_all(fd, mu[q], at.mean(q))
+    counts = _kv(p, RS_COUNTS)
+    pooled = None
+    if at.ridge:
+        for j, old in enumerate(p.sources):
+            if old is not None:
+                _copy(fin, fd, src.L * at.layer_bytes, old_at.second_moment(old), at.second_moment(j))
+            else:
+                _copy_pooled(p.adds.pooled, fd, at, j)
+        weights = [float(c) for c in _kv(p, RS_SOURCE_COUNTS)]
+        pooled = lambda l: _pooled_layer(fd, at, weights, l)  # noqa: E731
+    rb = RouterBuilder(src.router, n_layers=src.L, dim=src.D, n_experts=N, pooled=pooled)
+    for q in range(N):
+        for l in range(src.L):
+            rb.add_mean(q, l, mu[q, l], int(counts[q]))
+    for l, w in enumerate(rb.finish()):  # w: (N, dim) f32
+        s = _slot(p, blk(l, "ffn_gate_inp"))
+        if keep_routing:
+            t = p.old[s.name]
+            w = keep_rows(w, read_f32(fin, src.h.data_offset + t.offset, (src.n, src.D)), p.slot_of)
+        pwrite_all(fd, Q.quantize(w, s.qtype), p.data_offset + s.offset)
+        written[s.name] += s.nbytes
+    short = [s.name for s in p.slots if written[s.name] != s.nbytes]
+    if short:
+        raise AssertionError(f"{len(short)} tensors incompletely written, e.g. {short[0]}")
+    os.fsync(fd)
+
+
+def _copy_pooled(m: Module, fd: int, at: StatsBlock, j: int) -> None:
+    """The added RUN's pooled G, layer by layer, into source j of the new file's block (the file the stream
+    hashed: same size and mtime)."""
+    fin = open_checked(m)
+    try:
+        G = np.empty((at.dim, at.dim), np.float32)
+        for l in range(at.n_layers):
+            e = m.entries[f"router_stats.blk.{l}.second_moment"]
+            pwrite_all(fd, pread_into(fin, G, e.begin, truncated(m)), at.second_moment(j, l))
+    finally:
+        os.close(fin)
+
+
+def _pooled_layer(fd: int, at: StatsBlock, weights: list[float], l: int) -> np.ndarray:
+    """Layer l of the G the router uses, from the sources just written: one source's G as recorded (as assembly
+    used it), or their token-weighted mean."""
+    if len(weights) == 1:
+        return read_f32(fd, at.second_moment(0, l), (at.dim, at.dim))
+    acc = sum(read_f32(fd, at.second_moment(j, l), (at.dim, at.dim)).astype(np.float64) * w for j, w in enumerate(weights))
+    return (acc / sum(weights)).astype(np.float32)
+
+
+def _kv(p: Extension, key: str):
+    return next(v[1] for k, _, v in p.kv if k == key)
+
+
+def _slot(p: Extension, name: str) -> Slot:
+    return next(s for s in p.slots if s.name == name)
+
+
+def _preallocate(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise MfggufError(f"not enough disk space for the output: it needs {size / 1e9:.2f} GB;"
+                              " free some space or write it elsewhere with -o") from None
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)
+
+
+def _copy(fin: int, fout: int, n: int, src_off: int, dst_off: int) -> None:
+    """n bytes from fin at src_off to fout at dst_off, in the kernel where it can (copy_file_range)."""
+    while n > 0:
+        try:
+            k = os.copy_file_range(fin, fout, min(n, COPY_BYTES), src_off, dst_off)
+        except OSError:
+            k = 0
+        if k <= 0:  # another filesystem or no kernel support: a plain read and write
+            b = os.pread(fin, min(n, COPY_BYTES), src_off)
+            if not b:
+                raise MfggufError("the model file ended early while copying; it is truncated")
+            k = os.pwrite(fout, b, dst_off)
+        n, src_off, dst_off = n - k, src_off + k, dst_off + k

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""The house's counts, as JSON lines: what the house rules (README, "the house as it grows") ask to keep at zero.
+
+Usage (from the project root):  python3 scripts/house.py [PACKAGE_DIR=mfgguf]
+One line per check, `{"check": NAME, "count": N, "items": [...]}`, in this order:
+  long_functions   functions (and methods) over 80 lines, `module::name (lines)`;
+  long_modules     modules over 450 lines;
+  crowded_folders  folders holding more than 12 modules (`__init__.py`/`__main__.py` not counted);
+  cycles           strongly connected sets of two or more modules (imports inside functions count too:
+                   a lazy import hides a cycle, it does not remove it);
+  private_names    `from b import _name` where b is another module of the package (not from an `__init__`);
+  upward_imports   a module importing one on a higher floor of FLOORS (lazy imports count);
+  figures          measured figures in docstrings and comments (they live in docs/).
+Standard library only, so it runs before any install. Exit status 0 always: tests/test_house.py judges.
+
+A "figure" is a number with a unit of measure or a ratio: `1.3x`, `45%`, `702 tokens/s`, `1.7 GB`,
+`170 ms`, `12 s`, `15 min`, `3 GB/s`, in a docstring (module, class, function) or a `#` comment. Code, strings
+that are not docstrings, and bare numbers (a default, a shape, a count) are not figures. A definition
+that reads like one (a unit in an example of an option's syntax) goes in ALLOWED, by module and text.
+"""
+from __future__ import annotations
+
+import ast
+import io
+import json
+import re
+import sys
+import tokenize
+from pathlib import Path
+
+MAX_FUNCTION = 80
+MAX_MODULE = 450
+MAX_FOLDER = 12
+
+# Floors, bottom to top: a module may import its own floor and those below, never one above.
+# An entry names a module or a package (every module under it); the longest matching entry wins.
+FLOORS: list[list[str]] = [
+    ["errors", "machine", "stages", "budget"],           # ground: no mfgguf import but errors
+    ["families"],                                         # model families as data
+    ["gguf"],                                             # the GGUF format
+    ["__init__", "config", "options", "run", "model", "flops", "plots"],  # configs, the run directory, the model
+    ["base", "data"],                                     # importing a base model; corpora and shards
+    ["runtime"],                                          # llama.cpp
+    ["converters"],                                       # GGUF assembly
+    ["reference"],                                        # the reference model built from the GGUF
+    ["train"],                                            # training
+    ["eval"],                                             # the comparison report
+    ["demo"],                                             # the one-command demo
+    ["cli", "__main__"],                                  # the typer app
+]
+
+# (module, text) of definitions that the figure heuristic would take for measurements.
+ALLOWED: set[tuple[str, str]] = {
+    ("mfgguf.train.whole.trunk", "2GiB"),  # an example of the --memory-budget option's syntax
+    ("mfgguf.converters.merge", "20%"),  # the TIES paper's k, which the default density is
+    ("mfgguf.demo", "15 min"),  # the demo's goal, what its token share is chosen for
+    ("mfgguf.demo", "4x"),  # the router statistics' sample as a multiple of the held-out one
+    ("mfgguf.machine", "8 GiB"),  # the scheduler's fallback where the memory cannot be read
+    ("mfgguf.train.fanout.schedule", "8 GiB"),  # the same fallback, where it is used
+    ("mfgguf.train.whole.router_tune", "1%"),  # the default tuning budget
+}
+
+UNIT = r"(?:x(?![\w])|×|\s?%|\s?(?:[KMGT]i?B(?:/s)?|tokens/s|tok/s|ms|s|min)(?![\w/]))"
+FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?" + UNIT)
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def resolve(current: str, is_pkg: bool, level: int, target: str | None) -> str:
+    if level == 0:
+        return target or ""
+    base = current.split(".")
+    if not is_pkg:
+        base = base[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def imports(mods: dict[str, Path], trees: dict[str, ast.Module]):
+    """Edges module -> modules it imports (anywhere in it), and private names taken across modules."""
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    private: list[str] = []
+    for m, tree in trees.items():
+        is_pkg = mods[m].name == "__init__.py"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                edges[m].update(a.name for a in node.names if a.name in mods and a.name != m)
+            elif isinstance(node, ast.ImportFrom):
+                src = resolve(m, is_pkg, node.level, node.module)
+                for a in node.names:
+                    sub = f"{src}.{a.name}" if src else a.name
+                    if sub in mods:  # `from pkg import module`
+                        if sub != m:
+                            edges[m].add(sub)
+                    elif src in mods and src != m:
+                        edges[m].add(src)
+                        if a.name.startswith("_") and not a.name.startswith("__") and not is_pkg:
+                            private.append(f"{m} <- {src}.{a.name}")
+    return edges, private
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of two or more modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def floor(package: str, module: str) -> int | None:
+    rel = module[len(package) + 1:] if module != package else "__init__"
+    best, level = -1, None
+    for i, names in enumerate(FLOORS):
+        for name in names:
+            if (rel == name or rel.startswith(name + ".")) and len(name) > best:
+                best, level = len(name), i
+    return level
+
+
+def upward(package: str, edges: dict[str, set[str]]) -> list[str]:
+    out = []
+    for a in sorted(edges):
+        for b in sorted(edges[a]):
+            fa, fb = floor(package, a), floor(package, b)
+            if fa is None or fb is None:
+                out.append(f"{a} -> {b} (no floor for {a if fa is None else b})")
+            elif fb > fa:
+                out.append(f"{a} -> {b}")
+    return out
+
+
+def long_functions(m: str, tree: ast.Module) -> list[str]:
+    return [f"{m}::{n.name} ({n.end_lineno - n.lineno + 1})" for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION]
+
+
+def figures(m: str, source: str, tree: ast.Module) -> list[str]:
+    texts: list[tuple[int, str]] = []
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(n, clean=False)
+            if doc is not None and n.body:
+                texts.append((n.body[0].lineno, doc))
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            texts.append((tok.start[0], tok.string))
+    out = []
+    for line, text in texts:
+        for hit in FIGURE.finditer(text):
+            if (m, hit.group().strip()) not in ALLOWED:
+                out.append(f"{m}:{line + text[:hit.start()].count(chr(10))}: {hit.group().strip()}")
+    return out
+
+
+def house(root: Path) -> list[dict]:
+    package = root.name
+    mods = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
+    sources = {m: p.read_text(encoding="utf-8") for m, p in mods.items()}
+    trees = {m: ast.parse(s, str(mods[m])) for m, s in sources.items()}
+    edges, private = imports(mods, trees)
+    folders: dict[Path, int] = {}
+    for p in mods.values():
+        folders.setdefault(p.parent, 0)
+        if p.name not in ("__init__.py", "__main__.py"):
+            folders[p.parent] += 1
+    checks = {
+        "long_functions": [f for m in mods for f in long_functions(m, trees[m])],
+        "long_modules": [f"{m} ({n})" for m in mods if (n := len(sources[m].splitlines())) > MAX_MODULE],
+        "crowded_folders": [f"{d.relative_to(root.parent)} ({n})" for d, n in sorted(folders.items()) if n > MAX_FOLDER],
+        "cycles": [" <-> ".join(c) for c in cycles(edges)],
+        "private_names": private,
+        "upward_imports": upward(package, edges),
+        "figures": [f for m in mods for f in figures(m, sources[m], trees[m])],
+    }
+    return [{"check": k, "count": len(v), "items": v} for k, v in checks.items()]
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[1] if len(argv) > 1 else "mfgguf").resolve()
+    for line in house(root):
+        print(json.dumps(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
