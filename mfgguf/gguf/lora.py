@@ -1,15 +1,13 @@
-"""A LoRA adapter as llama.cpp loads it: a GGUF of `general.type` = adapter beside a dense base GGUF.
+"""A llama.cpp LoRA adapter GGUF read back: the checks llama.cpp makes when it applies one, made first.
 
-This is what a practitioner serves instead of experts: one adapter per domain on one base, chosen
-per request (llama-server's `lora` field, llama-cpp-python's `lora_path`). llama.cpp pairs
-`<base tensor>.lora_a` (ggml {in, rank}) with `.lora_b` ({rank, out}) and adds
-scale * B @ A @ x to the base tensor's product, scale = user scale * alpha / rank, or the user
-scale alone when alpha is 0. The adapters written here carry peft's alpha / rank already folded
-into B, so alpha is 0 and the user's `--lora-scale 1` is the trained adapter exactly, whatever
-the rank of each pair (the joined anchor + seed FFN pairs have twice the attention's rank).
+llama.cpp pairs `<base tensor>.lora_a` (ggml {in, rank}) with `.lora_b` ({rank, out}) and adds
+scale * B @ A @ x to the base tensor's product, scale = user scale * alpha / rank, or the user scale
+alone when alpha is 0. When an adapter does not fit the model, llama-cpp-python's failure path ends
+the process with a segmentation fault instead of an exception, so `check_adapter` refuses such a file
+in one line before llama.cpp sees it. The writer is converters/lora_adapter.py.
 
 Example:
-    >>> write_lora_adapter(Path("OUT/lora.gguf"), "llama", {"blk.0.attn_q.weight.lora_a": a, ...})
+    >>> check_adapter(Path("OUT/lora.gguf"), Path("base.gguf"))
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 from mfgguf.errors import MfggufError
-from mfgguf.run import atomic_path
 
 SUFFIXES = (".lora_a", ".lora_b")
 
@@ -33,26 +30,6 @@ def check_pairs(tensors: dict[str, np.ndarray]) -> None:
         a_, b_ = tensors.get(b + ".lora_a"), tensors.get(b + ".lora_b")
         if a_ is None or b_ is None or a_.ndim != 2 or b_.ndim != 2 or a_.shape[0] != b_.shape[1]:
             raise MfggufError(f"LoRA pair {b} is incomplete or its ranks differ; re-train the adapter")
-
-
-def write_lora_adapter(path: Path, arch: str, tensors: dict[str, np.ndarray], *, name: str = "mfgguf-lora") -> Path:
-    """Write `tensors` (GGUF names of the dense base + .lora_a/.lora_b, F32) as a llama.cpp LoRA adapter GGUF."""
-    from gguf import GGUFType, GGUFWriter, Keys
-
-    check_pairs(tensors)
-    with atomic_path(Path(path)) as tmp:
-        w = GGUFWriter(str(tmp), arch)
-        w.add_type(GGUFType.ADAPTER)
-        w.add_name(name)
-        w.add_string(Keys.Adapter.TYPE, "lora")
-        w.add_float32(Keys.Adapter.LORA_ALPHA, 0.0)  # scale folded into B: the user's scale is the whole scale
-        for k in sorted(tensors):
-            w.add_tensor(k, np.ascontiguousarray(tensors[k], dtype=np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-    return Path(path)
 
 
 def _kv_str(reader, key: str) -> str | None:

@@ -31,7 +31,7 @@ import torch
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.families import family
-from mfgguf.gguf.lora import write_lora_adapter
+from mfgguf.converters.lora_adapter import write_lora_adapter
 from mfgguf.model import Transformer
 from mfgguf.run import RunDir, data_view, read_module_meta, write_module
 from mfgguf.train.engine.loop import heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
