@@ -364,15 +364,13 @@ class InMemorySteps:
         pass
 
 
-COMPILE_MIN_STEPS = 100  # auto compiles a run (or sync round) of at least this many steps: compiling costs ~10 s with a warm
-#                          cache (~60 s cold) on 2 cores, and speeds a `small` step up by about a third
+COMPILE_MIN_STEPS = 100  # auto compiles a run (or sync round) of at least this many steps: long enough for the faster
+#                          steps to repay the one-off compile (docs/benchmarks.md, "Figures behind the defaults")
 
 
 def wants_compile(choice: str, steps: int, recompute: bool) -> bool:
     """Whether the in-memory step runs through torch.compile: `choice` on/off, or auto (long enough runs,
     no recompute: the checkpointed blocks and chunked head stay eager)."""
-    if choice not in ("auto", "on", "off"):
-        raise MfggufError(f"unknown --compile {choice!r}; choose auto, on or off")
     if choice == "auto":
         return not recompute and steps >= COMPILE_MIN_STEPS
     return choice == "on" and not recompute
