@@ -93,7 +93,7 @@ def limit_heap_retention(threshold: int = 1 << 20) -> None:
     """Make glibc return freed activation buffers to the OS.
 
     glibc raises its mmap threshold each time a large block is freed, after which activation-sized
-    buffers come from the heap and stay resident once freed: +500 MB of RSS on a `1b` expert. A
+    buffers come from the heap and stay resident once freed (docs/benchmarks.md: a `1b` expert's RSS). A
     fixed threshold keeps every buffer over 1 MB in its own mapping. No-op off glibc.
     """
     try:

@@ -169,7 +169,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     job = open_job(Path(run), int(expert), options, device, precision)
     tc, cfg, rd, i = job.tc, job.cfg, job.rd, job.i
     t = time.perf_counter()  # before the expert's model exists: an imported base is scored by a model of its own
-    before = reference_heldout(rd, job.trunk.json, tc.eval_tokens, job.dev, job.prec) if job.rnd == tc.rounds else {}
+    before = reference_heldout(rd, job.trunk, tc.eval_tokens, job.dev, job.prec) if job.rnd == tc.rounds else {}
     clock = {"setup": t - t_start, "base_heldout": time.perf_counter() - t}  # where the wall time goes, in seconds
     ckpt_dir = rd.checkpoint_dir(i)
     if restart:

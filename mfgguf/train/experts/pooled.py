@@ -125,15 +125,13 @@ def _write(rd: RunDir, stats: RouterStats, trunk: dict, source: str, experts: di
 def trunk_pass_precision(trunk: dict, dev) -> str:
     """The precision of a forward pass through the trunk alone: the one it trained in, except for an imported
     base, which records fp32 without having trained here; its experts train at bf16 where the CPU has it
-    natively, and so does its pass (2.2x faster on SmolLM2 with AVX512-BF16: 1,430 against 630 tokens/s)."""
+    natively, and so does its pass (much faster there: docs/benchmarks.md)."""
     return resolve_precision("auto", dev) if trunk.get("source") == "base" else precision_of(trunk)
 
 
 def trunk_source_tokens(trunk: dict) -> int:
     """Default tokens of `--source trunk`: the sample each expert of the trunk's preset measures its own statistics
-    on (16,384 for every preset). On SmolLM2 with 4 x 768-unit experts, 16,384 / 65,536 / 262,144 tokens routed the
-    trained mix to 3.4934 / 3.4995 / 3.4882 (llama.cpp, q8_0): within 0.3%, the 262,144 of the old default
-    (4 x the trunk's eval_tokens) costing 14x the pass (181 s against 13 s)."""
+    on: larger samples routed no better and cost the pass many times more (docs/benchmarks.md)."""
     try:
         return stats_tokens(asdict(get_preset(str(trunk.get("preset", "small"))).expert))
     except MfggufError:  # a trunk of a preset this version does not know
