@@ -14,8 +14,27 @@ Example:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Literal, get_args
 
 from mfgguf.errors import MfggufError
+
+# The values a choice option takes, declared once: TrainConfig checks them when it is made (every
+# preset, library call and CLI flag passes through it), and the CLI's help lists them.
+ExpertInit = Literal["auto", "seed", "random", "anchor"]
+StatsFrom = Literal["train", "pass"]
+Shared = Literal["none", "norms", "attn", "all"]
+Compile = Literal["off", "on", "auto"]
+Schedule = Literal["cosine", "wsd"]
+EXPERT_INITS: tuple[str, ...] = get_args(ExpertInit)
+STATS_FROM: tuple[str, ...] = get_args(StatsFrom)
+# Trunk tensors an expert job may train a private copy of (`train-expert --shared`), by GGUF name.
+# Assembly merges the copies back into the trunk it writes (`assemble --merge`).
+SHARED_CHOICES: tuple[str, ...] = get_args(Shared)
+COMPILE_CHOICES: tuple[str, ...] = get_args(Compile)
+SCHEDULES: tuple[str, ...] = get_args(Schedule)  # the LR schedules (mfgguf/train/engine/driver.py's lr_at)
+CHOICES = {"expert_init": ExpertInit, "stats_from": StatsFrom, "shared": Shared, "compile": Compile,
+           "schedule": Schedule}  # TrainConfig's choice fields and their values
+FLAGS = {"expert_init": "--init"}  # CLI flags that are not --<field-name-with-dashes>
 
 
 @dataclass(frozen=True)
@@ -98,34 +117,43 @@ class TrainConfig:
     seed: int = 1234  # init and data-order seed
     ckpt_every: int = 50  # steps between checkpoints (a killed run resumes from the last one)
     eval_tokens: int = 65_536  # held-out tokens scored per domain at the end of training
-    expert_init: str = "auto"  # experts: how an expert starts: seed (the trunk's seed FFN, all of it), random, or
+    expert_init: ExpertInit = "auto"  # experts: how an expert starts: seed (the trunk's seed FFN, all of it), random, or
     #                            anchor (the anchor's gate/up rows, zero down-projection); auto = seed if the trunk has one
     eval_every: int = 50  # steps between held-out evaluations during training (the curve); 0 = only at the end
-    #                       (`small`: about 2% of training time, 4.5% measured at 25 steps)
+    #                       (a small share of training time: docs/benchmarks.md)
     curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
     stats_tokens: int = 0  # experts: shard tokens the router statistics (FFN-input means) are measured over, and
     #                        the pooled second moment over each expert's shard; 0 = 4 x eval_tokens
     #                        (fewer cost routed perplexity: scripts/bench_stats_tokens.py)
-    stats_from: str = "train"  # experts: where those means come from: train = the forward of training's last steps that
+    stats_from: StatsFrom = "train"  # experts: where those means come from: train = the forward of training's last steps that
     #                            cover stats_tokens (free; tailstats.py), pass = a pass over the shard after training
     expert_layers: str = "all"  # experts: the layers whose expert trains: all, upper (the upper half), lower, or layer
     #                             indices and ranges (15-29,3); elsewhere the expert keeps its start (the seed, or a zero
     #                             down-projection), so the backward pass stops at the lowest trained layer
-    shared: str = "none"  # experts: trunk tensors to also train a private copy of (SHARED_CHOICES): none (the FFN
+    shared: Shared = "none"  # experts: trunk tensors to also train a private copy of (SHARED_CHOICES): none (the FFN
     #                       only), norms, attn (norms + attention) or all
     shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
-    compile: str = "off"  # torch.compile the training step: on, off, or auto = on for a run (or sync round) of at
-    #                       least 100 in-memory steps without recompute. Faster (1.3x small, 1.7-2.2x tiny with bf16;
-    #                       1.07x / 1.5x in fp32) after ~10-60 s of compiling, but a run resumed after a kill is no
-    #                       longer bit-identical to an uninterrupted one (loss ~1e-6 apart), so it is opt-in
+    compile: Compile = "off"  # torch.compile the training step: on, off, or auto = on for a run (or sync round) of at
+    #                           least 100 in-memory steps without recompute. Faster after a one-off compile
+    #                           (docs/benchmarks.md), but a run resumed after a kill is no longer bit-identical to an
+    #                           uninterrupted one (the loss a rounding apart), so it is opt-in
     rounds: int = 1  # experts: sync rounds R (with shared); the schedule is cut into R equal parts, `mfgguf sync`
     #                  between them; 1 = no communication between experts (the original contract)
     complement: bool = False  # experts: complement the seed: train as a two-way MoE of (frozen seed FFN, own FFN
     #                           from the seed) with a learned router row; assembly routes the seed as expert 0
-    schedule: str = "cosine"  # LR schedule: cosine (warm-up, cosine decay) or wsd (warm-up, stable at lr, then a 1-sqrt
+    schedule: Schedule = "cosine"  # LR schedule: cosine (warm-up, cosine decay) or wsd (warm-up, stable at lr, then a 1-sqrt
     #                           cooldown); a wsd trunk keeps its state where the cooldown begins (the branch point) and
     #                           wsd experts start from it at its LR with no warm-up
-    cooldown: float = 0.2  # wsd: share of the steps in the final cooldown (20% matched cosine in arXiv 2405.18392)
+    cooldown: float = 0.2  # wsd: share of the steps in the final cooldown (the share that matched cosine in
+    #                        arXiv 2405.18392: docs/benchmarks.md)
+
+    def __post_init__(self):
+        """Refuse a choice outside its declared values, by the flag the user typed, before anything runs."""
+        for name, kind in CHOICES.items():
+            value, allowed = getattr(self, name), get_args(kind)
+            if value not in allowed:
+                flag = FLAGS.get(name, "--" + name.replace("_", "-"))
+                raise MfggufError(f"unknown {flag} {value!r}; choose one of {', '.join(allowed)}")
 
 
 def expert_layers(spec: str, n_layers: int) -> tuple[int, ...]:
@@ -178,8 +206,8 @@ PRESETS: dict[str, Preset] = {
         model=ModelConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, anchor_ff=512, expert_ff=512, ctx_len=256),
         trunk=TrainConfig(tokens=1_500_000, batch_size=16, lr=2e-3, ckpt_every=25),
         # experts: the final held-out score is the curve's last point (eval_tokens = curve_tokens), and the router
-        # statistics 4 x that (16,384 tokens: 4,096 moved SmolLM2's routed perplexity +1.2%, 1,024 +4.6%;
-        # scripts/bench_stats_tokens.py): 22 s after training where 65,536 took 238 s
+        # statistics 4 x that: fewer move routed perplexity, more cost time after training for little
+        # (docs/benchmarks.md, scripts/bench_stats_tokens.py)
         expert=TrainConfig(tokens=400_000, batch_size=16, lr=2e-3, ckpt_every=25, eval_tokens=4096),
     ),
     "1b": Preset(
@@ -195,12 +223,6 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-SCHEDULES = ("cosine", "wsd")  # TrainConfig.schedule: the LR schedules (mfgguf/train/engine/driver.py's lr_at)
-
-
-# Trunk tensors an expert job may train a private copy of (`train-expert --shared`), by GGUF name.
-# Assembly merges the copies back into the trunk it writes (`assemble --merge`).
-SHARED_CHOICES = ("none", "norms", "attn", "all")
 
 
 def shared_tensor_names(cfg: ModelConfig, choice: str) -> list[str]:
@@ -236,4 +258,5 @@ def get_preset(name: str) -> Preset:
         raise MfggufError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
-__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "SCHEDULES", "SHARED_CHOICES", "get_preset", "shared_tensor_names"]
+__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "SCHEDULES", "SHARED_CHOICES", "EXPERT_INITS", "STATS_FROM",
+           "COMPILE_CHOICES", "CHOICES", "FLAGS", "get_preset", "shared_tensor_names"]

@@ -26,7 +26,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
 from functools import cache
 
-from mfgguf.config import ModelConfig, TrainConfig
+from mfgguf.config import FLAGS, ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 
 # ModelConfig fields a trunk may change; vocab_size and n_experts come from the RUN, top_k is assembly's.
@@ -35,7 +35,6 @@ MODEL_OPTIONS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("voc
                                                                              "attn_head_dim", "rope_freq_factors"))
 # TrainConfig fields only expert jobs use: the train-expert and train-experts verbs take them, train-trunk does not.
 EXPERT_ONLY = ("expert_init", "shared", "shared_lr_scale", "rounds", "complement", "stats_tokens", "stats_from")
-FLAGS = {"expert_init": "--init"}  # CLI flags that are not --<field-name-with-dashes>
 
 
 def flag(name: str) -> str:
@@ -82,9 +81,11 @@ TrainOptions.__doc__ = ("Training options over a preset: every TrainConfig field
 
 
 def option_types() -> dict[str, type]:
-    """{option: its type without None} (int, float, str or bool), for building CLI options."""
+    """{option: its type without None} (int, float, str or bool), for building CLI options. A choice
+    (a Literal) is a str here: TrainConfig checks its value, with the one error every caller gets."""
     hints = typing.get_type_hints(TrainConfig) | typing.get_type_hints(ModelConfig)
-    return {f.name: hints[f.name] for f in fields(TrainOptions)}
+    return {f.name: str if typing.get_origin(hints[f.name]) is typing.Literal else hints[f.name]
+            for f in fields(TrainOptions)}
 
 
 @cache

@@ -34,16 +34,18 @@ No pickle anywhere: safetensors, numpy .npy (allow_pickle=False) and JSON only.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import os
 import shutil
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from mfgguf.errors import MfggufError
+# the file helpers and records live in modules of their own; stages import them from here as before
+from mfgguf.files import (atomic_path, file_digests, link_or_copy, read_json, sha256_file, swap_dir_into_place,
+                          write_json, write_text)
+from mfgguf.records import ModuleMeta, RunInfo, Untrained, module_name
+from mfgguf.safetensors_f32 import save_f32, save_f32_streamed
 
 RUN_FORMAT = "mfgguf-run"
 RUN_VERSION = 1
@@ -52,11 +54,6 @@ MODULE_VERSION = 2  # 2: experts hold weights and means only (the second moment 
 READABLE_MODULE_VERSIONS = (1, 2)
 STATS_PREFIX = "router_stats."
 SHARED_PREFIX = "shared."  # an expert's trained private copy of a trunk tensor: shared.<trunk GGUF name>
-
-
-def module_name(index: int) -> str:
-    """0 -> 'trunk', i -> 'expert_00i'."""
-    return "trunk" if index == 0 else f"expert_{index:03d}"
 
 
 @dataclass(frozen=True)
@@ -164,21 +161,25 @@ class RunDir:
 
     # ---- run.json ----------------------------------------------------------------------------
 
-    def info(self) -> dict:
+    def run_info(self) -> RunInfo:
         """run.json, validated: a clear error for a missing or incompatible RUN directory."""
         if not self.run_json.is_file():
             raise MfggufError(f"{self.root} is not a RUN directory (no run.json); create one with `mfgguf prepare`")
         try:
-            info = json.loads(self.run_json.read_text())
-        except (OSError, ValueError) as e:
+            info = RunInfo.from_json(json.loads(self.run_json.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError) as e:
             raise MfggufError(f"{self.run_json} is unreadable ({e}); re-create the run with `mfgguf prepare`") from None
-        if info.get("format") != RUN_FORMAT or info.get("version") != RUN_VERSION:
+        if info.format != RUN_FORMAT or info.version != RUN_VERSION:
             raise MfggufError(
-                f"{self.root} was made by an incompatible mfgguf (format {info.get('format')!r} version"
-                f" {info.get('version')!r}, this mfgguf reads {RUN_FORMAT!r} version {RUN_VERSION});"
+                f"{self.root} was made by an incompatible mfgguf (format {info.format!r} version"
+                f" {info.version!r}, this mfgguf reads {RUN_FORMAT!r} version {RUN_VERSION});"
                 " re-create it with `mfgguf prepare`"
             )
         return info
+
+    def info(self) -> dict:
+        """run.json as a dict (`run_info` typed), for stages that still read dicts."""
+        return self.run_info().to_json()
 
     def heldout_tokens(self, cap: int | None = None) -> dict:
         """{domain: memory-mapped test tokens (first `cap`)}, for every domain that has a test split.
@@ -194,87 +195,20 @@ class RunDir:
     def _split_tokens(self, d: Path, cap: int | None) -> dict:
         import numpy as np
 
-        names = list(self.info().get("domains") or []) or sorted(p.stem for p in d.glob("*.npy"))
+        names = self.run_info().domains or sorted(p.stem for p in d.glob("*.npy"))
         names = [x for x in names if (d / f"{x}.npy").is_file()]
         if not names:
             raise MfggufError(f"{d} holds no <domain>.npy tokens; re-create the run with `mfgguf prepare`")
         return {x: np.load(d / f"{x}.npy", mmap_mode="r", allow_pickle=False)[:cap] for x in names}
 
     def check_expert_index(self, i: int) -> int:
-        n = self.info()["n_experts"]
+        n = self.run_info().n_experts
         if not 1 <= i <= n:
             raise MfggufError(f"expert index {i} is out of range; this run has experts 1..{n}")
         return i
 
 
-# ---- small file helpers ------------------------------------------------------------------------
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    return file_digests(path, chunk)["sha256"]
-
-
-def file_digests(path: Path, chunk: int = 1 << 22) -> dict[str, str]:
-    """{"sha256": ..., "blake3": ...} of a file, in one read.
-
-    sha256 names a module (experts record their trunk's); blake3 is what assembly checks every
-    byte against, because it runs at ~3 GB/s per core (and releases the GIL) where sha256 manages
-    ~1 GB/s: the integrity check no longer dominates an assembly.
-    """
-    from blake3 import blake3
-
-    h, b3 = hashlib.sha256(), blake3()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-            b3.update(b)
-    return {"sha256": h.hexdigest(), "blake3": b3.hexdigest()}
-
-
-@contextmanager
-def atomic_path(dest: Path, suffix: str = ""):
-    """Yield a temporary path beside `dest`; on success fsync and rename it over `dest`.
-
-    On any error the temporary file is removed and `dest` is untouched.
-    """
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=suffix + ".tmp", dir=dest.parent)
-    os.close(fd)
-    tmp = Path(tmp)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def swap_dir_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished directory `tmp` to `out`; an old `out` is moved aside first (and put back if
-    the rename fails), then removed: `out` is always either the old directory or the new one."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        os.rmdir(old)
-        os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        if old is not None:
-            os.replace(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link of `src` at `dst` (free, and immune to `src` being replaced later), else a copy."""
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem, or one without hard links
-        shutil.copy2(src, dst)
+# ---- views ---------------------------------------------------------------------------------------
 
 
 def data_view(src: RunDir, out: Path) -> RunDir:
@@ -287,25 +221,6 @@ def data_view(src: RunDir, out: Path) -> RunDir:
     src.copy_vocab_to(view)
     view.data.symlink_to(src.data.resolve())
     return view
-
-
-def write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` atomically: readers see the old file or the new one, never half."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
-
-
-def write_json(path: Path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def read_json(path: Path, what: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise MfggufError(f"{what} is missing: {path}") from None
-    except (OSError, ValueError) as e:
-        raise MfggufError(f"{what} is unreadable: {path} ({e})") from None
 
 
 # ---- modules and the manifest --------------------------------------------------------------------
@@ -323,40 +238,21 @@ def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
         >>> write_module(RunDir("RUN"), 0, model.trunk_tensors(), {"kind": "trunk", ...})
     """
     path = run.module_file(index)
-    shapes = _save_f32(path, tensors, module_name(index))
-    full = module_meta_for(path, index, meta, shapes)
-    write_json(run.module_meta(index), full)
-    update_manifest(run, index, full)
-    return full
+    return _publish(run, index, save_f32(path, tensors, f"{MODULE_FORMAT}/{module_name(index)}"), meta)
 
 
 def write_module_streamed(run: RunDir, index: int, shapes: dict[str, tuple], read, meta: dict) -> dict:
-    """`write_module` for a module too large to hold: `read(name)` gives one f32 tensor at a time.
-
-    The same safetensors file `write_module` writes (tensors in name order, one metadata key),
-    built by hand so that only one tensor is ever in memory.
-    """
-    import numpy as np
-
-    names = sorted(shapes)
-    header, off = {"__metadata__": {"format": f"{MODULE_FORMAT}/{module_name(index)}"}}, 0
-    for k in names:
-        n = 4 * int(np.prod(shapes[k]))
-        header[k] = {"dtype": "F32", "shape": list(shapes[k]), "data_offsets": [off, off + n]}
-        off += n
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # safetensors pads its header to 8 bytes with spaces
+    """`write_module` for a module too large to hold: `read(name)` gives one f32 tensor at a time."""
     path = run.module_file(index)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(len(head).to_bytes(8, "little") + head)
-        for k in names:
-            a = np.ascontiguousarray(read(k), dtype=np.float32)
-            assert a.size == int(np.prod(shapes[k])), k
-            f.write(memoryview(a).cast("B"))
-    full = module_meta_for(path, index, meta, {k: list(v) for k, v in shapes.items()})
-    write_json(run.module_meta(index), full)
+    return _publish(run, index, save_f32_streamed(path, shapes, read, f"{MODULE_FORMAT}/{module_name(index)}"), meta)
+
+
+def _publish(run: RunDir, index: int, shapes: dict[str, list[int]], meta: dict) -> dict:
+    """The module file just written: its JSON record beside it and its manifest entry; the record."""
+    full = ModuleMeta.from_json(module_meta_for(run.module_file(index), index, meta, shapes))
+    write_json(run.module_meta(index), full.to_json())
     update_manifest(run, index, full)
-    return full
+    return full.to_json()
 
 
 def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[int]]) -> dict:
@@ -374,7 +270,8 @@ def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[i
     }
 
 
-def read_module_meta(run: RunDir, index: int) -> dict:
+def read_module(run: RunDir, index: int) -> ModuleMeta:
+    """Module `index`'s JSON record, typed; a one-line error naming what to run when it is missing or foreign."""
     name = module_name(index)
     if not run.module_meta(index).is_file() or not run.module_file(index).is_file():
         hint = "mfgguf train-trunk RUN" if index == 0 else f"mfgguf train-expert RUN --expert {index}"
@@ -382,7 +279,12 @@ def read_module_meta(run: RunDir, index: int) -> dict:
     meta = read_json(run.module_meta(index), f"metadata of module {name}")
     if meta.get("format") != MODULE_FORMAT or meta.get("version") not in READABLE_MODULE_VERSIONS:
         raise MfggufError(f"module {name} was written by an incompatible mfgguf; retrain it")
-    return meta
+    return ModuleMeta.from_json(meta)
+
+
+def read_module_meta(run: RunDir, index: int) -> dict:
+    """`read_module` as a dict, for stages that still read dicts."""
+    return read_module(run, index).to_json()
 
 
 @contextmanager
@@ -396,23 +298,6 @@ def _locked(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _save_f32(path: Path, tensors: dict, name: str) -> dict[str, list[int]]:
-    """Write `tensors` (torch or numpy) as f32 safetensors at `path`, atomically; their shapes."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    arrays = {}
-    for k, v in tensors.items():
-        if hasattr(v, "detach"):
-            v = v.detach().to("cpu").float().contiguous().numpy()
-        arrays[k] = np.ascontiguousarray(v, dtype=np.float32)
-    with atomic_path(path) as tmp:
-        # One metadata key: safetensors writes the metadata map in hash order, so two keys would
-        # make the sha256 of bit-identical weights differ from run to run.
-        save_file(arrays, str(tmp), metadata={"format": f"{MODULE_FORMAT}/{name}"})
-    return {k: list(a.shape) for k, a in arrays.items()}
-
-
 @contextmanager
 def _manifest(run: RunDir):
     """The manifest as a dict to edit, under the lock, written back atomically on exit."""
@@ -422,16 +307,19 @@ def _manifest(run: RunDir):
         write_json(run.manifest, man)
 
 
-def update_manifest(run: RunDir, index: int, meta: dict) -> None:
+def update_manifest(run: RunDir, index: int, meta: ModuleMeta | dict) -> None:
+    m = meta if isinstance(meta, ModuleMeta) else ModuleMeta.from_json(meta)
+    if m.file is None or m.sha256 is None or m.bytes is None:
+        raise KeyError("a module record needs file, sha256 and bytes to enter the manifest")
     with _manifest(run) as man:
         man["modules"][module_name(index)] = {
             "index": index,
-            "file": f"modules/{meta['file']}",
-            "sha256": meta["sha256"],
-            **({"blake3": meta["blake3"]} if meta.get("blake3") else {}),
-            "bytes": meta["bytes"],
-            "kind": meta.get("kind"),
-            "trunk_sha256": meta.get("trunk_sha256"),
+            "file": f"modules/{m.file}",
+            "sha256": m.sha256,
+            **({"blake3": m.blake3} if m.blake3 else {}),
+            "bytes": m.bytes,
+            "kind": m.kind,
+            "trunk_sha256": m.trunk_sha256,
         }
         man["modules"] = dict(sorted(man["modules"].items(), key=lambda kv: kv[1]["index"]))
 
@@ -440,7 +328,7 @@ def write_router_stats(run: RunDir, tensors: dict, meta: dict) -> dict:
     """Write the pooled router statistics of the current trunk (modules/router_stats.*), recorded in
     the manifest under "router_stats" with their hashes, like a module. Returns the metadata."""
     path = run.router_stats
-    _save_f32(path, tensors, "router_stats")
+    save_f32(path, tensors, f"{MODULE_FORMAT}/router_stats")
     full = {"format": MODULE_FORMAT, "version": MODULE_VERSION, "name": "router_stats", "kind": "router_stats",
             **{k: v for k, v in meta.items() if k not in ("sha256", "blake3", "bytes", "file")},
             "file": path.name, **file_digests(path), "bytes": path.stat().st_size}
@@ -451,37 +339,49 @@ def write_router_stats(run: RunDir, tensors: dict, meta: dict) -> dict:
     return full
 
 
-def finished_against(expert_meta: dict, trunk_sha256: str) -> bool:
+def finished_against(expert_meta: ModuleMeta | dict, trunk_sha256: str) -> bool:
     """An expert module has trained its last round against this trunk: nothing left to train or sync."""
-    return (expert_meta.get("trunk_sha256") == trunk_sha256
-            and int(expert_meta.get("round", 1)) >= int(expert_meta.get("rounds", 1)))
+    m = expert_meta if isinstance(expert_meta, ModuleMeta) else ModuleMeta.from_json(expert_meta)
+    return m.finished_against(trunk_sha256)
 
 
-def untrained_reason(rd: "RunDir", trunk_sha256: str, i: int) -> str | None:
-    """Why expert i cannot be used with this trunk ("expert_003 is not trained yet", or has not finished
-    training against it), or None when its module is here and finished."""
+def untrained(rd: RunDir, trunk_sha256: str, i: int) -> Untrained | None:
+    """Why expert i cannot be used with this trunk, or None when its module is here and finished."""
     if not rd.module_meta(i).is_file() or not rd.module_file(i).is_file():
-        return f"{module_name(i)} is not trained yet"
-    if not finished_against(read_module_meta(rd, i), trunk_sha256):
-        return f"{module_name(i)} has not finished training against the current trunk"
+        return Untrained.MISSING
+    if not read_module(rd, i).finished_against(trunk_sha256):
+        return Untrained.UNFINISHED
     return None
 
 
-def trained_expert_meta(rd: "RunDir", trunk_sha256: str, i: int, verb: str) -> dict:
-    """Expert i's JSON record, when it has finished training against this trunk; else the error that says
+def untrained_reason(rd: RunDir, trunk_sha256: str, i: int) -> str | None:
+    """`untrained` as a message ("expert_003 is not trained yet"), or None."""
+    why = untrained(rd, trunk_sha256, i)
+    return None if why is None else why.says(module_name(i))
+
+
+def trained_expert(rd: RunDir, trunk_sha256: str, i: int, verb: str) -> ModuleMeta:
+    """Expert i's record, when it has finished training against this trunk; else the error that says
     what to run before `verb` (the verb that needs it, as the user types it: "mfgguf router-stats")."""
-    why = untrained_reason(rd, trunk_sha256, i)
-    if why is not None and why.endswith("yet"):
-        raise MfggufError(f"{why}; `{verb}` needs trained experts: `mfgguf train-expert {rd.root} --expert {i}` first")
-    if why is not None:
-        raise MfggufError(f"{why}; finish it (`mfgguf train-expert {rd.root} --expert {i}`, `mfgguf sync {rd.root}`)"
-                          f" before `{verb}`")
-    return read_module_meta(rd, i)
+    why = untrained(rd, trunk_sha256, i)
+    if why is Untrained.MISSING:
+        raise MfggufError(f"{why.says(module_name(i))}; `{verb}` needs trained experts:"
+                          f" `mfgguf train-expert {rd.root} --expert {i}` first")
+    if why is Untrained.UNFINISHED:
+        raise MfggufError(f"{why.says(module_name(i))}; finish it (`mfgguf train-expert {rd.root} --expert {i}`,"
+                          f" `mfgguf sync {rd.root}`) before `{verb}`")
+    return read_module(rd, i)
 
 
-def recorded_experts(trunk_meta: dict) -> list[int] | None:
+def trained_expert_meta(rd: RunDir, trunk_sha256: str, i: int, verb: str) -> dict:
+    """`trained_expert` as a dict, for stages that still read dicts."""
+    return trained_expert(rd, trunk_sha256, i, verb).to_json()
+
+
+def recorded_experts(trunk_meta: ModuleMeta | dict) -> list[int] | None:
     """The experts the trunk's syncs merged (`sync --experts`), or None where no sync recorded a set."""
-    return (trunk_meta.get("sync") or {}).get("expert_ids")
+    m = trunk_meta if isinstance(trunk_meta, ModuleMeta) else ModuleMeta.from_json(trunk_meta)
+    return m.sync_experts
 
 
 def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -> str | None:
@@ -504,7 +404,7 @@ def router_stats_current(run: RunDir, ids: list[int] | None = None) -> bool:
     is now."""
     if not run.router_stats_meta.is_file() or not run.module_meta(0).is_file():
         return False
-    ids = range(1, int(run.info()["n_experts"]) + 1) if ids is None else ids
+    ids = range(1, run.run_info().n_experts + 1) if ids is None else ids
     experts = {module_name(i): read_json(run.module_meta(i), "an expert's metadata").get("sha256")
                if run.module_meta(i).is_file() else "" for i in ids}  # "": untrained, never current
     return router_stats_stale(read_json(run.router_stats_meta, "the pooled router statistics"),
@@ -513,3 +413,12 @@ def router_stats_current(run: RunDir, ids: list[int] | None = None) -> bool:
 
 def read_manifest(run: RunDir) -> dict:
     return read_json(run.manifest, "the run manifest (train the trunk first)")
+
+
+__all__ = ["RUN_FORMAT", "RUN_VERSION", "MODULE_FORMAT", "MODULE_VERSION", "READABLE_MODULE_VERSIONS", "STATS_PREFIX",
+           "SHARED_PREFIX", "RunDir", "ModuleMeta", "RunInfo", "Untrained", "module_name", "data_view",
+           "atomic_path", "file_digests", "link_or_copy", "read_json", "sha256_file", "swap_dir_into_place",
+           "write_json", "write_text", "write_module", "write_module_streamed", "module_meta_for", "read_module",
+           "read_module_meta", "update_manifest", "write_router_stats", "finished_against", "untrained",
+           "untrained_reason", "trained_expert", "trained_expert_meta", "recorded_experts", "router_stats_stale",
+           "router_stats_current", "read_manifest"]

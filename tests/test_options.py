@@ -41,7 +41,7 @@ def test_job_options_round_trip_as_flags_and_json():
 def test_every_field_has_a_comment_as_help():
     helps = field_help(TrainConfig) | field_help(ModelConfig)
     assert all(helps[f.name] for f in fields(TrainOptions))
-    assert field_help(TrainConfig)["eval_every"].endswith("4.5% measured at 25 steps)")  # continuation lines joined
+    assert field_help(TrainConfig)["eval_every"].endswith("training time: docs/benchmarks.md)")  # continuation lines joined
     assert option_help("lr") == "Peak learning rate (AdamW) (default: the preset's)."
 
 
@@ -89,3 +89,16 @@ def test_no_help_text_is_eaten_as_rich_markup():
 
     eaten = [(where, m.group(0)) for where, t in texts(typer.main.get_command(app), "mfgguf") for m in tag.finditer(t)]
     assert eaten == []
+
+
+def test_choices_are_checked_once_by_the_flag_the_user_typed():
+    from dataclasses import replace
+
+    from mfgguf.config import CHOICES, FLAGS, get_preset
+    from mfgguf.errors import MfggufError
+
+    for name in CHOICES:
+        with pytest.raises(MfggufError, match=f"unknown {FLAGS.get(name, '--' + name.replace('_', '-'))} 'bogus';"
+                                              " choose one of "):
+            TrainOptions(**{name: "bogus"}).train_config(get_preset("tiny").expert)
+        assert replace(get_preset("tiny").trunk) == get_preset("tiny").trunk  # every preset's values pass

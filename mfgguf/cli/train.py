@@ -16,6 +16,7 @@ import typer
 
 from mfgguf.converters.merge import DEFAULT_DENSITY
 from mfgguf.options import JobOptions, TrainOptions, option_help
+from mfgguf.records import ModuleMeta, RunInfo
 from mfgguf.cli.app import command
 from mfgguf.cli.options import train_options
 
@@ -45,16 +46,16 @@ _PROGRESS = typer.Option(True, "--progress/--no-progress", help="Show a progress
 
 
 def _line(meta: dict, run: Path) -> str:
-    held = meta["heldout_loss"]
-    extra = ""
-    if meta["kind"] == "expert":
-        base = meta.get("trunk_heldout_loss") or {}
-        own = [d for d in (meta.get("shard_domains") or []) if d in held and d in base]
+    m = ModuleMeta.from_json(meta)
+    held, extra = m.heldout_loss, ""
+    if m.kind == "expert":
+        base = m.trunk_heldout_loss
+        own = [d for d in (m.shard_domains or []) if d in held and d in base]
         if own:
             extra = " | own domain " + ", ".join(f"{d} {base[d]:.3f}->{held[d]:.3f}" for d in own)
-    return (f"{meta['name']}: final loss {meta['final_loss']:.3f}, held-out loss {meta['heldout_loss_mean']:.3f}"
+    return (f"{m.name}: final loss {meta['final_loss']:.3f}, held-out loss {meta['heldout_loss_mean']:.3f}"
             f" (mean of {len(held)} domains){extra}, {meta['tokens_seen']:,} tokens,"
-            f" {Path(run) / 'modules' / meta['file']}, {meta['wall_s']:.1f} s")
+            f" {Path(run) / 'modules' / m.file}, {meta['wall_s']:.1f} s")
 
 
 @command("train-trunk", help=_doc("whole.trunk", "train_trunk"))
@@ -91,9 +92,9 @@ def train_expert_cmd(
 
     meta = train_expert(run, expert, options=options, device=device, progress=progress, precision=precision,
                         restart=restart)
-    line = _line(meta, run)
-    if meta.get("rounds", 1) > 1:
-        line += f" (round {meta['round']} of {meta['rounds']})"
+    line, m = _line(meta, run), ModuleMeta.from_json(meta)
+    if m.rounds > 1:
+        line += f" (round {m.round} of {m.rounds})"
     typer.echo(line)
 
 
@@ -245,12 +246,12 @@ def relabel_cmd(
 
     info = relabel(run, out, experts=experts, prefix=prefix, cap=cap, tokens=tokens, keep_labels=keep_labels,
                    force=force, device=device, progress=progress)
-    r = info["relabel"]
+    r = RunInfo.from_json(info).relabel
     loss = "" if r["prefix_loss_before"] is None else \
         f" mean prefix loss {r['prefix_loss_before']:.4f} -> {r['prefix_loss_after']:.4f};"
     typer.echo(f"{out}: {r['moved_docs']:,} of {r['docs']:,} documents ({r['moved_tokens']:,} tokens) moved;{loss}"
                f" {r['scored_tokens']:,} tokens scored ({r['forward_flops']:.3g} FLOPs), {r['seconds']:.1f} s")
-    for s in info["shards"]:
+    for s in RunInfo.from_json(info).shards:
         if "relabelled_from" in s:
             src = ", ".join(f"{k} {v:,}" for k, v in s["relabelled_from"].items())
             typer.echo(f"  shard {s['id']}: {s['tokens']:,} tokens ({src})")

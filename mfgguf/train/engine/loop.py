@@ -93,7 +93,7 @@ def limit_heap_retention(threshold: int = 1 << 20) -> None:
     """Make glibc return freed activation buffers to the OS.
 
     glibc raises its mmap threshold each time a large block is freed, after which activation-sized
-    buffers come from the heap and stay resident once freed: +500 MB of RSS on a `1b` expert. A
+    buffers come from the heap and stay resident once freed (docs/benchmarks.md: a `1b` expert's RSS). A
     fixed threshold keeps every buffer over 1 MB in its own mapping. No-op off glibc.
     """
     try:
@@ -364,15 +364,13 @@ class InMemorySteps:
         pass
 
 
-COMPILE_MIN_STEPS = 100  # auto compiles a run (or sync round) of at least this many steps: compiling costs ~10 s with a warm
-#                          cache (~60 s cold) on 2 cores, and speeds a `small` step up by about a third
+COMPILE_MIN_STEPS = 100  # auto compiles a run (or sync round) of at least this many steps: long enough for the faster
+#                          steps to repay the one-off compile (docs/benchmarks.md, "Figures behind the defaults")
 
 
 def wants_compile(choice: str, steps: int, recompute: bool) -> bool:
     """Whether the in-memory step runs through torch.compile: `choice` on/off, or auto (long enough runs,
     no recompute: the checkpointed blocks and chunked head stay eager)."""
-    if choice not in ("auto", "on", "off"):
-        raise MfggufError(f"unknown --compile {choice!r}; choose auto, on or off")
     if choice == "auto":
         return not recompute and steps >= COMPILE_MIN_STEPS
     return choice == "on" and not recompute

@@ -21,19 +21,25 @@ import torch
 
 from mfgguf.base.runbase import BaseFiles
 from mfgguf.config import ModelConfig
+from mfgguf.records import ModuleMeta
 from mfgguf.run import RunDir, write_json
 from mfgguf.train.engine.loop import heldout_losses
 from mfgguf.train.engine.weights import trunk_alone
 
 
-def _key(rd: RunDir, trunk_meta: dict, eval_tokens: int, precision: str) -> dict:
-    return {"trunk_sha256": trunk_meta.get("sha256"), "eval_tokens": int(eval_tokens), "precision": precision,
+def _record(trunk_meta: ModuleMeta | dict) -> ModuleMeta:
+    return trunk_meta if isinstance(trunk_meta, ModuleMeta) else ModuleMeta.from_json(trunk_meta)
+
+
+def _key(rd: RunDir, trunk_meta: ModuleMeta, eval_tokens: int, precision: str) -> dict:
+    return {"trunk_sha256": trunk_meta.sha256, "eval_tokens": int(eval_tokens), "precision": precision,
             "heldout_bytes": {f.stem: f.stat().st_size for f in sorted(Path(rd.validation_dir).glob("*.npy"))}}
 
 
 @torch.no_grad()
-def base_heldout(rd: RunDir, trunk_meta: dict, eval_tokens: int, dev, precision: str) -> dict:
+def base_heldout(rd: RunDir, trunk_meta: ModuleMeta | dict, eval_tokens: int, dev, precision: str) -> dict:
     """{domain: held-out loss} of an imported trunk alone, from RUN/base/heldout.json or scored now."""
+    trunk_meta = _record(trunk_meta)
     path = BaseFiles(rd.root).root / "heldout.json"
     key = _key(rd, trunk_meta, eval_tokens, precision)
     try:
@@ -42,16 +48,17 @@ def base_heldout(rd: RunDir, trunk_meta: dict, eval_tokens: int, dev, precision:
             return cached["heldout_loss"]
     except (OSError, ValueError, AttributeError):
         pass  # absent or unreadable: score again
-    model, route = trunk_alone(rd.module_file(0), ModelConfig.from_dict(trunk_meta["config"]), dev)
+    model, route = trunk_alone(rd.module_file(0), ModelConfig.from_dict(trunk_meta.config), dev)
     held = heldout_losses(rd.validation_dir, model, eval_tokens, route, dev, precision)
     write_json(path, {"key": key, "heldout_loss": held})
     return held
 
 
-def reference_heldout(rd: RunDir, trunk_meta: dict, eval_tokens: int, dev, precision: str) -> dict:
+def reference_heldout(rd: RunDir, trunk_meta: ModuleMeta | dict, eval_tokens: int, dev, precision: str) -> dict:
     """The held-out loss an expert's is compared with: the trunk's own, or the imported base's."""
-    if trunk_meta.get("heldout_loss"):
-        return trunk_meta["heldout_loss"]
-    if trunk_meta.get("source") == "base":
+    trunk_meta = _record(trunk_meta)
+    if trunk_meta.heldout_loss:
+        return trunk_meta.heldout_loss
+    if trunk_meta.source == "base":
         return base_heldout(rd, trunk_meta, eval_tokens, dev, precision)
     return {}

@@ -22,28 +22,27 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from mfgguf.config import ModelConfig, expert_layers, get_preset
+from mfgguf.config import EXPERT_INITS, ModelConfig, expert_layers, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.model import SEED_FFN, Transformer, trunk_name_map
 from mfgguf.options import TrainOptions
 from mfgguf.plots import loss_curve
-from mfgguf.run import RunDir, module_name, read_manifest, read_module_meta, recorded_experts, sha256_file, write_module
-from mfgguf.train.whole import branch as br
+from mfgguf.records import ModuleMeta
+from mfgguf.run import RunDir, module_name, read_manifest, read_module, sha256_file, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
-from mfgguf.train.experts import complement as cx
-from mfgguf.train.experts import shared as sh
-from mfgguf.train.experts.base_score import reference_heldout
-from mfgguf.train.engine.loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
-                   resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
 from mfgguf.train.engine.driver import smooth
-from mfgguf.train.rounds.ends import round_end
-from mfgguf.train.experts.stats import RouterStats, stats_tokens
-from mfgguf.train.experts.tailstats import TailStats, tail_steps
-from mfgguf.train.whole.trunk import plan_activations
+from mfgguf.train.engine.loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
+                                      resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
 from mfgguf.train.engine.weights import read_safetensors
+from mfgguf.train.experts import pieces as pc
+from mfgguf.train.experts.base_score import reference_heldout
+from mfgguf.train.experts.pieces import expert_params  # noqa: F401  (the expert's trainable parameters, as before)
+from mfgguf.train.experts.stats import RouterStats, stats_tokens
+from mfgguf.train.experts.tailstats import TailStats
+from mfgguf.train.rounds.ends import round_end
+from mfgguf.train.whole import branch as br
+from mfgguf.train.whole.trunk import plan_activations
 
-EXPERT_INITS = ("auto", "seed", "random", "anchor")  # TrainConfig.expert_init
-STATS_FROM = ("train", "pass")  # TrainConfig.stats_from
 
 
 def _set_param(model: nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
@@ -56,13 +55,13 @@ def load_trunk_meta(rd: RunDir) -> dict:
     rd.check_no_pending_sync()
     if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
         raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
-    meta = read_module_meta(rd, 0)
+    meta = read_module(rd, 0)
     recorded = read_manifest(rd).get("modules", {}).get("trunk", {}).get("sha256")
     actual = sha256_file(rd.module_file(0))
-    if actual != meta.get("sha256") or (recorded and actual != recorded):
+    if actual != meta.sha256 or (recorded and actual != recorded):
         raise MfggufError(f"{rd.module_file(0)} does not match its recorded sha256 (modified or damaged);"
                           f" retrain it with `mfgguf train-trunk {rd.root}`")
-    return meta
+    return meta.to_json()
 
 
 def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.device, bf16_trunk: bool,
@@ -78,8 +77,8 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     gate/up from the anchor's first expert_ff rows (tiled if the expert is wider): features the
     trunk already uses. random and anchor have a zero down-projection, so step 0 computes the anchor.
     """
-    if init not in EXPERT_INITS:
-        raise MfggufError(f"unknown expert init {init!r}; use one of {', '.join(EXPERT_INITS)}")
+    if init not in EXPERT_INITS:  # a caller's own string (TrainConfig has checked its expert_init)
+        raise MfggufError(f"unknown --init {init!r}; choose one of {', '.join(EXPERT_INITS)}")
     if init == "auto":
         init = "seed" if cfg.seed_expert else "random"
     if init == "seed" and not cfg.seed_expert:
@@ -127,11 +126,6 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     return model
 
 
-def expert_params(model: Transformer) -> dict[str, nn.Parameter]:
-    """The only trainable parameters: layers[*].experts[0] (of the layers `freeze_expert_layers` left)."""
-    return {n: p for n, p in model.named_parameters() if ".experts.0." in n and p.requires_grad}
-
-
 def freeze_expert_layers(model: Transformer, layers: Collection[int]) -> None:
     """Freeze the expert everywhere but `layers` (`--expert-layers`): there it keeps its start, which every
     expert shares (the seed, or a zero down-projection), so the assembled file routes those layers to
@@ -140,19 +134,6 @@ def freeze_expert_layers(model: Transformer, layers: Collection[int]) -> None:
         if l not in layers:
             for p in layer.experts[0].parameters():
                 p.requires_grad_(False)
-
-
-def _shard_domains(info: dict, i: int):
-    """Which domains shard i holds, as run.json describes it (None when it does not say)."""
-    shards = info.get("shards")
-    entry = None
-    if isinstance(shards, dict):
-        entry = shards.get(str(i)) or shards.get(module_name(i)) or shards.get(f"shard_{i:03d}")
-    elif isinstance(shards, list) and 0 < i <= len(shards):
-        entry = shards[i - 1]
-    if isinstance(entry, dict):
-        return entry.get("domains", entry)
-    return entry
 
 
 def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions(), device: str = "cpu",
@@ -185,142 +166,126 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
         >>> train_expert(Path("RUN"), 1, options=TrainOptions(tokens=20_000))["heldout_loss"]
     """
     t_start = time.perf_counter()
+    job = open_job(Path(run), int(expert), options, device, precision)
+    tc, cfg, rd, i = job.tc, job.cfg, job.rd, job.i
+    t = time.perf_counter()  # before the expert's model exists: an imported base is scored by a model of its own
+    before = reference_heldout(rd, job.trunk, tc.eval_tokens, job.dev, job.prec) if job.rnd == tc.rounds else {}
+    clock = {"setup": t - t_start, "base_heldout": time.perf_counter() - t}  # where the wall time goes, in seconds
+    ckpt_dir = rd.checkpoint_dir(i)
+    if restart:
+        ckpt_io.remove(ckpt_dir)
+    rec, micro = plan_activations(cfg, tc.batch_size) if recompute is None else (recompute, tc.batch_size)
+    if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
+        limit_heap_retention()
+    ffn, shared = pc.Complement() if tc.complement else pc.PlainFfn(), pc.SharedCopies(cfg, tc)
+    model = _build(job, ffn, shared)
+    named = {**ffn.params(model), **shared.params(model)}
+    ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": job.preset, "model": cfg.to_dict(),
+                 "train": asdict(tc), "trunk_sha256": job.trunk.sha256}
+    steps, state = schedule_steps(tc, cfg.ctx_len), ckpt_io.peek(ckpt_dir)
+    start_state = pc.BranchStart.state(job, named, ffn, state)
+    resume_from, keep = pc.RoundStart.plan(job, ckpt_meta, state, ckpt_dir, steps, shared)
+    until = round_end(steps, tc.rounds, job.rnd)
+    tail = pc.statistics(cfg, tc, steps) if until == steps else None  # the last round gathers the router statistics
+    curve = lambda: heldout_losses(rd.validation_dir, model, tc.curve_tokens, ffn.route, job.dev, job.prec)  # noqa: E731
+    res = run_loop(model, named, job.data, tc, dev=job.dev, precision=job.prec, route=ffn.route, stream=i,
+                   ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, recompute=rec, progress=progress,
+                   label=_label(i, job.rnd, tc.rounds), heldout=curve, lr_scale=shared.lr_scales(model), until=until,
+                   keep=keep, resume_from=resume_from, start_state=start_state, micro=micro, tail=tail)
+    if job.rnd < tc.rounds:
+        return _write_round(job, model, res, ffn, shared, rec, t_start)
+    meta = _finish(job, model, res, ffn, shared, tail, rec, micro, t_start, clock, before)
+    ckpt_io.remove(ckpt_dir)
+    return meta
+
+
+def open_job(run: Path, expert: int, options: TrainOptions, device: str, precision: str) -> pc.Job:
+    """Read and check everything an expert job needs before any model exists: the run, the trunk, the
+    options over the trunk's preset, the round, the device and the shard."""
     rd = RunDir(run)
-    info = rd.info()
-    i = rd.check_expert_index(int(expert))
+    info = rd.run_info()
+    i = rd.check_expert_index(expert)
     if options.model_changes():
         raise MfggufError(f"model shape options ({', '.join(options.model_changes())}) belong to the trunk;"
                           " experts use the trunk's")
-    trunk = load_trunk_meta(rd)
-    cfg = ModelConfig.from_dict(trunk["config"])
-    preset = trunk.get("preset", "small")
-    tc = br.at_branch_lr(options.train_config(get_preset(preset).expert), trunk, options)
-    sh.check_shared(tc)
+    trunk = ModuleMeta.from_json(load_trunk_meta(rd))
+    cfg = ModelConfig.from_dict(trunk.config)
+    preset = trunk.preset or "small"
+    tc = br.at_branch_lr(options.train_config(get_preset(preset).expert), trunk.json, options)
+    pc.SharedCopies(cfg, tc).check()
     rnd = _round(rd, trunk, tc, i)
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     data = load_tokens(rd.shard(i), f"shard {i}")
     check_token_range(data, cfg.vocab_size, str(rd.shard(i)))
-    # before the expert's model exists: an imported base is scored by a model of its own, freed here
-    t = time.perf_counter()
-    before = reference_heldout(rd, trunk, tc.eval_tokens, dev, prec) if rnd == tc.rounds else {}
-    clock = {"setup": t - t_start, "base_heldout": time.perf_counter() - t}  # where the wall time goes, in seconds
-    ckpt_dir = rd.checkpoint_dir(i)
-    if restart:
-        ckpt_io.remove(ckpt_dir)
+    return pc.Job(rd, i, info, trunk, cfg, preset, tc, rnd, dev, prec, data)
 
-    rec, micro = plan_activations(cfg, tc.batch_size) if recompute is None else (recompute, tc.batch_size)
-    if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
-        limit_heap_retention()
-    layers = expert_layers(tc.expert_layers, cfg.n_layers)
-    if tc.complement:
-        if len(layers) < cfg.n_layers:
-            raise MfggufError("--complement trains a two-way MoE in every layer; pass --expert-layers all with it")
-        cx.check_complement(cfg, tc)
-    model = build_expert_model(rd, cfg, tc.seed + i, dev, bf16_trunk=prec == "bf16", init=tc.expert_init,
-                               trainable=sh.shared_names(cfg, tc.shared))
+
+def _build(job: pc.Job, ffn: pc.PlainFfn, shared: pc.SharedCopies) -> Transformer:
+    """The expert's model: frozen trunk, the FFN piece's expert (in `--expert-layers` only), shared copies."""
+    layers = expert_layers(job.tc.expert_layers, job.cfg.n_layers)
+    ffn.check(job, layers)
+    model = build_expert_model(job.rd, job.cfg, job.tc.seed + job.i, job.dev, bf16_trunk=job.bf16_trunk,
+                               init=job.tc.expert_init, trainable=shared.names())
     freeze_expert_layers(model, layers)
-    named, route, extra = expert_params(model), "single", {}
-    if tc.complement:  # a two-way MoE of [frozen seed, this expert] (complement.py)
-        model = cx.two_way(model, dev, bf16_trunk=prec == "bf16")
-        route, extra = cx.ROUTE, cx.init_rows(model, rd, data, tc.eval_tokens, dev, prec)
-        named = cx.complement_params(model)
-    named = {**named, **sh.shared_params(model, tc.shared)}
-    ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": preset, "model": cfg.to_dict(),
-                 "train": asdict(tc), "trunk_sha256": trunk["sha256"]}
-    steps = schedule_steps(tc, cfg.ctx_len)
-    keep, resume_from = frozenset(), None
-    state = ckpt_io.peek(ckpt_dir)
-    start_state = None  # a fresh wsd expert of a wsd trunk: continue from its branch point (a checkpoint supersedes it)
-    if rnd == 1 and state is None and "branch" in trunk and tc.schedule == "wsd":
-        start_state = br.start_from_branch(br.read_branch(rd, trunk), named, br.branch_names(cfg, tc),
-                                          ffn_slot=1 if tc.complement else 0)
-    if rnd > 1 and state and state.get("trunk_sha256") == trunk.get("synced_from"):
-        # the previous round's state, trained against the trunk before this sync: continue with its
-        # FFN and AdamW moments, but from the merged shared tensors just loaded from the new trunk
-        if state.get("step") != round_end(steps, tc.rounds, rnd - 1):
-            raise MfggufError(f"{module_name(i)}'s checkpoint in {ckpt_dir} stopped at step {state.get('step')}, not at"
-                              f" the end of round {rnd - 1}; pass --restart to train it again from round 1")
-        resume_from = {**ckpt_meta, "trunk_sha256": trunk["synced_from"]}
-        keep = frozenset(sh.shared_names(cfg, tc.shared))
-    elif rnd > 1 and not state:
-        raise MfggufError(f"{module_name(i)} has no checkpoint of round {rnd - 1} in {ckpt_dir}, which round {rnd}"
-                          f" continues from; retrain it from round 1 (a new RUN) or restore that directory")
-    until = round_end(steps, tc.rounds, rnd)
-    tail = _tail(cfg, tc, steps)
-    tail = tail if until == steps else None  # the last round gathers the router statistics
-    curve = lambda: heldout_losses(rd.validation_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
-    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=i, ckpt_dir=ckpt_dir,
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=_label(i, rnd, tc.rounds),
-                   heldout=curve, lr_scale=sh.lr_scales(model, tc), until=until, keep=keep,
-                   resume_from=resume_from, start_state=start_state, micro=micro, tail=tail)
-    if rnd < tc.rounds:
-        return _write_round(rd, i, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start)
+    return ffn.adapt(job, model)
 
+
+def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, tail: TailStats | None, rec: bool,
+            micro: int, t_start: float, clock: dict, before: dict) -> dict:
+    """The last round's module: its validation score, router statistics, record, tensors and loss curve."""
+    tc, cfg, rd, i = job.tc, job.cfg, job.rd, job.i
     t = time.perf_counter()
     last = res.heldout_history[-1] if res.heldout_history else None
     if last is not None and last[0] == res.steps and tc.curve_tokens >= tc.eval_tokens:
         heldout = last[2]  # the curve's last point scored the same tokens a moment ago
     else:
-        heldout = heldout_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
+        heldout = heldout_losses(rd.validation_dir, model, tc.eval_tokens, ffn.route, job.dev, job.prec)
     t1 = time.perf_counter()
     if tail is not None:  # the training steps' own FFN inputs; the shard loss is theirs too
         stats, shard_loss = tail.stats, smooth(res.history, res.steps - tail.first_step)
     else:
         stats = RouterStats(cfg.n_layers, cfg.dim)
-        shard_loss, _ = evaluate(model, data, stats_tokens(asdict(tc)), route, dev, prec, hook=stats.hook)
+        shard_loss, _ = evaluate(model, job.data, stats_tokens(asdict(tc)), ffn.route, job.dev, job.prec,
+                                 hook=stats.hook)
     clock.update(heldout=t1 - t, stats=time.perf_counter() - t1)
     meta = {
-        **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
-                      recompute=rec, heldout=heldout, t_start=t_start),
+        **result_meta(res, kind="expert", preset=job.preset, cfg=cfg, tc=tc, info=job.info.json, dev=job.dev,
+                      precision=job.prec, recompute=rec, heldout=heldout, t_start=t_start),
         "index": i,
         "micro_batch": micro,
-        "trunk_sha256": trunk["sha256"],
+        "trunk_sha256": job.trunk.sha256,
         "shard": i,
-        "shard_domains": _shard_domains(info, i),
+        "shard_domains": job.info.shard_domains(i),
         "shard_loss": shard_loss,
         "trunk_heldout_loss": before,
         "router_stats_count": stats.n,
         "router_stats_from": "pass" if tail is None else f"training steps {tail.first_step + 1}-{res.steps}",
         "wall_breakdown_s": {**{k: round(v, 2) for k, v in clock.items()}, "train": round(res.train_s, 2),
                              "curve": round(res.eval_s, 2)},
-        **sh.shared_meta(cfg, tc.shared),
-        "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
-        **({"complement": True, **extra} if tc.complement else {}),
+        **shared.record(), "round": job.rnd, "rounds": tc.rounds, **pc.BranchStart.record(job), **ffn.record(job),
     }
-    ffn = cx.complement_tensors(model) if tc.complement else model.expert_tensors(0)
-    tensors = {**ffn, **sh.shared_module_tensors(model, tc.shared), **stats.tensors()}
-    meta = write_module(rd, i, tensors, meta)
+    meta = write_module(rd, i, {**ffn.tensors(model), **shared.tensors(model), **stats.tensors()}, meta)
     loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout, curve=res.heldout_history,
-               reference=before or None, title=f"{module_name(i)} ({preset}, {res.tokens_seen:,} tokens)")
-    ckpt_io.remove(ckpt_dir)
+               reference=before or None, title=f"{module_name(i)} ({job.preset}, {res.tokens_seen:,} tokens)")
     return meta
 
 
-def _tail(cfg: ModelConfig, tc, steps: int) -> TailStats | None:
-    """The router statistics of training's last steps (tc.stats_from == "train"), else None (a pass after)."""
-    if tc.stats_from not in STATS_FROM:
-        raise MfggufError(f"unknown --stats-from {tc.stats_from!r}; choose one of {', '.join(STATS_FROM)}")
-    if tc.stats_from == "pass":
-        return None
-    return TailStats(cfg.n_layers, cfg.dim, steps - tail_steps(stats_tokens(asdict(tc)), tc.batch_size * cfg.ctx_len, steps))
-
-
-def _round(rd: RunDir, trunk: dict, tc, i: int) -> int:
+def _round(rd: RunDir, trunk: ModuleMeta, tc, i: int) -> int:
     """Which round (1..R) this job trains: one more than the syncs the trunk has been through."""
     if not (isinstance(tc.rounds, int) and tc.rounds >= 1):
         raise MfggufError(f"--rounds must be a whole number >= 1, got {tc.rounds}")
     if tc.rounds > 1 and tc.shared == "none":
         raise MfggufError("--rounds > 1 needs experts that train shared tensors (--shared norms|attn|all):"
                           " with --shared none there is nothing to sync between rounds")
-    if trunk.get("final"):
-        synced = recorded_experts(trunk)
+    if trunk.final:
+        synced = trunk.sync_experts
         if synced and i not in synced and tc.shared == "none" and tc.rounds == 1:
             return 1  # an expert that sat out the syncs: a plain one on the final trunk, for `extend` or assembly
         raise MfggufError(f"{rd.root} is synced after its last round; its experts are final: assemble it"
                           + (f" (an expert that sat out the syncs, not {i}, may train later with --shared none)"
                              if synced else ""))
-    rnd = int(trunk.get("round", 0)) + 1
+    rnd = trunk.trunk_round + 1
     if rnd > tc.rounds:
         raise MfggufError(f"the trunk has been through {rnd - 1} sync(s), so expert {i} would train round {rnd},"
                           f" but --rounds is {tc.rounds}; pass the --rounds the run was started with")
@@ -331,20 +296,21 @@ def _label(i: int, rnd: int, rounds: int) -> str:
     return module_name(i) if rounds == 1 else f"{module_name(i)} round {rnd}/{rounds}"
 
 
-def _write_round(rd: RunDir, i: int, model, res, tc, cfg, info, trunk, dev, prec, rec, preset, rnd, t_start) -> dict:
+def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, rec: bool, t_start: float) -> dict:
     """The module file after a round that is not the last: FFNs + shared copies for `mfgguf sync`.
 
     No router statistics (the next round changes them); the checkpoint stays for the next round.
     """
     heldout = res.heldout_history[-1][2] if res.heldout_history else {}
+    i, tc = job.i, job.tc
     meta = {
-        **result_meta(res, kind="expert", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
-                      recompute=rec, heldout=heldout, t_start=t_start),
-        "index": i, "trunk_sha256": trunk["sha256"], "shard": i, "shard_domains": _shard_domains(info, i),
-        "trunk_heldout_loss": trunk.get("heldout_loss", {}), "router_stats_count": 0,
-        **sh.shared_meta(cfg, tc.shared), "round": rnd, "rounds": tc.rounds, "branch_start": br.branch_record(trunk, tc),
+        **result_meta(res, kind="expert", preset=job.preset, cfg=job.cfg, tc=tc, info=job.info.json, dev=job.dev,
+                      precision=job.prec, recompute=rec, heldout=heldout, t_start=t_start),
+        "index": i, "trunk_sha256": job.trunk.sha256, "shard": i, "shard_domains": job.info.shard_domains(i),
+        "trunk_heldout_loss": job.trunk.json.get("heldout_loss", {}), "router_stats_count": 0,
+        **shared.record(), "round": job.rnd, "rounds": tc.rounds, **pc.BranchStart.record(job),
     }
-    return write_module(rd, i, {**model.expert_tensors(0), **sh.shared_module_tensors(model, tc.shared)}, meta)
+    return write_module(job.rd, i, {**ffn.tensors(model), **shared.tensors(model)}, meta)
 
 
 if __name__ == "__main__":  # python -m mfgguf.train.experts.expert RUN I: the CLI verb without typer

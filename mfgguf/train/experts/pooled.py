@@ -36,7 +36,8 @@ import torch
 
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, module_name, read_module_meta, trained_expert_meta, write_router_stats
+from mfgguf.records import ModuleMeta
+from mfgguf.run import RunDir, module_name, read_module, trained_expert, write_router_stats
 from mfgguf.train.experts.complement import ROUTE, load_module, two_way
 from mfgguf.train.experts.expert import build_expert_model, load_trunk_meta
 from mfgguf.train.engine.loop import evaluate, load_tokens, resolve_device, resolve_precision
@@ -66,9 +67,9 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
         raise MfggufError(f"unknown --source {source!r}; choose experts or trunk")
     t0 = time.perf_counter()
     rd = RunDir(run)
-    info = rd.info()
-    trunk = load_trunk_meta(rd)
-    cfg = ModelConfig.from_dict(trunk["config"])
+    info = rd.run_info()
+    trunk = ModuleMeta.from_json(load_trunk_meta(rd))
+    cfg = ModelConfig.from_dict(trunk.config)
     dev = resolve_device(device)
     per = int(tokens or trunk_source_tokens(trunk))
     stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
@@ -77,13 +78,13 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
         evaluate(model, load_tokens(rd.train_tokens, "the trunk's training tokens"), per, route, dev,
                  trunk_pass_precision(trunk, dev), hook=stats.hook)
     else:
-        ids = range(1, info["n_experts"] + 1) if experts is None else [rd.check_expert_index(int(i)) for i in experts]
+        ids = range(1, info.n_experts + 1) if experts is None else [rd.check_expert_index(int(i)) for i in experts]
         if not ids:
             raise MfggufError("no experts to pool router statistics over; pass --experts with at least one")
-        metas = {i: trained_expert_meta(rd, trunk["sha256"], i, "mfgguf router-stats") for i in ids}
-        prec = precision_of(next(iter(metas.values())))
-        comp = any(m.get("complement") for m in metas.values())  # complementing experts: their own forward
-        if comp and not all(m.get("complement") for m in metas.values()):
+        metas = {i: trained_expert(rd, trunk.sha256, i, "mfgguf router-stats") for i in ids}
+        prec = precision_of(next(iter(metas.values())).json)
+        comp = any(m.json.get("complement") for m in metas.values())  # complementing experts: their own forward
+        if comp and not all(m.json.get("complement") for m in metas.values()):
             raise MfggufError("some experts complement the seed and some do not; retrain them alike (all with or all"
                               " without `train-expert --complement`) before `mfgguf router-stats`")
         model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", init="seed" if comp else "random",
@@ -98,7 +99,7 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
                 evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), n, route, dev, prec, hook=stats.hook)
                 bar.advance()
         per = int(tokens or max(_stats_tokens(m) for m in metas.values()))
-        return _write(rd, stats, trunk, "experts", {module_name(i): m["sha256"] for i, m in metas.items()}, per,
+        return _write(rd, stats, trunk, "experts", {module_name(i): m.sha256 for i, m in metas.items()}, per,
                       "trunk + each expert over its shard", t0)
     return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
 
@@ -107,42 +108,42 @@ def write_pooled(rd: RunDir, stats: RouterStats, *, t0: float, tokens: int | Non
                  experts: list[int] | None = None) -> dict:
     """Write G from `stats` accumulated over trunk + every expert (or `experts`), as they are now (restat.py's
     passes feed it during `sync`, so the final sync needs no second pass)."""
-    trunk = read_module_meta(rd, 0)
-    ids = range(1, int(rd.info()["n_experts"]) + 1) if experts is None else experts
-    experts = {module_name(i): read_module_meta(rd, i)["sha256"] for i in ids}
-    per = tokens or _stats_tokens(read_module_meta(rd, next(iter(ids))))
+    trunk = read_module(rd, 0)
+    ids = range(1, rd.run_info().n_experts + 1) if experts is None else experts
+    experts = {module_name(i): read_module(rd, i).sha256 for i in ids}
+    per = tokens or _stats_tokens(read_module(rd, next(iter(ids))))
     return _write(rd, stats, trunk, "experts", experts, per, "trunk + each expert over its shard", t0)
 
 
-def _write(rd: RunDir, stats: RouterStats, trunk: dict, source: str, experts: dict, per: int, on: str, t0: float) -> dict:
+def _write(rd: RunDir, stats: RouterStats, trunk: ModuleMeta, source: str, experts: dict, per: int, on: str, t0: float) -> dict:
     tensors = {k: v for k, v in stats.tensors().items() if k.endswith(".second_moment")}
     return write_router_stats(rd, tensors, {
-        "trunk_sha256": trunk["sha256"], "source": source, "experts": experts, "tokens_per_source": per,
+        "trunk_sha256": trunk.sha256, "source": source, "experts": experts, "tokens_per_source": per,
         "router_stats_count": stats.n, "router_stats_on": on, "seconds": round(time.perf_counter() - t0, 3),
     })
 
 
-def trunk_pass_precision(trunk: dict, dev) -> str:
+def trunk_pass_precision(trunk: ModuleMeta | dict, dev) -> str:
     """The precision of a forward pass through the trunk alone: the one it trained in, except for an imported
     base, which records fp32 without having trained here; its experts train at bf16 where the CPU has it
-    natively, and so does its pass (2.2x faster on SmolLM2 with AVX512-BF16: 1,430 against 630 tokens/s)."""
-    return resolve_precision("auto", dev) if trunk.get("source") == "base" else precision_of(trunk)
+    natively, and so does its pass (much faster there: docs/benchmarks.md)."""
+    t = trunk if isinstance(trunk, ModuleMeta) else ModuleMeta.from_json(trunk)
+    return resolve_precision("auto", dev) if t.source == "base" else precision_of(t.json)
 
 
-def trunk_source_tokens(trunk: dict) -> int:
+def trunk_source_tokens(trunk: ModuleMeta | dict) -> int:
     """Default tokens of `--source trunk`: the sample each expert of the trunk's preset measures its own statistics
-    on (16,384 for every preset). On SmolLM2 with 4 x 768-unit experts, 16,384 / 65,536 / 262,144 tokens routed the
-    trained mix to 3.4934 / 3.4995 / 3.4882 (llama.cpp, q8_0): within 0.3%, the 262,144 of the old default
-    (4 x the trunk's eval_tokens) costing 14x the pass (181 s against 13 s)."""
+    on: larger samples routed no better and cost the pass many times more (docs/benchmarks.md)."""
     try:
-        return stats_tokens(asdict(get_preset(str(trunk.get("preset", "small"))).expert))
+        t = trunk if isinstance(trunk, ModuleMeta) else ModuleMeta.from_json(trunk)
+        return stats_tokens(asdict(get_preset(str(t.preset or "small")).expert))
     except MfggufError:  # a trunk of a preset this version does not know
         return stats_tokens({"eval_tokens": 4096})
 
 
-def _stats_tokens(meta: dict) -> int:
+def _stats_tokens(meta: ModuleMeta) -> int:
     """Tokens of its shard an expert's own statistics measured (stats.stats_tokens)."""
-    return stats_tokens(meta.get("train", {}))
+    return stats_tokens(meta.train)
 
 
 class _Bar:

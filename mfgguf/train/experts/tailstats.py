@@ -2,8 +2,8 @@
 
 The statistics an expert records are the per-layer means of the FFN-input vectors on its shard
 (stats.py). Training's forward computes exactly those vectors, on windows of the same shard, so the
-last steps that together cover `stats_tokens` tokens measure them for free: a `--tokens 16384`
-SmolLM2 expert spent 10.5 s of its 52.8 s on the separate pass. What differs is that the expert
+last steps that together cover `stats_tokens` tokens measure them for free, where the separate
+pass was a sizeable share of a short expert job (docs/benchmarks.md). What differs is that the expert
 is still moving while they are gathered (the LR is at the bottom of its decay by then) and that the
 windows are training's random ones rather than the shard's first tokens;
 scripts/bench_stats_tokens.py measures what that costs routed perplexity.

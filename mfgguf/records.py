@@ -1,0 +1,138 @@
+"""The records a RUN directory holds as JSON, typed: a module's metadata and run.json.
+
+Each record keeps the JSON it was read from (or is to be written as), key order included, so a
+record read and written back is byte-identical, and fields this mfgguf does not know survive it
+(a later mfgguf may add some). The typed fields are what code reads; `to_json` is what goes to disk,
+and the one way a dict goes in is `from_json` (stages that still pass dicts convert at the edge).
+
+Example:
+    >>> m = ModuleMeta.from_json({"format": "mfgguf-module", "version": 2, "name": "trunk", "index": 0})
+    >>> m.kind, m.rounds, m.to_json()["name"]
+    (None, 1, 'trunk')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+def module_name(index: int) -> str:
+    """0 -> 'trunk', i -> 'expert_00i'."""
+    return "trunk" if index == 0 else f"expert_{index:03d}"
+
+
+def _int(d: dict, key: str, default: int) -> int:
+    v = d.get(key)
+    return default if v is None else int(v)
+
+
+@dataclass(frozen=True)
+class ModuleMeta:
+    """A module's JSON (modules/<name>.json): what `run.write_module` writes and `run.read_module` reads."""
+
+    name: str | None = None  # trunk, expert_00i, router_stats
+    index: int | None = None  # 0 = the trunk, 1..N the experts
+    kind: str | None = None  # trunk, expert, router_stats
+    preset: str | None = None  # the preset it trained from
+    config: dict | None = None  # ModelConfig.to_dict() of the trunk it belongs to
+    train: dict = field(default_factory=dict)  # the TrainConfig it trained with (asdict)
+    file: str | None = None  # its safetensors file's name inside RUN/modules
+    sha256: str | None = None
+    blake3: str | None = None  # absent in module format 1
+    bytes: int | None = None
+    tensors: dict = field(default_factory=dict)  # {GGUF name: shape}, router statistics left out
+    trunk_sha256: str | None = None  # experts, pooled statistics: the trunk they belong to
+    source: str | None = None  # a trunk: "base" when imported; pooled statistics: "trunk" when from the trunk alone
+    heldout_loss: dict = field(default_factory=dict)  # {domain: validation loss}
+    trunk_heldout_loss: dict = field(default_factory=dict)  # experts: the trunk's, on the same tokens
+    shard_domains: Any = None  # experts: the domains of their shard, as run.json describes it
+    round: int = 1  # experts: the round this file is the end of; a trunk: the syncs it has been through
+    rounds: int = 1  # experts: the sync rounds R the run trains in
+    final: bool = False  # a trunk synced after its last round
+    sync: dict | None = None  # a synced trunk: what the sync merged
+    synced_from: str | None = None  # a synced trunk: the sha256 of the trunk before the sync
+    branch: dict | None = None  # a wsd trunk: its branch point
+    json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ModuleMeta":
+        g = d.get
+        return cls(name=g("name"), index=g("index"), kind=g("kind"), preset=g("preset"), config=g("config"),
+                   train=g("train") or {}, file=g("file"), sha256=g("sha256"), blake3=g("blake3"), bytes=g("bytes"),
+                   tensors=g("tensors") or {}, trunk_sha256=g("trunk_sha256"), source=g("source"),
+                   heldout_loss=g("heldout_loss") or {}, trunk_heldout_loss=g("trunk_heldout_loss") or {},
+                   shard_domains=g("shard_domains"), round=_int(d, "round", 1), rounds=_int(d, "rounds", 1),
+                   final=bool(g("final")), sync=g("sync"), synced_from=g("synced_from"), branch=g("branch"),
+                   json=dict(d))
+
+    def to_json(self) -> dict:
+        """The record as written to disk (a copy: editing it does not change the record)."""
+        return dict(self.json)
+
+    @property
+    def trunk_round(self) -> int:
+        """A trunk's syncs so far (its JSON's "round", 0 before the first sync)."""
+        return _int(self.json, "round", 0)
+
+    @property
+    def sync_experts(self) -> list[int] | None:
+        """The experts the trunk's syncs merged (`sync --experts`), or None where no sync recorded a set."""
+        return (self.sync or {}).get("expert_ids")
+
+    def finished_against(self, trunk_sha256: str) -> bool:
+        """An expert that has trained its last round against this trunk: nothing left to train or sync."""
+        return self.trunk_sha256 == trunk_sha256 and self.round >= self.rounds
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """run.json: what `prepare` (or `relabel`) wrote about the RUN's data, read by `RunDir.run_info`."""
+
+    format: str | None = None
+    version: int | None = None
+    n_experts: int = 0  # experts the data is partitioned for
+    partition: str | None = None  # how documents were split into shards (domain, cluster, ...)
+    vocab_size: int | None = None
+    eos_id: int | None = None
+    token_dtype: str | None = None  # uint16 or uint32
+    domains: list = field(default_factory=list)
+    shards: Any = None  # one entry per shard (id, docs, tokens, domains)
+    relabel: dict | None = None  # a relabelled RUN: what moved
+    json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RunInfo":
+        g = d.get
+        return cls(format=g("format"), version=g("version"), n_experts=_int(d, "n_experts", 0),
+                   partition=g("partition"), vocab_size=g("vocab_size"), eos_id=g("eos_id"),
+                   token_dtype=g("token_dtype"), domains=list(g("domains") or []), shards=g("shards"),
+                   relabel=g("relabel"), json=dict(d))
+
+    def to_json(self) -> dict:
+        return dict(self.json)
+
+    def shard_domains(self, i: int):
+        """Which domains shard i holds, as run.json describes it (None when it does not say)."""
+        shards, entry = self.shards, None
+        if isinstance(shards, dict):
+            entry = shards.get(str(i)) or shards.get(module_name(i)) or shards.get(f"shard_{i:03d}")
+        elif isinstance(shards, list) and 0 < i <= len(shards):
+            entry = shards[i - 1]
+        if isinstance(entry, dict):
+            return entry.get("domains", entry)
+        return entry
+
+
+class Untrained(Enum):
+    """Why an expert cannot be used with the current trunk; the value completes "expert_00i ..."."""
+
+    MISSING = "is not trained yet"  # no module file: train it
+    UNFINISHED = "has not finished training against the current trunk"  # train its next round or sync
+
+    def says(self, name: str) -> str:
+        return f"{name} {self.value}"
+
+
+__all__ = ["ModuleMeta", "RunInfo", "Untrained", "module_name"]

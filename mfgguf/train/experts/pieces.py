@@ -1,0 +1,180 @@
+"""An expert job's training options as pieces: each brings its checks, trainable parameters, LR factors,
+start state, JSON record and module tensors, and `train_expert` (expert.py) composes them in one order.
+
+- the FFN: `PlainFfn` (route "single": trunk + anchor + this expert) or `Complement` (a two-way MoE of
+  [frozen seed, this expert], complement.py); exactly one per job;
+- `SharedCopies`: private f32 copies of trunk tensors (`--shared`, shared.py); none trains nothing;
+- `BranchStart`: a fresh wsd expert of a wsd trunk continues from the trunk's branch point (branch.py);
+- `RoundStart`: round r > 1 continues from round r - 1's checkpoint across a sync (rounds/);
+- `statistics`: the router statistics from training's last steps (tailstats.py), or None for a pass
+  after training (`--stats-from pass`).
+
+Example:
+    >>> ffn = Complement() if tc.complement else PlainFfn()
+    >>> named = {**ffn.params(model), **SharedCopies(cfg, tc).params(model)}
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from mfgguf.config import ModelConfig, TrainConfig
+from mfgguf.errors import MfggufError
+from mfgguf.model import Transformer
+from mfgguf.records import ModuleMeta, RunInfo, module_name
+from mfgguf.run import RunDir
+from mfgguf.train.experts import complement as cx
+from mfgguf.train.experts import shared as sh
+from mfgguf.train.experts.stats import stats_tokens
+from mfgguf.train.experts.tailstats import TailStats, tail_steps
+from mfgguf.train.rounds.ends import round_end
+from mfgguf.train.whole import branch as br
+
+
+@dataclass
+class Job:
+    """What every piece sees: an expert job's inputs, fixed once its options and the trunk are read."""
+
+    rd: RunDir
+    i: int  # the expert, 1..N
+    info: RunInfo
+    trunk: ModuleMeta
+    cfg: ModelConfig
+    preset: str
+    tc: TrainConfig
+    rnd: int  # the round this job trains, 1..tc.rounds
+    dev: torch.device
+    prec: str
+    data: np.ndarray  # the expert's shard
+    extra: dict = field(default_factory=dict)  # what a piece measured while building, for the record
+
+    @property
+    def bf16_trunk(self) -> bool:
+        return self.prec == "bf16"
+
+
+def expert_params(model: Transformer) -> dict[str, nn.Parameter]:
+    """The only trainable parameters: layers[*].experts[0] (of the layers `freeze_expert_layers` left)."""
+    return {n: p for n, p in model.named_parameters() if ".experts.0." in n and p.requires_grad}
+
+
+class PlainFfn:
+    """The expert alone beside the anchor: what the assembled model computes for a token routed to it."""
+
+    route, slot = "single", 0
+
+    def check(self, job: Job, layers: tuple[int, ...]) -> None:
+        pass
+
+    def adapt(self, job: Job, model: Transformer) -> Transformer:
+        return model
+
+    def params(self, model: Transformer) -> dict[str, nn.Parameter]:
+        return expert_params(model)
+
+    def tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
+        return model.expert_tensors(0)
+
+    def record(self, job: Job) -> dict:
+        return {}
+
+
+class Complement(PlainFfn):
+    """`--complement`: the two-way MoE of [frozen seed, this expert] with a learned router row."""
+
+    route, slot = cx.ROUTE, 1
+
+    def check(self, job: Job, layers: tuple[int, ...]) -> None:
+        if len(layers) < job.cfg.n_layers:
+            raise MfggufError("--complement trains a two-way MoE in every layer; pass --expert-layers all with it")
+        cx.check_complement(job.cfg, job.tc)
+
+    def adapt(self, job: Job, model: Transformer) -> Transformer:
+        model = cx.two_way(model, job.dev, bf16_trunk=job.bf16_trunk)
+        job.extra.update(cx.init_rows(model, job.rd, job.data, job.tc.eval_tokens, job.dev, job.prec))
+        return model
+
+    def params(self, model: Transformer) -> dict[str, nn.Parameter]:
+        return cx.complement_params(model)
+
+    def tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
+        return cx.complement_tensors(model)
+
+    def record(self, job: Job) -> dict:
+        return {"complement": True, **job.extra}
+
+
+@dataclass(frozen=True)
+class SharedCopies:
+    """`--shared`: the trunk tensors the expert also trains a private copy of (none: nothing)."""
+
+    cfg: ModelConfig
+    tc: TrainConfig
+
+    def check(self) -> None:
+        sh.check_shared(self.tc)
+
+    def names(self) -> dict[str, str]:
+        return sh.shared_names(self.cfg, self.tc.shared)
+
+    def params(self, model: Transformer) -> dict[str, nn.Parameter]:
+        return sh.shared_params(model, self.tc.shared)
+
+    def lr_scales(self, model: Transformer) -> dict[str, float]:
+        return sh.lr_scales(model, self.tc)
+
+    def tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
+        return sh.shared_module_tensors(model, self.tc.shared)
+
+    def record(self) -> dict:
+        return sh.shared_meta(self.cfg, self.tc.shared)
+
+
+class BranchStart:
+    """A fresh wsd expert of a wsd trunk starts from the trunk's branch point (a checkpoint supersedes it)."""
+
+    @staticmethod
+    def state(job: Job, named: dict, ffn: PlainFfn, ckpt_state: dict | None) -> dict | None:
+        if job.rnd == 1 and ckpt_state is None and "branch" in job.trunk.json and job.tc.schedule == "wsd":
+            return br.start_from_branch(br.read_branch(job.rd, job.trunk.json), named,
+                                        br.branch_names(job.cfg, job.tc), ffn_slot=ffn.slot)
+        return None
+
+    @staticmethod
+    def record(job: Job) -> dict:
+        return {"branch_start": br.branch_record(job.trunk.json, job.tc)}
+
+
+class RoundStart:
+    """Round r > 1 continues round r - 1's state, trained against the trunk before this sync: its FFN and
+    AdamW moments, but the merged shared tensors just loaded from the new trunk (`keep`)."""
+
+    @staticmethod
+    def plan(job: Job, ckpt_meta: dict, ckpt_state: dict | None, ckpt_dir: Path, steps: int,
+             shared: SharedCopies) -> tuple[dict | None, frozenset]:
+        """(resume_from, keep) for run_loop: (None, empty) for round 1."""
+        rnd, name = job.rnd, module_name(job.i)
+        if rnd > 1 and ckpt_state and ckpt_state.get("trunk_sha256") == job.trunk.synced_from:
+            if ckpt_state.get("step") != round_end(steps, job.tc.rounds, rnd - 1):
+                raise MfggufError(f"{name}'s checkpoint in {ckpt_dir} stopped at step {ckpt_state.get('step')}, not"
+                                  f" at the end of round {rnd - 1}; pass --restart to train it again from round 1")
+            return {**ckpt_meta, "trunk_sha256": job.trunk.synced_from}, frozenset(shared.names())
+        if rnd > 1 and not ckpt_state:
+            raise MfggufError(f"{name} has no checkpoint of round {rnd - 1} in {ckpt_dir}, which round {rnd}"
+                              f" continues from; retrain it from round 1 (a new RUN) or restore that directory")
+        return None, frozenset()
+
+
+def statistics(cfg: ModelConfig, tc: TrainConfig, steps: int) -> TailStats | None:
+    """The router statistics of training's last steps (`--stats-from train`), else None (a pass after)."""
+    if tc.stats_from == "pass":
+        return None
+    return TailStats(cfg.n_layers, cfg.dim, steps - tail_steps(stats_tokens(asdict(tc)), tc.batch_size * cfg.ctx_len, steps))
+
+
+__all__ = ["Job", "expert_params", "PlainFfn", "Complement", "SharedCopies", "BranchStart", "RoundStart", "statistics"]
