@@ -2,7 +2,7 @@
 
 import json
 
-from mfgguf.records import ModuleMeta, RunInfo, Untrained
+from mfgguf.run.records import ModuleMeta, RunInfo, Untrained
 from mfgguf.run import RunDir, untrained, untrained_reason
 
 

@@ -16,7 +16,7 @@ import typer
 
 from mfgguf.converters.merge import DEFAULT_DENSITY
 from mfgguf.options import JobOptions, TrainOptions, option_help
-from mfgguf.records import ModuleMeta, RunInfo
+from mfgguf.run.records import ModuleMeta, RunInfo
 from mfgguf.cli.app import command
 from mfgguf.cli.options import train_options
 

@@ -21,7 +21,7 @@ import torch
 
 from mfgguf.base.runbase import BaseFiles
 from mfgguf.config import ModelConfig
-from mfgguf.records import ModuleMeta
+from mfgguf.run.records import ModuleMeta
 from mfgguf.run import RunDir, write_json
 from mfgguf.train.engine.loop import heldout_losses
 from mfgguf.train.engine.weights import trunk_alone

@@ -27,7 +27,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.model import SEED_FFN, Transformer, trunk_name_map
 from mfgguf.options import TrainOptions
 from mfgguf.plots import loss_curve
-from mfgguf.records import ModuleMeta
+from mfgguf.run.records import ModuleMeta
 from mfgguf.run import RunDir, module_name, read_manifest, read_module, sha256_file, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import smooth

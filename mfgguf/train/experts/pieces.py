@@ -26,7 +26,7 @@ import torch.nn as nn
 from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.model import Transformer
-from mfgguf.records import ModuleMeta, RunInfo, module_name
+from mfgguf.run.records import ModuleMeta, RunInfo, module_name
 from mfgguf.run import RunDir
 from mfgguf.train.experts import complement as cx
 from mfgguf.train.experts import shared as sh

@@ -36,7 +36,7 @@ import torch
 
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.errors import MfggufError
-from mfgguf.records import ModuleMeta
+from mfgguf.run.records import ModuleMeta
 from mfgguf.run import RunDir, module_name, read_module, trained_expert, write_router_stats
 from mfgguf.train.experts.complement import ROUTE, load_module, two_way
 from mfgguf.train.experts.expert import build_expert_model, load_trunk_meta

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mfgguf.files import atomic_path
+from mfgguf.run.files import atomic_path
 
 
 def save_f32(path: Path, tensors: dict, tag: str) -> dict[str, list[int]]:

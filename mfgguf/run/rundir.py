@@ -42,10 +42,10 @@ from pathlib import Path
 
 from mfgguf.errors import MfggufError
 # the file helpers and records live in modules of their own; stages import them from here as before
-from mfgguf.files import (atomic_path, file_digests, link_or_copy, read_json, sha256_file, swap_dir_into_place,
+from mfgguf.run.files import (atomic_path, file_digests, link_or_copy, read_json, sha256_file, swap_dir_into_place,
                           write_json, write_text)
-from mfgguf.records import ModuleMeta, RunInfo, Untrained, module_name
-from mfgguf.safetensors_f32 import save_f32, save_f32_streamed
+from mfgguf.run.records import ModuleMeta, RunInfo, Untrained, module_name
+from mfgguf.run.safetensors_f32 import save_f32, save_f32_streamed
 
 RUN_FORMAT = "mfgguf-run"
 RUN_VERSION = 1
