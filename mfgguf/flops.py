@@ -1,11 +1,12 @@
 """Training FLOPs per token of a trunk (dense) step and of an expert step, from the model shape alone.
 
-Torch-free, so the evaluation report and the benchmarks can budget baselines without importing torch.
+Torch-free, so training, the evaluation's baseline budgets (eval/training_flops.py) and the benchmarks count
+FLOPs without importing torch.
 
 Conventions (what is counted):
   - Matrix multiplies only: 2 FLOPs per multiply-add. Norms, RoPE, SiLU, softmax, the loss, the
     embedding lookup (and its scatter-add gradient) and the optimizer update are not counted: they
-    are O(dim) per token or per parameter, well under 1% here.
+    are O(dim) per token or per parameter (their share: docs/evaluation.md).
   - Every matmul weight W (attn_q/k/v/output, anchor gate/up/down, expert gate/up/down, output head)
     costs 2|W| per token forward. Backward costs 2|W| for the weight gradient, only if W trains, plus
     2|W| for the gradient w.r.t. its input, only if that input depends on a trained tensor (autograd
@@ -15,8 +16,8 @@ Conventions (what is counted):
     T positions of a training window; `causal=False` gives k = T, the convention of
     torch.utils.flop_counter, which ignores the mask. Backward is twice the forward (dQ, dK; dA, dV),
     when anything upstream of the attention trains.
-  - No activation recomputation: `recompute=True` in training re-runs the forward (about +1/3 wall
-    time) but that is a memory trade, not extra learning, and a dense model would pay it too.
+  - No activation recomputation: `recompute=True` in training re-runs the forward, but that is a
+    memory trade, not extra learning, and a dense model would pay it too.
 
 Expert step: the forward runs the whole network (trunk + anchor + expert). The backward computes
 activation gradients from the loss down to the lowest trained tensor -- for `--shared none` that is
@@ -37,29 +38,6 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from mfgguf.config import ModelConfig, expert_layers, shared_tensor_names
-
-FORMULAS = {
-    "convention": "matmul FLOPs only (2 per multiply-add); no norms/softmax/loss/optimizer; no recompute;"
-                  " causal attention: a query sees (T+1)/2 keys on average over a window of T",
-    "trunk_or_dense_step": "per token: 6*W_all + 12*L*H*hd*(T+1)/2, W_all = L*(C*(H+2*KV)*hd + H*hd*C + 3*C*ff_anchor)"
-                           " + C*V (output head; the embedding lookup is not a matmul)",
-    "expert_step": "per token: forward 2*(W_all + L*3*C*ff_expert) + 4*L*H*hd*(T+1)/2;"
-                   " backward 4*|W| for trained matmuls (expert FFNs, shared copies), 2*|W| for frozen matmuls"
-                   " whose input depends on a trained tensor, 8*H*hd*(T+1)/2 per layer whose attention input does"
-                   " (shared none: all layers above 0, the head, and layer 0's expert down-projection input)",
-    "module_flops": "tokens_seen * per-token step FLOPs of that module (a wsd trunk's cooldown after its branch"
-                    " point included: cooldown_flops in its row) + restat_tokens * its forward FLOPs a token (the"
-                    " final sync's statistics and scoring passes on the merged trunk)",
-    "flop_matched": "dense tokens = (trunk FLOPs + sum of every expert job's FLOPs) / dense per-token FLOPs,"
-                    " rounded to whole optimizer steps",
-    "continued_from_base": "an imported base trained further (mfgguf train-base): full = trunk_or_dense_step of the"
-                           " base; lora = the frozen base's forward + activation gradients (adapter_base) +"
-                           " 6 * r * (d_in + d_out) per adapted linear; the base's pretraining counts for nobody",
-    "wallclock_matched": "dense tokens = (trunk FLOPs + R * FLOPs of one round of the longest expert job) / dense"
-                         " per-token FLOPs, rounded to whole steps: the critical path when every expert has its"
-                         " own machine (R rounds, from a `rounds` key in the metadata, else 1)",
-}
-
 
 @dataclass(frozen=True)
 class StepFlops:
@@ -181,33 +159,5 @@ def module_flops(meta: dict, *, causal: bool = True) -> float:
     return meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
 
 
-def rounds_of(metas: dict) -> int:
-    """Training rounds R: the largest `rounds` (or `round`) key in any module's metadata, else 1."""
-    return max([1] + [int(m[k]) for m in metas.values() for k in ("rounds", "round") if isinstance(m.get(k), int)])
-
-
-def run_flops(metas: dict, *, causal: bool = True) -> dict:
-    """Training FLOPs of a modular run: per module, total, and the critical path.
-
-    metas: {0: trunk meta, i: expert i's meta}, tokens_seen counting all of a module's training.
-    total = trunk + every expert job. critical_path = trunk + R x the longest expert's per-round
-    job (its FLOPs / R): the wall clock when every expert has its own machine and rounds run back
-    to back.
-    """
-    per = {i: module_flops(m, causal=causal) for i, m in metas.items()}
-    R = rounds_of(metas)
-    longest_round = max((v for i, v in per.items() if i > 0), default=0.0) / R  # one round of the longest job
-    return {"modules": per, "trunk": per.get(0, 0.0), "experts": sum(v for i, v in per.items() if i > 0),
-            "total": sum(per.values()), "critical_path": per.get(0, 0.0) + R * longest_round, "rounds": R}
-
-
-def tokens_for_flops(flops: float, cfg, tokens_per_step: int, *, causal: bool = True) -> int:
-    """Training tokens (whole optimizer steps, nearest, at least one) for a dense model to spend `flops`."""
-    per_tok = trunk_step_flops(cfg, causal=causal).total
-    steps = max(1, round(flops / (per_tok * tokens_per_step)))
-    return steps * tokens_per_step
-
-
-__all__ = ["FORMULAS", "StepFlops", "trunk_step_flops", "expert_step_flops", "continued_step_flops", "module_step_flops",
-           "module_flops",
-           "run_flops", "rounds_of", "tokens_for_flops"]
+__all__ = ["StepFlops", "trunk_step_flops", "expert_step_flops", "adapter_base_flops", "continued_step_flops",
+           "module_step_flops", "module_flops"]

@@ -89,7 +89,7 @@ def _budget(dense_run: Path) -> int | None:
 
 def _budget_plan(run: Path, key: str) -> int | None:
     """Tokens `mfgguf eval` will give baseline `key` (dense-flop / dense-wallclock) for this RUN."""
-    from mfgguf.eval.baselines import plan_baselines
+    from mfgguf.eval.baselines.scratch import plan_baselines
     from mfgguf.run import RunDir, read_module_meta
 
     rd = RunDir(run)

@@ -9,10 +9,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from mfgguf.eval.baselines import parse_baselines, plan_baselines
 from mfgguf.config import SHARED_CHOICES, ModelConfig, get_preset, shared_tensor_names
 from mfgguf.errors import MfggufError
-from mfgguf.flops import expert_step_flops, module_step_flops, run_flops, tokens_for_flops, trunk_step_flops
+from mfgguf.eval.baselines.scratch import plan_baselines
+from mfgguf.eval.baselines.sides import parse_baselines
+from mfgguf.eval.training_flops import run_flops, tokens_for_flops
+from mfgguf.flops import expert_step_flops, module_step_flops, trunk_step_flops
 from mfgguf.model import Transformer, trunk_name_map
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.experts.expert import build_expert_model, expert_params

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from mfgguf.eval.baselines import parse_baselines
+from mfgguf.eval.baselines.sides import parse_baselines
 from mfgguf.demo import DemoConfig, check_demo_dir, demo
 from mfgguf.eval.evaluate import EvalConfig, evaluate
 from mfgguf.cli.app import command

@@ -8,19 +8,21 @@ before validation existed has one held-out split for both, and the report says s
   - the trunk alone (anchor only, no experts);
   - oracle routing: each domain's text through a model holding only its best expert;
   - dense baselines trained from scratch with the same code on the union of all shards, budgeted
-    in training FLOPs (mfgguf/eval/baselines.py, mfgguf/flops.py): FLOP-matched and wall-clock-matched
+    in training FLOPs (eval/baselines/scratch.py, eval/training_flops.py): FLOP-matched and wall-clock-matched
     with the MoE's active parameters per token, and optionally FLOP-matched with its total ones;
     on an imported base instead, the base itself trained further on the experts' data: continued
     pretraining (FLOP- and wall-clock-matched) and a peft LoRA (FLOP-matched), each with its LR
-    from a small grid (mfgguf/eval/base_baselines.py), and only the experts trained so far;
+    from a small grid (eval/baselines/imported.py), and only the experts trained so far;
   - q8_0 and q4_k against f16 of the assembled MoE with the best router.
 Plus per-layer routing accuracy (from the PyTorch reference with the same router weights),
 llama.cpp prompt/decode tokens/s and peak RSS per model (each model in its own process), and the
 held-out loss curves of the trunk and every baseline against tokens and training FLOPs.
 Writes report.md, report.json and PNG plots into RUN/eval/ (or `out`).
 
-This file builds the models and runs the comparison; eval/measure.py measures one model (and the
-routing), eval/report.py writes the report against its goals (`Goals`), plots.py draws its figures.
+This file runs the comparison as a sequence of phases over one `Evaluation`, which assembles every
+GGUF (again only when its source changed since); eval/baselines/ trains the baselines of either
+side behind one interface, eval/measure.py measures one model (and the routing), eval/report.py
+writes the report against its goals (`Goals`), eval/plots.py draws its figures.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mfgguf.eval.base_baselines import BASE_BASELINES, plan_and_train
-from mfgguf.eval.baselines import flops_section, pick_schedule, plan_baselines, train_baseline
-from mfgguf.config import SCHEDULES
 from mfgguf.errors import MfggufError
+from mfgguf.eval.baselines.baseline import SECTIONS, Job, Outcome
+from mfgguf.eval.baselines.sides import side_for
 from mfgguf.eval.measure import measure, mixed, routing_accuracy
-from mfgguf.plots import eval_plots
+from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
+from mfgguf.eval.training_flops import flops_section
 from mfgguf.run import RunDir, link_or_copy, read_module_meta, router_stats_current, update_manifest, write_json, write_text
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
@@ -66,11 +68,65 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     RSS per model. Writes report.md (tables, each goal checked against `target`), report.json (raw
     figures) and PNG plots.
     """
-    from mfgguf.converters.assemble import assemble
+    ev = _open(Path(run), out, cfg, force)
+    t_start = time.perf_counter()
+    models = _assembled_models(ev)
+    baselines = _train_baselines(ev)
+    models.update(_baseline_models(ev, baselines))
+    results = _measure_all(ev, models)
+    validation = _choose_on_validation(ev, models)
+    best = min(validation, key=lambda k: validation[k]["overall"]["ppl"])
+    quant_rows = _quantized(ev, models, results, best)
+    _say("routing accuracy")
+    routing = {r: routing_accuracy(ev.rd, ev.domains, ev.heldout, ev.gguf(f"moe-{r}-top1-{cfg.base_quant}",
+                                                                            quant=cfg.base_quant, router=r, top_k=1))
+               for r in cfg.routers}
+    report = _report(ev, models, results, validation, best, quant_rows, routing, baselines)
+    report["wall_s"] = round(time.perf_counter() - t_start, 1)
+    write_json(ev.out / "report.json", report)
+    eval_plots(report, ev.out)
+    write_text(ev.out / "report.md", report_markdown(report, target))
+    return report
 
+
+# ---- phases ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What every phase reads: the RUN, the experts in the MoE, the held-out data, where models go."""
+
+    rd: RunDir
+    cfg: EvalConfig
+    force: bool
+    metas: dict  # {0: trunk meta, i: expert i's meta}, the experts trained (so far)
+    subset: list[int] | None  # the experts in the MoE when not all of them (an imported base's forgetting test)
+    heldout: dict  # domain -> test tokens (routing accuracy)
+    out: Path
+
+    @property
+    def domains(self) -> list[str]:
+        return list(self.heldout)  # domains with a held-out split
+
+    def gguf(self, name: str, *, run: Path | None = None, since: Path | None = None, **kw) -> Path:
+        """out/models/<name>.gguf assembled from `run` (default: this RUN, the MoE's experts), the one place a model
+        is built: again only when forced, missing, or older than `since` (default: this RUN's manifest, which
+        every retrained module updates; for another `run`, only what the caller names)."""
+        from mfgguf.converters.assemble import assemble
+
+        path = self.out / "models" / f"{name}.gguf"
+        since = since if since is not None or run is not None else self.rd.manifest
+        if self.force or not path.is_file() or (since is not None and path.stat().st_mtime < since.stat().st_mtime):
+            _say(f"assemble {name}")
+            assemble(run or self.rd.root, path, force=True, progress=False, **{"experts": self.subset, **kw})
+        return path
+
+
+def _open(run: Path, out: Path | None, cfg: EvalConfig, force: bool) -> Evaluation:
+    """The RUN's experts trained so far (an imported base may have some missing), their router statistics made
+    current, the held-out data, and the output folder."""
     rd = RunDir(run)
-    info = rd.info()
-    n = info["n_experts"]
+    n = rd.info()["n_experts"]
     trunk = read_module_meta(rd, 0)
     base = trunk.get("source") == "base"
     # on an imported base, the experts trained so far (a held-out domain may have none: the forgetting test)
@@ -81,143 +137,115 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     if subset:
         _say(f"experts {','.join(map(str, ids))} are trained: the MoE holds those")
     metas = {0: trunk, **{i: read_module_meta(rd, i) for i in ids}}
-    schedules = _schedules(cfg) if cfg.dense and not base else ()
     if "ridge" in cfg.routers and not router_stats_current(rd, subset) and any(int(metas[i].get("version", 1)) > 1 for i in metas if i):
         from mfgguf.train.experts.pooled import pool_router_stats
 
         _say("router statistics (mfgguf router-stats)")  # the ridge router needs them; stale or missing here
         pool_router_stats(rd.root, progress=False, experts=subset)
-    heldout = rd.heldout_tokens(cfg.max_tokens_per_domain)
-    domains = list(heldout)  # domains with a held-out split
     out = Path(out) if out else rd.root / "eval"
-    models_dir = out / "models"
-    models_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
+    (out / "models").mkdir(parents=True, exist_ok=True)
+    return Evaluation(rd, cfg, force, metas, subset, rd.heldout_tokens(cfg.max_tokens_per_domain), out)
 
-    def build(name: str, **kw) -> Path:
-        path = models_dir / f"{name}.gguf"
-        if force or not path.is_file() or path.stat().st_mtime < rd.manifest.stat().st_mtime:
-            _say(f"assemble {name}")
-            assemble(rd.root, path, force=True, progress=False, **{"experts": subset, **kw})
-        return path
 
-    models: dict[str, dict] = {}  # name -> {"path", "domains" (evaluated), "kind"}
-    for router in cfg.routers:
-        for k in cfg.top_ks:
-            if k > n:
-                continue
-            models[f"moe {router} top-{k}"] = {"path": build(f"moe-{router}-top{k}-{cfg.base_quant}", quant=cfg.base_quant,
-                                                              router=router, top_k=k),
-                                                "kind": "moe", "router": router, "top_k": k}
-    models["trunk alone"] = {"path": build(f"trunk-{cfg.base_quant}", quant=cfg.base_quant, experts=[]), "kind": "trunk"}
-    trained = _trained_trunk_run(rd, out)  # after `mfgguf sync` the trunk alone is the merged one
+def _train_baselines(ev: Evaluation) -> Outcome:
+    """The baselines of the trunk's side (from scratch, or an imported base trained further), trained or reused."""
+    cfg = ev.cfg
+    job = Job(ev.rd, ev.metas, ev.out, which=cfg.baselines if cfg.dense else (), force=ev.force,
+              schedules=cfg.dense_schedules if cfg.dense else None)
+    return side_for(ev.metas[0]).train(job)
+
+
+def _assembled_models(ev: Evaluation) -> dict[str, dict]:
+    """name -> {"path", "kind", ...; "domains" where it is scored on some only}: every MoE compared, the trunk
+    alone (and as trained, before a sync merged it) and each domain's oracle."""
+    q, n = ev.cfg.base_quant, ev.rd.info()["n_experts"]
+    models = {f"moe {router} top-{k}": {"path": ev.gguf(f"moe-{router}-top{k}-{q}", quant=q, router=router, top_k=k),
+                                       "kind": "moe", "router": router, "top_k": k}
+              for router in ev.cfg.routers for k in ev.cfg.top_ks if k <= n}
+    models["trunk alone"] = {"path": ev.gguf(f"trunk-{q}", quant=q, experts=[]), "kind": "trunk"}
+    trained = _trained_trunk_run(ev.rd, ev.out)  # after `mfgguf sync` the trunk alone is the merged one
     if trained is not None:
-        path = models_dir / f"trunk-trained-{cfg.base_quant}.gguf"
-        if force or not path.is_file():
-            assemble(trained.root, path, force=True, progress=False, quant=cfg.base_quant, experts=[])
-        models["trunk as trained (before sync)"] = {"path": path, "kind": "trunk"}
-    best_expert = _best_expert_per_domain(metas, domains)
+        models["trunk as trained (before sync)"] = {"path": ev.gguf(f"trunk-trained-{q}", run=trained.root, quant=q,
+                                                                    experts=[]), "kind": "trunk"}
     # complementing experts (train-expert --complement): the oracle is [seed, expert] as trained, top-2 of 2
-    oracle = {"router": "learned", "top_k": 2} if metas.get(1, {}).get("complement") else {}
-    for d, e in best_expert.items():
-        models[f"oracle {d}"] = {"path": build(f"oracle-{d}-{cfg.base_quant}", quant=cfg.base_quant, experts=[e], **oracle),
+    oracle = {"router": "learned", "top_k": 2} if ev.metas.get(1, {}).get("complement") else {}
+    for d, e in _best_expert_per_domain(ev.metas, ev.domains).items():
+        models[f"oracle {d}"] = {"path": ev.gguf(f"oracle-{d}-{q}", quant=q, experts=[e], **oracle),
                                  "kind": "oracle", "domains": [d], "expert": e}
-    plans = plan_baselines(metas, cfg.baselines) if cfg.dense and not base else []
-    base_plans, base_grid = [], {}
-    if cfg.dense and base:  # the practitioner's alternatives: the base itself trained further (eval/base_baselines.py)
-        _say("the trunk is an imported base: its baselines are the base trained further on the experts' data"
-             " (continued pretraining, LoRA), not dense models from scratch")
-        which = tuple(k for k in cfg.baselines if k in BASE_BASELINES) if cfg.baselines is not None else None
-        base_plans, base_grid = plan_and_train(rd, metas, out, which, force)
-        for p in base_plans:
-            path = models_dir / f"base-{p.key}-{cfg.base_quant}.gguf"
-            if force or not path.is_file() or path.stat().st_mtime < RunDir(p.run).module_file(0).stat().st_mtime:
-                assemble(p.run, path, quant=cfg.base_quant, experts=[], force=True, progress=False)
-            models[p.label] = {"path": path, "kind": "dense", "baseline": p.key, "mode": p.mode, "tokens": p.tokens,
-                               "lr": p.lr}
-    dense_metas, dense_schedules = {}, {}
-    for b in plans:
-        runs = {s: train_baseline(rd, metas[0], b, out, force, schedule=s) for s in schedules}
-        chosen, dense_metas[b.label] = pick_schedule({s: read_module_meta(d, 0) for s, d in runs.items()})
-        dense = runs[chosen]
-        dense_schedules[b.label] = {"chosen": chosen, "heldout_loss": {s: read_module_meta(d, 0)["heldout_loss_mean"]
-                                                                      for s, d in runs.items()}}
-        path = models_dir / f"{dense.root.name}-{cfg.base_quant}.gguf"  # dense-<key>[-<schedule>]: the one kept
-        if force or not path.is_file() or path.stat().st_mtime < dense.module_file(0).stat().st_mtime:
-            assemble(dense.root, path, quant=cfg.base_quant, experts=[], force=True, progress=False)
-        models[b.label] = {"path": path, "kind": "dense", "baseline": b.key, "anchor_ff": b.anchor_ff,
-                           "tokens": dense_metas[b.label]["tokens_seen"], "schedule": chosen}
+    return models
 
+
+def _baseline_models(ev: Evaluation, baselines: Outcome) -> dict[str, dict]:
+    """Each trained baseline's trunk alone, assembled when it was retrained since."""
+    q = ev.cfg.base_quant
+    return {t.label: {"path": ev.gguf(f"{t.gguf}-{q}", run=t.run, since=RunDir(t.run).module_file(0), quant=q,
+                                      experts=[]), **t.row}
+            for t in baselines.trained}
+
+
+def _measure_all(ev: Evaluation, models: dict) -> dict[str, dict]:
+    """Every model on the test split, each on the domains it is for."""
     results = {}
     for name, m in models.items():
         _say(f"measure {name}")
-        results[name] = _measure(m["path"], rd, m.get("domains", domains), cfg)
+        results[name] = _measure(ev, m["path"], m.get("domains", ev.domains))
+    return results
 
-    # the one choice made among the assembled models (which router and top-k is "the MoE") is made on validation
-    moe_names = [k for k, m in models.items() if m["kind"] == "moe"]
+
+def _choose_on_validation(ev: Evaluation, models: dict) -> dict[str, dict]:
+    """The one choice made among the assembled models (which router and top-k is "the MoE") reads validation."""
     validation = {}
-    for k in moe_names:
+    for k in [k for k, m in models.items() if m["kind"] == "moe"]:
         _say(f"measure {k} on validation")
-        validation[k] = _measure(models[k]["path"], rd, domains, cfg, split="validation")
-    best = min(moe_names, key=lambda k: validation[k]["overall"]["ppl"])
-    best_router, best_k = models[best]["router"], models[best]["top_k"]
-    quant_rows = {cfg.base_quant: results[best]}
-    for q in cfg.quants:
-        p = build(f"moe-{best_router}-top{best_k}-{q}", quant=q, router=best_router, top_k=best_k)
+        validation[k] = _measure(ev, models[k]["path"], ev.domains, split="validation")
+    return validation
+
+
+def _quantized(ev: Evaluation, models: dict, results: dict, best: str) -> dict[str, dict]:
+    """The best MoE at each quant type compared (and at base_quant), added to `models` and `results`."""
+    router, k = models[best]["router"], models[best]["top_k"]
+    rows = {ev.cfg.base_quant: results[best]}
+    for q in ev.cfg.quants:
+        path = ev.gguf(f"moe-{router}-top{k}-{q}", quant=q, router=router, top_k=k)
         _say(f"measure {best} {q}")
-        quant_rows[q] = _measure(p, rd, domains, cfg)
-        models[f"{best} {q}"] = {"path": p, "kind": "quant"}
-        results[f"{best} {q}"] = quant_rows[q]
+        rows[q] = results[f"{best} {q}"] = _measure(ev, path, ev.domains)
+        models[f"{best} {q}"] = {"path": path, "kind": "quant"}
+    return rows
 
-    _say("routing accuracy")
-    routing = {r: routing_accuracy(rd, domains, heldout, build(f"moe-{r}-top1-{cfg.base_quant}", quant=cfg.base_quant,
-                                                                 router=r, top_k=1))
-               for r in cfg.routers}
 
+def _report(ev: Evaluation, models: dict, results: dict, validation: dict, best: str, quant_rows: dict,
+            routing: dict, baselines: Outcome) -> dict:
+    """report.json's content (all but its wall time): every figure measured, the choices and what they read."""
+    cfg, metas, domains = ev.cfg, ev.metas, ev.domains
+    oracle_experts = _best_expert_per_domain(metas, domains)
     oracle_mixed = mixed({d: results[f"oracle {d}"]["domains"][d] for d in domains})
-    stats_moe = [k for k in moe_names if models[k]["router"] in STATS_ROUTERS]
+    stats_moe = [k for k in validation if models[k]["router"] in STATS_ROUTERS]
     best_stats = min(stats_moe, key=lambda k: validation[k]["overall"]["ppl"]) if stats_moe else None
-    report = {
-        "run": str(rd.root),
+    return {
+        "run": str(ev.rd.root),
         "config": asdict(cfg),
         "domains": domains,
         "models": {k: {**{kk: vv for kk, vv in m.items() if kk != "path"}, "file": m["path"].name,
                        "bytes": m["path"].stat().st_size} for k, m in models.items()},
         "results": results,
-        "splits": {**rd.split_roles(), "chosen_on_validation": ["best router and top-k", "oracle experts",
-                                                                "baseline LRs and schedules", "training curves"]},
+        "splits": {**ev.rd.split_roles(), "chosen_on_validation": ["best router and top-k", "oracle experts",
+                                                                   "baseline LRs and schedules", "training curves"]},
         "validation": {k: v["overall"] for k, v in validation.items()},
-        "oracle": {"experts": best_expert, "mixed": oracle_mixed},
+        "oracle": {"experts": oracle_experts, "mixed": oracle_mixed},
         "recipe": recipe(metas),
         "best": best,
         "best_stats_router": best_stats,
         "quant": {q: r["overall"]["ppl"] for q, r in quant_rows.items()},
         "routing": routing,
         "goals": goals(results, best, best_stats, oracle_mixed, quant_rows, cfg.base_quant, cfg.quants, domains,
-                       plans + base_plans),
-        "flops": flops_section(metas, dense_metas, plans, base_plans),
-        "base_baselines": {"grid": base_grid, "plans": [{**asdict(p), "run": str(p.run)} for p in base_plans],
-                           "trained_domains": sorted({d for i, m in metas.items() if i for d in m.get("shard_domains") or []})}
-        if base else None,
-        "dense_schedules": dense_schedules,
-        "curves": curves(metas[0], dense_metas),
-        "wall_s": round(time.perf_counter() - t_start, 1),
+                       baselines.trained),
+        "flops": flops_section(metas, baselines.trained),
+        **{**SECTIONS, **baselines.sections},
+        "curves": curves(metas[0], baselines.curves),
     }
-    write_json(out / "report.json", report)
-    eval_plots(report, out)
-    write_text(out / "report.md", report_markdown(report, target))
-    return report
 
 
 # ---- models ------------------------------------------------------------------------------------
-
-
-def _schedules(cfg: EvalConfig) -> tuple[str, ...]:
-    bad = [s for s in cfg.dense_schedules if s not in SCHEDULES]
-    if bad or not cfg.dense_schedules:
-        raise MfggufError(f"bad dense schedules {','.join(cfg.dense_schedules)!r}; choose from {', '.join(SCHEDULES)}"
-                          " (comma-separated)")
-    return tuple(dict.fromkeys(cfg.dense_schedules))
 
 
 def _best_expert_per_domain(metas: dict, domains: list[str]) -> dict[str, int]:
@@ -247,8 +275,9 @@ def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
     return view
 
 
-def _measure(path: Path, rd: RunDir, domains: list[str], cfg: EvalConfig, split: str = "test") -> dict:
-    return measure(path, rd, domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx,
+def _measure(ev: Evaluation, path: Path, domains: list[str], split: str = "test") -> dict:
+    cfg = ev.cfg
+    return measure(path, ev.rd, domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx,
                    decode_tokens=cfg.decode_tokens if split == "test" else 0, split=split)
 
 
@@ -258,4 +287,4 @@ def _say(msg: str) -> None:
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
 
 
-__all__ = ["EvalConfig", "evaluate"]
+__all__ = ["EvalConfig", "Evaluation", "evaluate"]

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mfgguf.config import ModelConfig
-from mfgguf.flops import rounds_of, trunk_step_flops
+from mfgguf.eval.training_flops import rounds_of
+from mfgguf.flops import trunk_step_flops
 
 
 @dataclass(frozen=True)

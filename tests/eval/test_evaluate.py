@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
-from mfgguf.flops import run_flops
+from mfgguf.eval.training_flops import run_flops
 from mfgguf.run import RunDir, read_module_meta
 
 QUANTS = "q8_0,q4_k"  # quantized copies compared with f16

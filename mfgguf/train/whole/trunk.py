@@ -5,7 +5,7 @@ the seed, written to the trunk file, that every expert starts from (BTX: branch 
 dense model instead of growing FFNs from random weights next to a frozen trunk).
 
 The dense baselines of `mfgguf eval` are the same call on a copy of the RUN with a wider anchor:
-`train-trunk COPY --preset small --anchor-ff 1024 --tokens ...` (mfgguf/eval/baselines.py).
+`train-trunk COPY --preset small --anchor-ff 1024 --tokens ...` (mfgguf/eval/baselines/scratch.py).
 Every `eval_every` steps the held-out loss is recorded (`heldout_history`): the training curve.
 """
 

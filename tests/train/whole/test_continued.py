@@ -163,7 +163,7 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
             assert r.exit_code == 0, r.output
         r = cli("sync", run)
         assert r.exit_code == 0, r.output
-    from mfgguf.eval.base_baselines import critical_path_s, plan_and_train
+    from mfgguf.eval.baselines.imported import critical_path_s, plan_and_train
 
     metas = {i: read_module_meta(rd, i) for i in range(3)}
     plans, grid = plan_and_train(rd, metas, tmp_path / "baselines", ("flop", "wallclock"))

@@ -192,13 +192,14 @@ def test_expert_starts_from_the_branch_point_at_its_lr(wsd_run, tmp_path):
 
 
 def test_eval_counts_the_trunks_cooldown_and_names_each_baselines_schedule(wsd_run):
-    from mfgguf.eval.baselines import flops_section, pick_schedule
+    from mfgguf.eval.baselines.scratch import pick_schedule
+    from mfgguf.eval.training_flops import flops_section
     from mfgguf.flops import trunk_step_flops
     from mfgguf.eval.report import report_markdown
     from tests.eval.test_report import _report
 
     trunk = read_module_meta(RunDir(wsd_run), 0)
-    f = flops_section({0: trunk}, {}, [])
+    f = flops_section({0: trunk})
     t = f["modules"]["trunk"]
     assert t["tokens"] == trunk["tokens_seen"] == trunk["branch"]["tokens"] + trunk["cooldown_tokens"]
     assert t["cooldown_flops"] == trunk["cooldown_tokens"] * trunk_step_flops(trunk["config"]).total > 0

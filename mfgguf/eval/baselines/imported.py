@@ -1,4 +1,5 @@
-"""Baselines for `mfgguf eval` on an imported base: the base itself trained further on the experts' data.
+"""Baselines for `mfgguf eval` on an imported base: the base itself trained further on the experts' data
+(the side of a trunk trained here: eval/baselines/scratch.py).
 
 A pretrained base's own training is sunk cost that counts for nobody; what a practitioner weighs
 against experts is what they would do with the same data and compute instead (train/whole/continued.py,
@@ -25,19 +26,21 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mfgguf.config import ModelConfig
+from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.flops import continued_step_flops, module_flops
 from mfgguf.run import RunDir, read_json, read_module_meta
 from mfgguf.stages import run_stage
 
 GRID = {"full": (1e-4, 3e-4, 1e-3), "lora": (1e-3, 3e-3, 1e-2)}  # peak LRs tried for each kind of training
-BASE_BASELINES = ("flop", "wallclock", "lora")
-LABELS = {"flop": "base, continued pretraining, FLOP-matched", "wallclock": "base, continued pretraining, wall-clock-matched",
-          "lora": "base + LoRA r16, FLOP-matched"}
-MODE = {"flop": "full", "wallclock": "full", "lora": "lora"}
+# in the order they train: the wall-clock-matched run needs the FLOP-matched grid's speed
+IMPORTED = (Kind("flop", "base, continued pretraining, FLOP-matched", budget="flops", trains="full"),
+            Kind("lora", "base + LoRA r16, FLOP-matched", budget="flops", trains="lora"),
+            Kind("wallclock", "base, continued pretraining, wall-clock-matched", budget="seconds", trains="full"))
+_KIND = {k.key: k for k in IMPORTED}
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
                    force: bool = False) -> tuple[list[BasePlan], dict]:
     """Train (or reuse) the LR grid and the baselines `which` (default all) against the trained experts in `metas`
     ({0: the imported trunk, i: expert i}); return the plans and {mode: {lr: held-out loss on the trained domains}}."""
-    which = BASE_BASELINES if which is None else which
+    which = keys(IMPORTED) if which is None else which
+    kinds = [k for k in IMPORTED if k.key in which]
     experts = {i: m for i, m in metas.items() if i > 0}
     cfg = ModelConfig.from_dict(metas[0]["config"])
     step = experts[min(experts)]["train"]["batch_size"] * cfg.ctx_len
@@ -82,25 +86,52 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
         return max(step, round(flops / continued_step_flops(cfg, mode).total / step) * step)
 
     grid, best, runs = {}, {}, {}
-    for mode in sorted({MODE[k] for k in which}):
+    for mode in sorted({k.trains for k in kinds}):
         tokens = flop_tokens(mode)
         runs[mode] = {lr: train(f"grid-{mode}-lr{lr:g}", mode, tokens, lr) for lr in GRID[mode]}
         grid[mode] = {"tokens": tokens, "heldout_loss_trained_domains": {f"{lr:g}": held(m) for lr, m in runs[mode].items()}}
         best[mode] = min(runs[mode], key=lambda lr: held(runs[mode][lr]))
         grid[mode]["chosen_lr"] = best[mode]
     plans = []
-    for key in [k for k in ("flop", "lora", "wallclock") if k in which]:
-        mode = MODE[key]
+    for kind in kinds:
+        mode = kind.trains
         lr = best[mode]
-        if key == "wallclock":
+        if kind.budget == "seconds":
             budget = critical_s
             speed = float(runs[mode][lr]["tokens_per_s"])
             tokens = max(step, math.floor(speed * budget / step) * step)
-            m, name = train(f"base-{key}", mode, tokens, lr), f"base-{key}"
+            m, name = train(f"base-{kind.key}", mode, tokens, lr), f"base-{kind.key}"
         else:  # the grid's best run is the FLOP-matched baseline itself
             budget, m, name = flops, runs[mode][lr], f"grid-{mode}-lr{lr:g}"
-        plans.append(BasePlan(key, LABELS[key], mode, m["tokens_seen"], lr, budget, out / name))
+        plans.append(BasePlan(kind.key, kind.label, mode, m["tokens_seen"], lr, budget, out / name))
     return plans, grid
+
+
+class Imported:
+    """The side of an imported base: the base trained further, continued pretraining and LoRA, each LR from GRID."""
+
+    kinds = IMPORTED
+
+    def train(self, job: Job) -> Outcome:
+        plans, grid = [], {}
+        if job.schedules is not None:  # dense training asked for: the practitioner's alternatives
+            _say("the trunk is an imported base: its baselines are the base trained further on the experts' data"
+                 " (continued pretraining, LoRA), not dense models from scratch")
+            which = tuple(k for k in job.which if k in keys(IMPORTED)) if job.which is not None else None
+            plans, grid = plan_and_train(job.rd, job.metas, job.out, which, job.force)
+        trained = sorted({d for i, m in job.metas.items() if i for d in m.get("shard_domains") or []})
+        section = {"grid": grid, "plans": [{**asdict(p), "run": str(p.run)} for p in plans], "trained_domains": trained}
+        return Outcome(trained=[_trained(p) for p in plans], sections={"base_baselines": section})
+
+
+def _trained(p: BasePlan) -> Trained:
+    m = read_module_meta(RunDir(p.run), 0)
+    spent = module_flops(m)
+    return Trained(p.key, p.label, p.run, f"base-{p.key}",
+                   row={"kind": "dense", "baseline": p.key, "mode": p.mode, "tokens": p.tokens, "lr": p.lr},
+                   flops={"tokens": m["tokens_seen"], "flops": spent, "lr": p.lr, "mode": p.mode,
+                          "flops_per_token": spent / max(1, m["tokens_seen"]),
+                          f"budget_{_KIND[p.key].budget}": p.budget})
 
 
 def critical_path_s(rd: RunDir, experts: dict) -> float:
@@ -115,3 +146,12 @@ def critical_path_s(rd: RunDir, experts: dict) -> float:
         walls.append(sum(float(r.get("wall_s") or r["train_s"]) for r in rounds))
     syncs = sum(float(read_json(p, "a sync plan").get("wall_s") or 0.0) for p in plans)
     return max(walls) + syncs
+
+
+def _say(msg: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
+
+
+__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s"]

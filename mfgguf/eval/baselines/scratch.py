@@ -1,4 +1,5 @@
-"""Dense baselines for `mfgguf eval`, budgeted in training FLOPs (mfgguf/flops.py), not in tokens.
+"""Dense baselines trained from scratch for `mfgguf eval`, budgeted in training FLOPs (eval/training_flops.py),
+not in tokens: the side of a trunk this RUN trained (an imported base's side: eval/baselines/imported.py).
 
 Each baseline is a trunk (every parameter trains, anchor FFN only) trained from scratch with the same
 code (`train-trunk` on a copy of the RUN that shares its data) and the trunk's hyperparameters:
@@ -9,13 +10,13 @@ code (`train-trunk` on a copy of the RUN that shares its data) and the trunk's h
                longest expert job, as if every expert ran on its own machine (the parallel promise);
   - total:     the MoE's total FFN width (anchor_ff + N * expert_ff), FLOP-matched like `flop`.
                Trained by default only while that width is at most TOTAL_MAX_RATIO x anchor_ff:
-               wider, it is a much bigger model than anything the modular run ever held in memory
-               (at `1b`, 100 experts: 5x the anchor), which is the point of building it modularly.
+               wider, it is a much bigger model than anything the modular run ever held in memory,
+               which is the point of building it modularly.
 Tokens are rounded to whole optimizer steps, so a baseline's FLOPs are within half a step of its budget.
 Each baseline trains with every LR schedule asked for (`--dense-schedules`, default cosine and wsd, the
 trunk's cooldown share) at the same tokens, and keeps the better: the one with the lower held-out
 loss its training measured (`pick_schedule`). That split is the one `eval` scores, so the choice
-can only favour the dense model, never the MoE. One schedule halves the dense training time.
+can only favour the dense model, never the MoE; one schedule trains each baseline once instead.
 
 Example:
     >>> plans = plan_baselines(metas, ("flop", "wallclock"))
@@ -27,16 +28,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mfgguf.config import ModelConfig
+from mfgguf.config import SCHEDULES, ModelConfig
 from mfgguf.errors import MfggufError
-from mfgguf.flops import module_flops, run_flops, tokens_for_flops, trunk_step_flops
+from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
+from mfgguf.eval.training_flops import run_flops, tokens_for_flops
+from mfgguf.flops import module_flops, trunk_step_flops
 from mfgguf.run import RunDir, data_view, read_module_meta
 from mfgguf.stages import run_stage
 
-BASELINES = ("flop", "wallclock", "total")
+SCRATCH = (Kind("flop", "dense, FLOP-matched", budget="total", trains="active"),
+           Kind("wallclock", "dense, wall-clock-matched", budget="critical_path", trains="active"),
+           Kind("total", "dense, total params, FLOP-matched", budget="total", trains="total"))
 TOTAL_MAX_RATIO = 4  # train the total-parameter baseline by default while anchor_ff + N * expert_ff <= 4 x anchor_ff
-LABELS = {"flop": "dense, FLOP-matched", "wallclock": "dense, wall-clock-matched",
-          "total": "dense, total params, FLOP-matched"}
 
 
 @dataclass(frozen=True)
@@ -49,17 +52,37 @@ class Baseline:
     flops_per_token: float  # its training step FLOPs per token
 
 
-def parse_baselines(spec: str) -> tuple[str, ...] | None:
-    """'flop,wallclock,total' -> a tuple; 'auto' -> None (the default set); 'none' or '' -> ()."""
-    spec = spec.strip().lower()
-    if spec == "auto":
-        return None
-    keys = tuple(k.strip() for k in spec.split(",") if k.strip() and k.strip() != "none")
-    bad = [k for k in keys if k not in BASELINES + ("lora",)]
-    if bad:
-        raise MfggufError(f"unknown baseline {bad[0]!r}; choose from {', '.join(BASELINES)} (comma-separated), lora"
-                          " (an imported base), auto or none")
-    return keys
+class Scratch:
+    """The side of a trunk trained here: dense models trained like it, each with every schedule asked for."""
+
+    kinds = SCRATCH
+
+    def train(self, job: Job) -> Outcome:
+        schedules = check_schedules(job.schedules) if job.schedules is not None else ()
+        outcome = Outcome(sections={"dense_schedules": {}})
+        for b in plan_baselines(job.metas, job.which):
+            runs = {s: train_baseline(job.rd, job.metas[0], b, job.out, job.force, schedule=s) for s in schedules}
+            chosen, m = pick_schedule({s: read_module_meta(d, 0) for s, d in runs.items()})
+            outcome.sections["dense_schedules"][b.label] = {
+                "chosen": chosen, "heldout_loss": {s: read_module_meta(d, 0)["heldout_loss_mean"] for s, d in runs.items()}}
+            outcome.curves[b.label] = m
+            outcome.trained.append(Trained(
+                b.key, b.label, runs[chosen].root, runs[chosen].root.name,  # dense-<key>[-<schedule>]: the one kept
+                row={"kind": "dense", "baseline": b.key, "anchor_ff": b.anchor_ff, "tokens": m["tokens_seen"],
+                     "schedule": chosen},
+                flops={"tokens": m["tokens_seen"], "flops": module_flops(m), "budget_flops": b.budget_flops,
+                       "anchor_ff": b.anchor_ff, "flops_per_token": b.flops_per_token,
+                       "schedule": m["train"].get("schedule", "cosine")}))
+        return outcome
+
+
+def check_schedules(schedules: tuple[str, ...]) -> tuple[str, ...]:
+    """The LR schedules asked for, each once; an unknown one is an error before anything trains."""
+    bad = [s for s in schedules if s not in SCHEDULES]
+    if bad or not schedules:
+        raise MfggufError(f"bad dense schedules {','.join(schedules)!r}; choose from {', '.join(SCHEDULES)}"
+                          " (comma-separated)")
+    return tuple(dict.fromkeys(schedules))
 
 
 def default_baselines(cfg: ModelConfig, n_experts: int) -> tuple[str, ...]:
@@ -73,16 +96,16 @@ def plan_baselines(metas: dict, which: tuple[str, ...] | None = None) -> list[Ba
     trunk = metas[0]
     cfg = ModelConfig.from_dict(trunk["config"])
     n = len([i for i in metas if i > 0])
-    which = default_baselines(cfg, n) if which is None else tuple(k for k in which if k in BASELINES)
+    which = default_baselines(cfg, n) if which is None else tuple(k for k in which if k in keys(SCRATCH))
     fl = run_flops(metas)
     per_step = trunk["train"]["batch_size"] * cfg.ctx_len
-    ff = {"flop": cfg.anchor_ff + cfg.expert_ff, "wallclock": cfg.anchor_ff + cfg.expert_ff,
-          "total": cfg.anchor_ff + n * cfg.expert_ff}
-    budget = {"flop": fl["total"], "wallclock": fl["critical_path"], "total": fl["total"]}
+    ff = {"active": cfg.anchor_ff + cfg.expert_ff, "total": cfg.anchor_ff + n * cfg.expert_ff}
+    kinds = {k.key: k for k in SCRATCH}
     plans = []
-    for k in which:
-        dense = replace(cfg, anchor_ff=ff[k], seed_expert=False)
-        plans.append(Baseline(k, LABELS[k], ff[k], budget[k], tokens_for_flops(budget[k], dense, per_step),
+    for kind in (kinds[k] for k in which):
+        dense = replace(cfg, anchor_ff=ff[kind.trains], seed_expert=False)
+        budget = fl[kind.budget]
+        plans.append(Baseline(kind.key, kind.label, ff[kind.trains], budget, tokens_for_flops(budget, dense, per_step),
                               trunk_step_flops(dense).total))
     return plans
 
@@ -126,38 +149,11 @@ def pick_schedule(metas: dict[str, dict]) -> tuple[str, dict]:
     return best, metas[best]
 
 
-def flops_section(metas: dict, dense_metas: dict[str, dict], plans: list[Baseline], base_plans: list = ()) -> dict:
-    """report.json's `flops`: the formulas and every model's training FLOPs and tokens (`base_plans`: an imported
-    base trained further, eval/base_baselines.py)."""
-    from mfgguf.flops import FORMULAS
-
-    fl = run_flops(metas)
-    modules = {("trunk" if i == 0 else f"expert {i}"): {"tokens": m["tokens_seen"], "flops": fl["modules"][i],
-                                                      "flops_per_token": fl["modules"][i] / max(1, m["tokens_seen"]),
-                                                      "shared_tensors": len(m.get("shared_tensors") or [])}
-               for i, m in metas.items()}
-    if metas[0].get("cooldown_tokens"):  # a wsd trunk's cooldown after its branch point: counted like any step
-        t = modules["trunk"]
-        t["cooldown_tokens"] = metas[0]["cooldown_tokens"]
-        t["cooldown_flops"] = t["cooldown_tokens"] * t["flops_per_token"]
-    models = {"trunk alone": {"tokens": metas[0]["tokens_seen"], "flops": fl["trunk"]},
-              "moe (trunk + every expert)": {"tokens": sum(m["tokens_seen"] for m in metas.values()), "flops": fl["total"],
-                                             "critical_path_flops": fl["critical_path"]}}
-    for p in plans:
-        m = dense_metas[p.label]
-        models[p.label] = {"tokens": m["tokens_seen"], "flops": module_flops(m), "budget_flops": p.budget_flops,
-                           "anchor_ff": p.anchor_ff, "flops_per_token": p.flops_per_token,
-                           "schedule": m["train"].get("schedule", "cosine")}
-    for p in base_plans:
-        m = read_module_meta(RunDir(p.run), 0)
-        models[p.label] = {"tokens": m["tokens_seen"], "flops": module_flops(m), "lr": p.lr, "mode": p.mode,
-                           "flops_per_token": module_flops(m) / max(1, m["tokens_seen"]),
-                           "budget_flops" if p.key != "wallclock" else "budget_seconds": p.budget}
-    return {"formulas": FORMULAS, "modules": modules, "models": models, "rounds": fl["rounds"],
-            "total": fl["total"], "critical_path": fl["critical_path"]}
-
-
 def _say(msg: str) -> None:
     from rich.console import Console
 
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
+
+
+__all__ = ["SCRATCH", "TOTAL_MAX_RATIO", "Baseline", "Scratch", "check_schedules", "default_baselines", "plan_baselines",
+           "train_baseline", "pick_schedule"]
