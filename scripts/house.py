@@ -58,6 +58,14 @@ ALLOWED: set[tuple[str, str]] = {
     ("mfgguf.machine", "8 GiB"),  # the scheduler's fallback where the memory cannot be read
     ("mfgguf.train.fanout.schedule", "8 GiB"),  # the same fallback, where it is used
     ("mfgguf.train.whole.router_tune", "1%"),  # the default tuning budget
+    ("mfgguf.eval.baselines.imported", "6x"),  # the FLOP formula of a full training step, by definition
+    ("mfgguf.eval.report", "2%"),  # a goal's threshold, stated beside the number it is
+    ("mfgguf.train.engine.driver", "20%"),  # the cited paper's cooldown share, which the default is
+    ("mfgguf.train.engine.loop", "1 MB"),  # glibc's mmap threshold this sets, by definition
+    ("mfgguf.train.engine.loop", "16 MB"),  # a chunk's size, computed from the constant beside it
+    ("mfgguf.train.engine.loop", "128 MB"),  # the same, for the scoring chunks
+    ("mfgguf.train.experts.pooled", "50 MB"),  # a dim x dim f32 matrix at the `1b` shape, computed
+    ("mfgguf.train.experts.shared", "0.5 GB"),  # 16 bytes x 31M parameters, computed
 }
 
 UNIT = r"(?:x(?![\w])|×|\s?%|\s?(?:[KMGT]i?B(?:/s)?|tokens/s|tok/s|ms|s|min)(?![\w/]))"

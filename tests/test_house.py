@@ -1,7 +1,6 @@
-"""The house's counts (scripts/house.py) stay at zero where the house has reached zero.
-
-Functions over 80 lines and figures in docstrings are printed, not asserted, until every floor is down to zero.
-"""
+"""The house's counts (scripts/house.py) stay at zero: no function over 80 lines, no module over 450, no folder
+of more than 12 modules, no import cycle, private name taken across modules or import up a floor, and no measured
+figure in a docstring or comment (figures live in docs/)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ZERO = ("upward_imports", "cycles", "private_names", "long_modules", "crowded_folders")
+ZERO = ("upward_imports", "cycles", "private_names", "long_modules", "crowded_folders", "long_functions", "figures")
 
 
 def _counts() -> dict[str, dict]:
@@ -22,8 +21,6 @@ def _counts() -> dict[str, dict]:
 def test_house_counts():
     counts = _counts()
     assert set(ZERO) <= set(counts)
-    for check in ("long_functions", "figures"):
-        print(f"{check}: {counts[check]['count']}", *counts[check]["items"], sep="\n    ")
     for check in ZERO:
         assert counts[check]["count"] == 0, (check, counts[check]["items"])
 

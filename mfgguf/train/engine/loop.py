@@ -37,7 +37,7 @@ from mfgguf.train.experts.tailstats import TailStats
 
 LOGITS_CHUNK = 1 << 22  # logits elements per chunk of the output head when recomputing (16 MB in f32)
 EVAL_ROWS = 4096  # token positions per forward when scoring: one window at a time left SmolLM2's
-#                   matmuls 256 rows tall, and scoring ran at 1,450 tokens/s against 650 for a training step
+#                   matmuls 256 rows tall, too short to keep the cores busy (docs/benchmarks.md)
 EVAL_HEAD_CHUNKS = 8  # scoring's head chunk, in LOGITS_CHUNKs (no backward keeps them: 128 MB in f32)
 _BF16_CPU: bool | None = None  # probed once
 

@@ -1,7 +1,7 @@
 """How fast this machine trains: a few timed in-memory steps of a model shape, for planning.
 
 The demo sizes its token counts to a time budget with it (`mfgguf demo --minutes`): CPUs of the
-same machine kind differ by 2-3x (native bf16 and AMX, or fp32 on AVX2 alone). The step timed is
+same machine kind differ severalfold (native bf16 and AMX, or fp32 on AVX2 alone; docs/benchmarks.md). The step timed is
 the real one (loop.InMemorySteps, eager, the precision this CPU trains in) on random weights and
 random tokens; a trunk with a seed FFN trains the same graph as an expert that trains a private
 copy of the whole trunk (`--shared all`), so one measurement serves both.
