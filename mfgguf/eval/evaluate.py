@@ -188,7 +188,7 @@ def _measure_all(ev: Evaluation, models: dict) -> dict[str, dict]:
     results = {}
     for name, m in models.items():
         _say(f"measure {name}")
-        results[name] = _measure(ev, m["path"], m.get("domains", ev.domains))
+        results[name] = _measure(ev, m["path"], m.get("domains", ev.domains), adapters=m.get("adapters"))
     return results
 
 
@@ -275,10 +275,11 @@ def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
     return view
 
 
-def _measure(ev: Evaluation, path: Path, domains: list[str], split: str = "test") -> dict:
+def _measure(ev: Evaluation, path: Path, domains: list[str], split: str = "test",
+             adapters: dict[str, str] | None = None) -> dict:
     cfg = ev.cfg
     return measure(path, ev.rd, domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx,
-                   decode_tokens=cfg.decode_tokens if split == "test" else 0, split=split)
+                   decode_tokens=cfg.decode_tokens if split == "test" else 0, split=split, adapters=adapters)
 
 
 def _say(msg: str) -> None:

@@ -25,30 +25,37 @@ SPLITS = ("test", "validation")
 
 
 def measure(path: Path, rd: RunDir, domains: list[str], *, max_tokens: int, ctx: int | None, decode_tokens: int,
-            split: str = "test") -> dict:
+            split: str = "test", adapters: dict[str, str] | None = None) -> dict:
     """Perplexity per domain on `split`, tokens/s and peak RSS of one GGUF, in a process of its own (decode_tokens=0:
-    no decode timing)."""
+    no decode timing). `adapters` maps a domain to the llama.cpp LoRA adapter its text is scored with (the client
+    picking its domain's adapter: eval/domain_loras.py); a domain without one is scored by the model alone."""
     assert split in SPLITS, split
     args = [sys.executable, "-m", "mfgguf.eval.measure", str(path), str(rd.root), ",".join(domains),
-            str(max_tokens), str(ctx or 0), str(decode_tokens), split]
+            str(max_tokens), str(ctx or 0), str(decode_tokens), split, json.dumps(adapters or {})]
     res, text = run_stage(f"measure {path.name}", args, capture=True)
     m = json.loads(text.strip().splitlines()[-1])
     m["peak_rss_mb"] = res.peak_rss_mb
     return m
 
 
-def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, split: str) -> None:
+def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, split: str, adapters: str = "{}") -> None:
     """The measuring process: prints one JSON line (see `measure`)."""
     from mfgguf.runtime.perplexity import perplexity_by_domain
 
     rd = RunDir(Path(run))
     held = rd.heldout_tokens(int(cap)) if split == "test" else rd.validation_tokens(int(cap))
     toks = {d: np.asarray(held[d]) for d in domains.split(",") if d in held}
-    r = perplexity_by_domain(Path(path), toks, ctx=int(ctx) or None)
-    per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens")} for d, v in r["domains"].items()}
-    overall = {k: r["overall"][k] for k in ("ppl", "nll", "n_tokens")}  # token-weighted: the mixed set
+    by_adapter: dict[str | None, dict] = {}
+    for d, t in toks.items():  # one load of the model per adapter
+        by_adapter.setdefault(json.loads(adapters).get(d), {})[d] = t
+    parts = [perplexity_by_domain(Path(path), group, ctx=int(ctx) or None, lora=Path(a) if a else None)
+             for a, group in by_adapter.items()]
+    per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens")} for r in parts for d, v in r["domains"].items()}
+    per = {d: per[d] for d in toks}
+    overall = mixed(per)  # token-weighted: the mixed set
+    prompt_tps = sum(p["overall"]["tokens_per_s"] or 0 for p in parts) / len(parts)
     if not int(decode):
-        print(json.dumps({"domains": per, "overall": overall, "split": split, "prompt_tps": r["overall"]["tokens_per_s"]}))
+        print(json.dumps({"domains": per, "overall": overall, "split": split, "prompt_tps": prompt_tps}))
         return
     from mfgguf.runtime.llm import loaded
 
@@ -56,7 +63,7 @@ def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, sp
         t0 = time.perf_counter()
         c = llm.create_completion("def ", max_tokens=int(decode), temperature=0.0, seed=0)
         n_dec, t_dec = c["usage"]["completion_tokens"], time.perf_counter() - t0
-    print(json.dumps({"domains": per, "overall": overall, "split": split, "prompt_tps": r["overall"]["tokens_per_s"],
+    print(json.dumps({"domains": per, "overall": overall, "split": split, "prompt_tps": prompt_tps,
                       "decode_tps": n_dec / t_dec if n_dec else float("nan")}))
 
 

@@ -132,6 +132,8 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
         " oracle routing", "best_router_vs_oracle", t.router_vs_oracle)
     if "moe_over_lora_dense_mixed" in g:
         row("MoE at most 1x the base + LoRA with the same FLOPs", "moe_over_lora_dense_mixed", 1.0)
+    if "moe_over_lora-domain_dense_mixed" in g:
+        row("MoE at most 1x a LoRA per domain with the same FLOPs (client picks)", "moe_over_lora-domain_dense_mixed", 1.0)
     if "moe_over_total_dense_mixed" in g:
         L.append(f"| (no goal) MoE / dense with the MoE's total parameters, FLOP-matched"
                  f" | {g['moe_over_total_dense_mixed']:.4f} | |")

@@ -11,7 +11,9 @@ trained experts' shards (an equal share of each):
   - wallclock:  the same for the MoE's critical path when each expert has a machine: the slowest
                 expert's wall over all its rounds (process start, scoring and statistics included) plus
                 every sync's wall, x the FLOP-matched run's own training tokens/s;
-  - lora:       a peft LoRA (rank 16, every linear layer) for the experts' FLOPs.
+  - lora:       a peft LoRA (rank 16, every linear layer) for the experts' FLOPs;
+  - lora-domain: one such LoRA per expert's shard, each for its expert's FLOPs, served as llama.cpp
+                adapters on the base and picked by domain (eval/domain_loras.py), at the LoRA grid's LR.
 The peak LR of each kind is chosen by the same small grid (GRID) run at the budget it is used with:
 each value trains for the experts' whole FLOPs, the lowest validation loss on the trained domains
 (PyTorch, 4,096 tokens a domain) wins, and that run is the baseline (no second run); the grid's
@@ -31,6 +33,8 @@ from pathlib import Path
 
 from mfgguf.config import ModelConfig
 from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
+from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
+from mfgguf.eval.domain_loras import DomainAdapter, train_domain_loras
 from mfgguf.flops import continued_step_flops, module_flops
 from mfgguf.run import RunDir, read_json, read_module_meta
 from mfgguf.stages import run_stage
@@ -39,6 +43,7 @@ GRID = {"full": (1e-4, 3e-4, 1e-3), "lora": (1e-3, 3e-3, 1e-2)}  # peak LRs trie
 # in the order they train: the wall-clock-matched run needs the FLOP-matched grid's speed
 IMPORTED = (Kind("flop", "base, continued pretraining, FLOP-matched", budget="flops", trains="full"),
             Kind("lora", "base + LoRA r16, FLOP-matched", budget="flops", trains="lora"),
+            Kind("lora-domain", LORA_DOMAIN_LABEL, budget="flops", trains="lora"),
             Kind("wallclock", "base, continued pretraining, wall-clock-matched", budget="seconds", trains="full"))
 _KIND = {k.key: k for k in IMPORTED}
 
@@ -52,6 +57,7 @@ class BasePlan:
     lr: float
     budget: float  # FLOPs (flop, lora) or seconds (wallclock)
     run: Path  # the RUN whose trunk is this baseline
+    adapters: tuple[DomainAdapter, ...] = ()  # lora-domain: one llama.cpp adapter per shard, on the base (run)
 
 
 def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | None = None,
@@ -96,6 +102,10 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     for kind in kinds:
         mode = kind.trains
         lr = best[mode]
+        if kind.key == "lora-domain":  # each shard's own LoRA at its expert's FLOPs, the union grid's LR
+            ads = tuple(train_domain_loras(rd, metas, out, lr, force))
+            plans.append(BasePlan(kind.key, kind.label, mode, sum(a.tokens for a in ads), lr, flops, rd.root, ads))
+            continue
         if kind.budget == "seconds":
             budget = critical_s
             speed = float(runs[mode][lr]["tokens_per_s"])
@@ -120,18 +130,28 @@ class Imported:
             which = tuple(k for k in job.which if k in keys(IMPORTED)) if job.which is not None else None
             plans, grid = plan_and_train(job.rd, job.metas, job.out, which, job.force)
         trained = sorted({d for i, m in job.metas.items() if i for d in m.get("shard_domains") or []})
-        section = {"grid": grid, "plans": [{**asdict(p), "run": str(p.run)} for p in plans], "trained_domains": trained}
+        section = {"grid": grid, "plans": [_plan_json(p) for p in plans], "trained_domains": trained}
         return Outcome(trained=[_trained(p) for p in plans], sections={"base_baselines": section})
 
 
+def _plan_json(p: BasePlan) -> dict:
+    d = {**asdict(p), "run": str(p.run)}
+    del d["adapters"]
+    if p.adapters:
+        d["adapters"] = [{"shard": a.shard, "domains": list(a.domains), "tokens": a.tokens, "run": str(a.run)}
+                         for a in p.adapters]
+    return d
+
+
 def _trained(p: BasePlan) -> Trained:
-    m = read_module_meta(RunDir(p.run), 0)
-    spent = module_flops(m)
-    return Trained(p.key, p.label, p.run, f"base-{p.key}",
-                   row={"kind": "dense", "baseline": p.key, "mode": p.mode, "tokens": p.tokens, "lr": p.lr},
-                   flops={"tokens": m["tokens_seen"], "flops": spent, "lr": p.lr, "mode": p.mode,
-                          "flops_per_token": spent / max(1, m["tokens_seen"]),
-                          f"budget_{_KIND[p.key].budget}": p.budget})
+    metas = [read_module_meta(RunDir(a.run), 0) for a in p.adapters] or [read_module_meta(RunDir(p.run), 0)]
+    spent, seen = sum(module_flops(m) for m in metas), sum(m["tokens_seen"] for m in metas)
+    row = {"kind": "dense", "baseline": p.key, "mode": p.mode, "tokens": p.tokens, "lr": p.lr}
+    if p.adapters:  # the base's GGUF, each domain scored with its shard's adapter
+        row["adapters"] = {d: str(a.adapter) for a in p.adapters for d in a.domains}
+    return Trained(p.key, p.label, p.run, f"base-{p.key}", row=row,
+                   flops={"tokens": seen, "flops": spent, "lr": p.lr, "mode": p.mode,
+                          "flops_per_token": spent / max(1, seen), f"budget_{_KIND[p.key].budget}": p.budget})
 
 
 def critical_path_s(rd: RunDir, experts: dict) -> float:

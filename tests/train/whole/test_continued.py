@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from mfgguf.cli.app import app
 from mfgguf.config import ModelConfig
 from mfgguf.flops import continued_step_flops, expert_step_flops, module_flops, trunk_step_flops
+from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.whole.continued import _inject_lora, _merged
 from mfgguf.train.engine.weights import trunk_alone
@@ -116,17 +117,27 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
     shutil.copytree(base_run, run, symlinks=True)
     r = cli("train-expert", run, "--expert", 1, "--tokens", 4096, "--eval-tokens", 512, "--no-progress")
     assert r.exit_code == 0, r.output
-    r = cli("eval", run, "--routers", "ridge", "--top-k", "1", "--quants", "", "--baselines", "flop,lora",
+    r = cli("eval", run, "--routers", "ridge", "--top-k", "1", "--quants", "", "--baselines", "flop,lora,lora-domain",
             "--max-tokens", 1024, "--ctx", 64)
     assert r.exit_code == 0, r.output
     rep = json.loads((run / "eval" / "report.json").read_text())
-    labels = [p["label"] for p in rep["base_baselines"]["plans"]]
-    assert labels == ["base, continued pretraining, FLOP-matched", "base + LoRA r16, FLOP-matched"]
-    for key in ("moe_over_flop_dense_mixed", "moe_over_lora_dense_mixed"):
+    plans = rep["base_baselines"]["plans"]
+    labels = [p["label"] for p in plans]
+    assert labels == ["base, continued pretraining, FLOP-matched", "base + LoRA r16, FLOP-matched", LORA_DOMAIN_LABEL]
+    for key in ("moe_over_flop_dense_mixed", "moe_over_lora_dense_mixed", "moe_over_lora-domain_dense_mixed"):
         assert rep["goals"][key] > 0
+    # the per-domain LoRAs: expert 1's domains scored through its shard's llama.cpp adapter, the others by the base
+    own = read_module_meta(RunDir(run), 1)["shard_domains"]
+    adapters = rep["models"][LORA_DOMAIN_LABEL]["adapters"]
+    assert set(adapters) == set(own) and all(Path(a).name == "lora.gguf" and Path(a).is_file() for a in adapters.values())
+    assert [a["shard"] for a in plans[2]["adapters"]] == [1] and plans[2]["lr"] == rep["base_baselines"]["grid"]["lora"]["chosen_lr"]
+    res = rep["results"]
+    for d in set(res["trunk alone"]["domains"]) - set(own):  # no adapter is for it: the base alone, exactly
+        assert res[LORA_DOMAIN_LABEL]["domains"][d]["ppl"] == res["trunk alone"]["domains"][d]["ppl"]
+    plans = plans[:2]
     expert_flops = module_flops(read_module_meta(RunDir(run), 1))
     step = 16 * 256
-    for p in rep["base_baselines"]["plans"]:  # FLOP-matched within half an optimizer step
+    for p in plans:  # FLOP-matched within half an optimizer step
         meta = read_module_meta(RunDir(p["run"]), 0)
         per_tok = module_flops(meta) / meta["tokens_seen"]
         assert abs(module_flops(meta) - expert_flops) <= per_tok * step / 2 + 1e-6 * expert_flops
