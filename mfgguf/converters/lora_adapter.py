@@ -19,6 +19,8 @@ import numpy as np
 from mfgguf.gguf.lora import check_pairs
 from mfgguf.run import atomic_path
 
+ADAPTER_FILE = "lora.gguf"  # `train-base --mode lora` writes its adapter here in OUT, beside the merged RUN
+
 
 def write_lora_adapter(path: Path, arch: str, tensors: dict[str, np.ndarray], *, name: str = "mfgguf-lora") -> Path:
     """Write `tensors` (GGUF names of the dense base + .lora_a/.lora_b, F32) as a llama.cpp LoRA adapter GGUF."""

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from mfgguf.config import ModelConfig
+from mfgguf.converters.lora_adapter import ADAPTER_FILE
 from mfgguf.flops import continued_step_flops, module_flops
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.stages import run_stage
-from mfgguf.train.whole.continued import ADAPTER_FILE
 
 LABEL = "base + a LoRA r16 per domain (llama.cpp adapters, client picks), FLOP-matched"
 

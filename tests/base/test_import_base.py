@@ -150,18 +150,10 @@ def test_hf_import_computes_transformers_logits_in_llama_cpp(tmp_path, tokenizer
 @pytest.mark.parametrize("layout", ["granitemoe", "mixtral"])
 def test_moe_whose_experts_equal_the_seed_computes_the_base(tmp_path, tokenizer_json, layout):
     """Experts initialised from the seed complement the anchor: before training, the MoE is the base."""
-    from safetensors.numpy import load_file
-
-    from mfgguf.run import RunDir, write_module
+    from tests.base.family_cases import seeded_run  # it imports this module: here, not at the top
 
     hf = save_hf_llama(tmp_path / "hf", tokenizer_json, tied=False, seed=2)
-    run = prepared(hf, tmp_path / "run", "--expert-ff", "64")
-    rd = RunDir(run)
-    trunk = json.loads(rd.module_meta(0).read_text())
-    t = load_file(str(rd.module_file(0)))
-    seed = {f"blk.{l}.ffn_{f}.weight": t[f"blk.{l}.ffn_{f}_seed.weight"] for l in range(2) for f in ("gate", "up", "down")}
-    for i in (1, 2):
-        write_module(rd, i, seed, {"kind": "expert", "config": trunk["config"], "trunk_sha256": trunk["sha256"]})
+    run, t = seeded_run(tmp_path, hf)
     r = cli("assemble", run, "-o", tmp_path / "moe.gguf", "--quant", "f32", "--router", "uniform", "--layout", layout, "-q")
     assert r.exit_code == 0, r.output
     ids = ids_of(tokenizer_json)

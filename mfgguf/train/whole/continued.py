@@ -31,7 +31,7 @@ import torch
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.families import family
-from mfgguf.converters.lora_adapter import write_lora_adapter
+from mfgguf.converters.lora_adapter import ADAPTER_FILE, write_lora_adapter
 from mfgguf.model import Transformer
 from mfgguf.run import RunDir, data_view, read_module_meta, write_module
 from mfgguf.train.engine.loop import heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
@@ -40,7 +40,6 @@ from mfgguf.train.engine.weights import trunk_alone
 from mfgguf.train.whole.adapter import adapter_tensors
 
 MODES = ("full", "lora")
-ADAPTER_FILE = "lora.gguf"  # --mode lora: the unmerged adapter for llama.cpp (`perplexity --lora`), beside the RUN
 LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "gate", "up", "down")  # every linear of a block
 
 
