@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from mfgguf.cli.app import app
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.converters.assemble import assemble
+from mfgguf.train.experts.pooled import pool_router_stats
 from mfgguf.converters.routing.complement import LEARNED_ROW
 from mfgguf.errors import MfggufError
 from mfgguf.options import TrainOptions
@@ -139,7 +140,7 @@ def test_training_forward_equals_llama_cpp(complement_run, tmp_path):
 @pytest.mark.parametrize("router", ["ridge", "ridge+learned"])
 def test_seed_is_routed_slot_zero(complement_run, tmp_path, router):
     out = tmp_path / "moe.gguf"
-    assemble(complement_run, out, quant="f32", top_k=2, router=router, progress=False)
+    assemble(complement_run, out, quant="f32", top_k=2, router=router, progress=False, pool_stats=pool_router_stats)
     from gguf import GGUFReader
 
     r = GGUFReader(str(out))
