@@ -26,7 +26,7 @@ def write_lora_adapter(path: Path, arch: str, tensors: dict[str, np.ndarray], *,
     """Write `tensors` (GGUF names of the dense base + .lora_a/.lora_b, F32) as a llama.cpp LoRA adapter GGUF."""
     from gguf import GGUFType, GGUFWriter, Keys
 
-    check_pairs(tensors)
+    check_pairs({k: v.shape for k, v in tensors.items()})
     with atomic_path(Path(path)) as tmp:
         w = GGUFWriter(str(tmp), arch)
         w.add_type(GGUFType.ADAPTER)

@@ -14,53 +14,45 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from mfgguf.errors import MfggufError
+from mfgguf.gguf.header import read_gguf_header
 
 SUFFIXES = (".lora_a", ".lora_b")
 
 
-def check_pairs(tensors: dict[str, np.ndarray]) -> None:
-    """Every base tensor has both halves, of matching rank: a (rank, in), b (out, rank) in numpy order."""
-    bases = {k[: -len(s)] for k in tensors for s in SUFFIXES if k.endswith(s)}
-    if len(bases) * 2 != len(tensors):
+def check_pairs(shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every base tensor has both halves, of matching rank: shapes in numpy order, a (rank, in), b (out, rank)."""
+    bases = {k[: -len(s)] for k in shapes for s in SUFFIXES if k.endswith(s)}
+    if len(bases) * 2 != len(shapes):
         raise MfggufError("a LoRA adapter's tensors must all end in .lora_a or .lora_b, in pairs")
     for b in sorted(bases):
-        a_, b_ = tensors.get(b + ".lora_a"), tensors.get(b + ".lora_b")
-        if a_ is None or b_ is None or a_.ndim != 2 or b_.ndim != 2 or a_.shape[0] != b_.shape[1]:
+        a_, b_ = shapes.get(b + ".lora_a"), shapes.get(b + ".lora_b")
+        if a_ is None or b_ is None or len(a_) != 2 or len(b_) != 2 or a_[0] != b_[1]:
             raise MfggufError(f"LoRA pair {b} is incomplete or its ranks differ; re-train the adapter")
-
-
-def _kv_str(reader, key: str) -> str | None:
-    f = reader.fields.get(key)
-    return None if f is None else bytes(f.parts[-1]).decode("utf-8", "replace")
 
 
 def check_adapter(adapter: Path, model: Path) -> None:
     """Refuse, in one line, an adapter llama.cpp would not apply to `model` (its failures there crash the process).
 
     The checks llama.cpp makes when it loads an adapter: general.type, adapter.type, the architecture, and
-    every pair's shapes against the model tensor it adapts."""
-    from gguf import GGUFReader
-
-    try:
-        a, m = GGUFReader(str(adapter)), GGUFReader(str(model))
-    except (ValueError, OSError) as e:
-        raise MfggufError(f"cannot read the LoRA adapter {adapter} ({e}); pass a llama.cpp adapter GGUF") from None
+    every pair's shapes against the model tensor it adapts. Both headers are read by our own parser: gguf-py's
+    reader decodes a whole vocabulary first, seconds for a real base, on every load."""
+    a, m = read_gguf_header(adapter), read_gguf_header(model)
     what = f"the LoRA adapter {adapter}"
     fix = "; `train-base --mode lora` writes one (OUT/lora.gguf) for the base's `assemble --experts none` file"
-    if _kv_str(a, "general.type") != "adapter" or _kv_str(a, "adapter.type") != "lora":
-        raise MfggufError(f"{what} is not a LoRA adapter GGUF (general.type {_kv_str(a, 'general.type')!r}){fix}")
-    arch, want = _kv_str(a, "general.architecture"), _kv_str(m, "general.architecture")
+    kind = a.value("general.type")
+    if kind != "adapter" or a.value("adapter.type") != "lora":
+        raise MfggufError(f"{what} is not a LoRA adapter GGUF (general.type {kind!r}){fix}")
+    arch, want = a.value("general.architecture"), m.value("general.architecture")
     if arch != want:
         raise MfggufError(f"{what} is for a {arch} model, {model} is {want}{fix}")
-    shapes = {t.name: [int(x) for x in t.shape] for t in m.tensors}  # ggml order {ne0, ne1}
-    ad = {t.name: [int(x) for x in t.shape] for t in a.tensors}
+    ad = {t.name: tuple(t.shape) for t in a.tensors}  # numpy order: a (rank, in), b (out, rank)
+    check_pairs(ad)
+    shapes = {t.name: tuple(t.shape) for t in m.tensors}  # numpy order: (out, in)
     for name, sa in ad.items():
         if not name.endswith(".lora_a"):
             continue
-        base, sb = name[: -len(".lora_a")], ad.get(name[: -len(".lora_a")] + ".lora_b")
-        if base not in shapes or sb is None or shapes[base][0] != sa[0] or shapes[base][1] != sb[1] or sa[1] != sb[0]:
+        base = name[: -len(".lora_a")]
+        if shapes.get(base) != (ad[base + ".lora_b"][0], sa[1]):
             raise MfggufError(f"{what} does not fit {model}: its pair for {base} has another shape or no such"
                               f" tensor there{fix}")
