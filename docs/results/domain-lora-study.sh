@@ -18,7 +18,8 @@ python - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
 from mfgguf.run import RunDir, read_module_meta
-from mfgguf.eval.domain_loras import train_domain_loras, measure_domain_loras
+from mfgguf.eval.baselines.imported import train_domain_loras
+from mfgguf.eval.domain_loras import measure_domain_loras
 out = Path(sys.argv[1]); rd = RunDir(out / "run")
 metas = {i: read_module_meta(rd, i) for i in (0, 1, 2, 4, 5)}
 rep = json.loads((out / "run/eval/report.json").read_text())

@@ -45,9 +45,10 @@ def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, sp
     rd = RunDir(Path(run))
     held = rd.heldout_tokens(int(cap)) if split == "test" else rd.validation_tokens(int(cap))
     toks = {d: np.asarray(held[d]) for d in domains.split(",") if d in held}
+    adapter_of = json.loads(adapters)
     by_adapter: dict[str | None, dict] = {}
     for d, t in toks.items():  # one load of the model per adapter
-        by_adapter.setdefault(json.loads(adapters).get(d), {})[d] = t
+        by_adapter.setdefault(adapter_of.get(d), {})[d] = t
     parts = [perplexity_by_domain(Path(path), group, ctx=int(ctx) or None, lora=Path(a) if a else None)
              for a, group in by_adapter.items()]
     per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens")} for r in parts for d, v in r["domains"].items()}

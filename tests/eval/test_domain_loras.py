@@ -6,7 +6,8 @@ import shutil
 
 import numpy as np
 
-from mfgguf.eval.domain_loras import measure_domain_loras, train_domain_loras
+from mfgguf.eval.baselines.imported import train_domain_loras
+from mfgguf.eval.domain_loras import measure_domain_loras
 from mfgguf.flops import module_flops
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.runtime.perplexity import perplexity

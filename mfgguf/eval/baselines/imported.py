@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mfgguf.config import ModelConfig
+from mfgguf.converters.lora_adapter import ADAPTER_FILE
 from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
-from mfgguf.eval.domain_loras import DomainAdapter, train_domain_loras
+from mfgguf.eval.domain_loras import DomainAdapter
 from mfgguf.flops import continued_step_flops, module_flops
 from mfgguf.run import RunDir, read_json, read_module_meta
 from mfgguf.stages import run_stage
@@ -75,15 +76,8 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     critical_s = critical_path_s(rd, experts)
 
     def train(name: str, mode: str, tokens: int, lr: float) -> dict:
-        view = RunDir(out / name)
-        want = {"mode": mode, "lr": lr, "shards": shards, "from_trunk_sha256": metas[0]["sha256"]}
-        if not force and view.module_meta(0).is_file():
-            m = read_module_meta(view, 0)
-            if m.get("tokens_seen") == tokens and all(m["continued"].get(k) == v for k, v in want.items()):
-                return m
-        run_stage(f"train-base {name}", ["train-base", rd.root, "-o", view.root, "--mode", mode, "--tokens", tokens,
-                                         "--lr", lr, "--shards", ",".join(map(str, shards)), "--no-progress", "--force"])
-        return read_module_meta(view, 0)
+        return train_base(rd, out / name, mode=mode, tokens=tokens, lr=lr, shards=shards,
+                          trunk_sha256=metas[0]["sha256"], force=force)
 
     def held(m: dict) -> float:
         return sum(m["heldout_loss"][d] for d in trained) / len(trained)
@@ -115,6 +109,36 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
             budget, m, name = flops, runs[mode][lr], f"grid-{mode}-lr{lr:g}"
         plans.append(BasePlan(kind.key, kind.label, mode, m["tokens_seen"], lr, budget, out / name))
     return plans, grid
+
+
+def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shards: list[int], trunk_sha256: str,
+               force: bool = False, needs: tuple[str, ...] = ()) -> dict:
+    """`mfgguf train-base` into `run`, unless `run` already holds this very training (and the files `needs` names);
+    its module record either way."""
+    view = RunDir(run)
+    want = {"mode": mode, "lr": lr, "shards": shards, "from_trunk_sha256": trunk_sha256}
+    if not force and view.module_meta(0).is_file() and all((run / n).is_file() for n in needs):
+        m = read_module_meta(view, 0)
+        if m.get("tokens_seen") == tokens and all(m["continued"].get(k) == v for k, v in want.items()):
+            return m
+    run_stage(f"train-base {run.name}", ["train-base", rd.root, "-o", run, "--mode", mode, "--tokens", tokens, "--lr", lr,
+                                         "--shards", ",".join(map(str, shards)), "--no-progress", "--force"])
+    return read_module_meta(view, 0)
+
+
+def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: bool = False) -> list[DomainAdapter]:
+    """Train (or reuse) one LoRA per trained expert's shard, each for that expert's FLOPs; metas: {0: trunk, i: expert}."""
+    cfg = ModelConfig.from_dict(metas[0]["config"])
+    per_step = continued_step_flops(cfg, "lora").total
+    adapters = []
+    for i, m in sorted((i, m) for i, m in metas.items() if i > 0):
+        step = int(m["train"]["batch_size"]) * cfg.ctx_len
+        tokens = max(step, round(module_flops(m) / per_step / step) * step)
+        shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
+        train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=metas[0]["sha256"],
+                   force=force, needs=(ADAPTER_FILE,))
+        adapters.append(DomainAdapter(shard, tuple(m.get("shard_domains") or ()), tokens, lr, run))
+    return adapters
 
 
 class Imported:
@@ -174,4 +198,5 @@ def _say(msg: str) -> None:
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
 
 
-__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s"]
+__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s", "train_base",
+           "train_domain_loras"]
