@@ -47,6 +47,8 @@ def test_base_plus_adapter_is_the_merged_model(adapted, base_run):  # noqa: F811
     with_adapter = _logits(d / "base.gguf", tokens, lora=out / "lora.gguf")
     base = _logits(d / "base.gguf", tokens)
     moved = np.abs(base - merged).max()
+    print(f"max |base + adapter - merged| {np.abs(with_adapter - merged).max():.2e}, max |base - merged| {moved:.3f},"
+          f" max |logit| {np.abs(merged).max():.2f}")
     assert moved > 1e-2  # the adapter trained to something llama.cpp can tell apart
     assert np.abs(with_adapter - merged).max() < 1e-3 * max(1.0, np.abs(merged).max()), np.abs(with_adapter - merged).max()
 
