@@ -53,8 +53,9 @@ def _line(meta: dict, run: Path) -> str:
         own = [d for d in (m.shard_domains or []) if d in held and d in base]
         if own:
             extra = " | own domain " + ", ".join(f"{d} {base[d]:.3f}->{held[d]:.3f}" for d in own)
-    return (f"{m.name}: final loss {meta['final_loss']:.3f}, held-out loss {meta['heldout_loss_mean']:.3f}"
-            f" (mean of {len(held)} domains){extra}, {meta['tokens_seen']:,} tokens,"
+    score = (f"held-out loss {meta['heldout_loss_mean']:.3f} (mean of {len(held)} domains)" if held
+             else "not scored (a round before the last)")
+    return (f"{m.name}: final loss {meta['final_loss']:.3f}, {score}{extra}, {meta['tokens_seen']:,} tokens,"
             f" {Path(run) / 'modules' / m.file}, {meta['wall_s']:.1f} s")
 
 
@@ -115,7 +116,9 @@ def train_base_cmd(
     from mfgguf.train.whole.continued import train_continued
 
     rd = RunDir(run)
-    ids = [int(x) for x in shards.split(",")] if shards else list(range(1, int(rd.info()["n_experts"]) + 1))
+    from mfgguf.options import parse_experts
+
+    ids = parse_experts(shards, int(rd.info()["n_experts"]))  # 1,2,4 or 1-3; default all
     if Path(out).exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to replace it")
     view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, device=device,
@@ -139,6 +142,9 @@ def train_experts_cmd(
     transfer: str = typer.Option("auto", "--transfer", help="Ray: how workers get the trunk and shards: auto, shared"
                                  " (RUN on a shared filesystem) or copy (through Ray's object store)."),
     retries: int = typer.Option(2, "--retries", help="Times a job killed from outside is started again."),
+    in_process: bool = typer.Option(None, "--in-process/--processes", help="Run the local jobs in this process, one"
+                                    " after another, or one child process per job (default: in this process when one"
+                                    " job at a time fits, --workers 1)."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
     outer_lr: float = typer.Option(1.0, "--outer-lr", help=f"Every sync's outer step, as sync's. {NOT_PAYING}"),
     outer_momentum: float = typer.Option(0.0, "--outer-momentum", help=f"Every sync's outer momentum, as sync's. {NOT_PAYING}"),
@@ -148,7 +154,7 @@ def train_experts_cmd(
 
     s = train_experts(run, experts=experts, workers=workers, ray=ray, transfer=transfer, retries=retries,
                       progress=progress, job=JobOptions(options, device=device, precision=precision),
-                      outer_lr=outer_lr, outer_momentum=outer_momentum)
+                      outer_lr=outer_lr, outer_momentum=outer_momentum, in_process=in_process)
     n = len(s["jobs"])
     typer.echo(f"train-experts: {n} job(s) on {s['backend']}, {s['syncs']} sync(s), {s['wall_s']:.1f} s;"
                f" summary in {Path(run) / 'logs' / 'train-experts.json'}" if n or s["syncs"] else
@@ -178,7 +184,7 @@ def sync_cmd(
     r = sync(run, merge=merge, density=merge_density, restat=restat, device=device, progress=progress,
              outer_lr=outer_lr, outer_momentum=outer_momentum, experts=parse_experts(experts))
     before, after = r["before_heldout_loss"], r["heldout_loss"]
-    held = ", ".join(f"{d} {before[d]:.3f}->{after[d]:.3f}" for d in after if d in before)
+    held = ", ".join(f"{d} {before[d]:.3f}->{after[d]:.3f}" for d in after if d in before) or "not scored (a middle round)"
     if not r["final"]:
         what = f"experts continue with round {r['round'] + 1}"
     elif restat:

@@ -132,7 +132,8 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
                 progress: bool, heldout: Callable[[], dict] | None = None, until: int | None = None) -> LoopResult:
     """Drive `impl` over the schedule's steps (up to `until`, a sync round's end) on random windows of
     `data`. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
-    the last one: the held-out curve, kept in checkpoints like the loss history."""
+    the schedule's last one (not at a round's end: nothing is decided on a round's score; docs/benchmarks.md,
+    the recipe's wall): the held-out curve, kept in checkpoints."""
     check_schedule(tc)
     per_step = tc.batch_size * ctx_len
     steps = schedule_steps(tc, ctx_len)
@@ -162,7 +163,7 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
                 raise MfggufError(f"training diverged at step {step} (loss {lv}); lower --lr and pass --restart")
             done = step + 1
             history.append([done, done * per_step, lv])
-            if heldout and (done == end or (tc.eval_every and done % tc.eval_every == 0)):
+            if heldout and (done == steps or (tc.eval_every and done % tc.eval_every == 0)):
                 impl.settle()
                 record(done)  # before the checkpoint, so a resumed run (or the next round) has this point too
             if done == branch_at:
@@ -180,7 +181,7 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
         if bar:
             bar.close()
     train_s = time.perf_counter() - t0 - eval_s
-    if heldout and (not curve or curve[-1][0] != end):  # resumed at the very end: nothing ran
+    if heldout and end == steps and (not curve or curve[-1][0] != end):  # resumed at the very end: nothing ran
         record(end)
     return LoopResult(steps=end, tokens_seen=end * per_step, final_loss=smooth(history), history=history,
                       heldout_history=curve, eval_s=eval_s, train_s=train_s, resumed_from=start)

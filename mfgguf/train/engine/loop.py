@@ -224,7 +224,7 @@ def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc
         "partition": info.get("partition"), "device": dev.type, "precision": precision, "recompute": recompute,
         "compiled": res.compiled,
         "steps": res.steps, "tokens_seen": res.tokens_seen, "final_loss": res.final_loss,
-        "heldout_loss": heldout, "heldout_loss_mean": mean(heldout),
+        "heldout_loss": heldout, "heldout_loss_mean": mean(heldout) if heldout else None,  # a round's end: none
         "train_s": res.train_s, "tokens_per_s": fresh_tokens / max(res.train_s, 1e-9),
         "resumed_from_step": res.resumed_from, "history": res.history, "wall_s": time.perf_counter() - t_start,
         "heldout_history": res.heldout_history, "heldout_curve_s": res.eval_s,

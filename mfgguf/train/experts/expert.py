@@ -301,7 +301,8 @@ def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCop
 
     No router statistics (the next round changes them); the checkpoint stays for the next round.
     """
-    heldout = res.heldout_history[-1][2] if res.heldout_history else {}
+    last = res.heldout_history[-1] if res.heldout_history else None
+    heldout = last[2] if last is not None and last[0] == res.steps else {}  # a round's end is not scored
     i, tc = job.i, job.tc
     meta = {
         **result_meta(res, kind="expert", preset=job.preset, cfg=job.cfg, tc=tc, info=job.info.json, dev=job.dev,

@@ -25,6 +25,8 @@ POLL_S = 0.5
 
 
 class LocalBackend:
+    own_progress = False  # the scheduler's table shows the jobs' status files
+
     def __init__(self, rd: RunDir, workers: int, threads: int, retries: int = 2):
         self.rd, self.workers, self.threads, self.retries = rd, workers, threads, retries
         self.procs: dict[int, tuple[subprocess.Popen, Job, float]] = {}  # pid -> (process, job, start time)

@@ -46,6 +46,8 @@ def _ray():
 
 
 class RayBackend:
+    own_progress = False  # the scheduler's table shows the jobs' status files
+
     def __init__(self, rd: RunDir, address: str, job_mb: int, *, transfer: str = "auto", retries: int = 2,
                  cpus_per_job: int = 1):
         if transfer not in TRANSFERS:

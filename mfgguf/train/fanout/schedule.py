@@ -72,7 +72,8 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
 
 def train_experts(run: Path, *, experts: str | list[int] | None = None, workers: int | None = None,
                   ray: str | None = None, transfer: str = "auto", retries: int = 2, progress: bool = True,
-                  job: JobOptions = JobOptions(), outer_lr: float = 1.0, outer_momentum: float = 0.0) -> dict:
+                  job: JobOptions = JobOptions(), outer_lr: float = 1.0, outer_momentum: float = 0.0,
+                  in_process: bool | None = None) -> dict:
     """Train every selected expert not yet trained, many at once: local processes, or Ray tasks.
 
     `experts` selects (`1-40,45`; default all). Locally, `workers` jobs run at once (default: as
@@ -86,6 +87,9 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     killed from outside is retried up to `retries` times (it resumes from its checkpoint); one that
     fails with an error is reported and the others go on. Exits 1 (MfggufError) if any job failed.
     `outer_lr` / `outer_momentum` are every sync's (DiLoCo's outer step; see `mfgguf sync`).
+    `in_process` runs the local jobs in this process, one after another (no process start per job; a
+    job killed from outside then stops the run, and re-running resumes it); default: when one job
+    at a time is what fits (`workers` 1).
 
     Example:
         mfgguf train-experts RUN --workers 2 --shared all --rounds 4
@@ -101,9 +105,15 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     rounds = int(job.train.rounds or _rounds_in_run(rd, ids) or 1)
     opts = replace(job, train=replace(job.train, rounds=rounds))
     if ray is None:
-        from mfgguf.train.fanout.local import LocalBackend
+        n_workers, threads = plan_workers(trunk.get("preset", "small"), workers)
+        if in_process if in_process is not None else n_workers == 1:
+            from mfgguf.train.fanout.inproc import InProcessBackend
 
-        backend = LocalBackend(rd, *plan_workers(trunk.get("preset", "small"), workers), retries=retries)
+            backend = InProcessBackend(rd, n_workers * threads, progress)
+        else:
+            from mfgguf.train.fanout.local import LocalBackend
+
+            backend = LocalBackend(rd, n_workers, threads, retries=retries)
     else:
         from mfgguf.train.fanout.ray import RayBackend
 
@@ -154,7 +164,7 @@ def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend
                 if not _trained(rd, i, trunk, r)]
         if jobs:
             _say(progress, f"round {r}/{rounds}: {len(jobs)} expert job(s) on {backend.describe()}")
-            backend.run(jobs, opts, _LiveView(jobs, progress))
+            backend.run(jobs, opts, _LiveView(jobs, progress and not backend.own_progress))
             all_jobs += jobs
         failed = [j for j in jobs if j.state == "failed"]
         if failed:

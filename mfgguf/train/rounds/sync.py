@@ -189,18 +189,13 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
     _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({how}) from {n} experts")
     new_trunk = after / rd.module_file(0).name
     _merged_trunk(tmod, mods, what, new_trunk, merge, density, outer, {nm: shapes[nm] for nm in what})
-    from mfgguf.train.experts.base_score import reference_heldout
-    from mfgguf.train.engine.loop import mean, resolve_device
-    from mfgguf.train.rounds.restat import heldout_trunk, trunk_scoring
+    from mfgguf.train.engine.loop import mean
 
-    tokens, precision = trunk_scoring(trunk, list(metas.values()))
-    held = heldout_trunk(rd, new_trunk, trunk, device, (tokens, precision))
-    # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
-    before_held = reference_heldout(rd, trunk, tokens, resolve_device(device), precision)
+    held, before_held = _scores(rd, trunk, list(metas.values()), new_trunk, scored=k + 2 >= R, device=device)
     tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
              "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
              "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
-             "heldout_loss": held, "heldout_loss_mean": mean(held),
+             "heldout_loss": held, "heldout_loss_mean": mean(held) if held else None,
              "sync": {"merge": merge, "density": density, "merged_tensors": list(what), "experts": n,
                       "expert_ids": ids, "outer_lr": outer_lr, "outer_momentum": outer_momentum}}
     tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
@@ -211,6 +206,23 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
             "before_heldout_loss": before_held, "modules": metas_after}
     write_json(d / "sync.json", plan)
     return d / "sync.json"
+
+
+def _scores(rd: RunDir, trunk: dict, metas: list[dict], new_trunk: Path, *, scored: bool, device: str) -> tuple[dict, dict]:
+    """(held-out loss of the merged trunk, of the trunk it was merged from), each {} where nobody reads it.
+
+    The last round's experts compare with the trunk they start from, and the final trunk is reported; a
+    middle round's trunk decides nothing (docs/benchmarks.md, the recipe's wall)."""
+    from mfgguf.train.experts.base_score import reference_heldout
+    from mfgguf.train.engine.loop import resolve_device
+    from mfgguf.train.rounds.restat import heldout_trunk, trunk_scoring
+
+    tokens, precision = trunk_scoring(trunk, metas)
+    held = heldout_trunk(rd, new_trunk, trunk, device, (tokens, precision)) if scored else {}
+    # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
+    before = (reference_heldout(rd, trunk, tokens, resolve_device(device), precision)
+              if trunk.get("heldout_loss") or not trunk.get("round") else {})
+    return held, before
 
 
 def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge: str, density: float,

@@ -114,6 +114,17 @@ def test_bad_input_fails_alone(four_run, tmp_path):
     assert sorted(_hashes(run)) == [1, 3, 4]
 
 
+def test_in_process_equals_sequential_and_fails_alone(four_run, sequential, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one job at a time, one thread: as the sequential children ran
+    run = copy_run(four_run, tmp_path / "run")
+    np.save(RunDir(run).shard(3), np.full(4096, 60_000, dtype=np.uint16))  # token ids beyond the vocabulary
+    r = CliRunner().invoke(app, ["train-experts", str(run), "--tokens", str(TOKENS), "--no-progress"])
+    assert r.exit_code == 1 and "expert_003" in r.output and "Traceback" not in r.output, r.output
+    s = json.loads((run / "logs" / "train-experts.json").read_text())
+    assert s["backend"].startswith("this process") and [j["expert"] for j in s["jobs"]] == [1, 2, 3, 4]
+    assert _hashes(run) == {i: sequential[i] for i in (1, 2, 4)}  # the same bytes as a child process writes
+
+
 @pytest.fixture(scope="module")
 def two_rounds(four_run, tmp_path_factory) -> tuple[Path, dict]:
     """Two sync rounds of `--shared norms` experts through 2 local workers: (RUN, summary)."""
@@ -130,6 +141,15 @@ def test_rounds_run_every_round_and_sync(two_rounds):
     assert router_stats_current(RunDir(run))  # pooled by the final sync's statistics passes
     r = CliRunner().invoke(app, ["train-experts", str(run), "--no-progress"])
     assert r.exit_code == 0 and "nothing to do" in r.output
+
+
+def test_in_process_rounds_equal_processes(four_run, two_rounds, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the two-worker run's children had one thread each
+    run = copy_run(four_run, tmp_path / "run")
+    s = train_experts(run, workers=1, job=ROUNDS_JOB, progress=False, in_process=True)
+    assert s["syncs"] == 2 and s["backend"].startswith("this process")
+    assert _hashes(run) == _hashes(two_rounds[0])
+    assert read_module_meta(RunDir(run), 0)["sha256"] == read_module_meta(RunDir(two_rounds[0]), 0)["sha256"]
 
 
 # ---- Ray: a real local cluster of two CPUs ------------------------------------------------------

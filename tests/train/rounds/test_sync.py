@@ -89,6 +89,7 @@ def test_a_round_writes_ffn_and_copies_and_keeps_its_checkpoint(round1):
         m = _meta(round1, i)
         steps = m["train"]["tokens"] // (m["train"]["batch_size"] * m["config"]["ctx_len"])
         assert (m["round"], m["rounds"], m["steps"]) == (1, R, round_end(steps, R, 1)) and m["steps"] < steps
+        assert m["heldout_loss"] == {}  # nothing is decided on a round's end: it is not scored
         t = load_file(rd.module_file(i))
         assert any(k.startswith(SHARED_PREFIX) for k in t) and not any(k.startswith(STATS_PREFIX) for k in t)
         state = json.loads((rd.checkpoint_dir(i) / "state.json").read_text())
