@@ -16,7 +16,7 @@ Prints JSON lines: one per command (wall s, peak RSS MB), one per side (its wall
 the ratio recipe / continued.
 
     make smollm2 && python scripts/bench_recipe.py                         # ~25 minutes on 2 cores
-    python scripts/bench_recipe.py --before 079fee4 --experts 3 --tokens 65536 --rounds 4
+    python scripts/bench_recipe.py --before 079fee4 --in-process --experts 3 --tokens 65536 --rounds 4
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def timed(name: str, argv: list, *, root: Path = ROOT, log: Path) -> dict:
     return row
 
 
-def recipe(label: str, prepared: Path, work: Path, args, root: Path = ROOT) -> dict:
+def recipe(label: str, prepared: Path, work: Path, args, root: Path = ROOT, flags: tuple = ()) -> dict:
     """train-experts (every round and sync) + assemble on a copy of the prepared RUN."""
     run = work / f"recipe-{label}"
     shutil.rmtree(run, ignore_errors=True)
@@ -58,7 +58,7 @@ def recipe(label: str, prepared: Path, work: Path, args, root: Path = ROOT) -> d
     log = work / f"recipe-{label}.log"
     rows = [timed(f"{label}: train-experts", ["train-experts", run, "--experts", f"1-{args.experts}", "--tokens",
                                               args.tokens, "--lr", "1e-3", "--shared", "attn", "--shared-lr-scale", "0.3",
-                                              "--rounds", args.rounds, "--no-progress"], root=root, log=log),
+                                              "--rounds", args.rounds, *flags, "--no-progress"], root=root, log=log),
             timed(f"{label}: assemble", ["assemble", run, "-o", work / f"{label}.gguf", "--experts", f"1-{args.experts}",
                                          "--quant", "q8_0"], root=root, log=log)]
     return {"side": f"recipe {label}", "run": run, "rows": rows}
@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--continued-lr", default="3e-4", help="continued pretraining's peak LR (eval's grid chose it)")
     ap.add_argument("--max-chars-per-domain", type=int, default=1_000_000)
     ap.add_argument("--before", help="also time the recipe as this git revision runs it")
+    ap.add_argument("--in-process", action="store_true", help="train-experts --in-process (this checkout's recipe only)")
     ap.add_argument("--work", type=Path, default=ROOT / "bench-out" / "recipe")
     args = ap.parse_args()
     work = args.work.resolve()
@@ -114,7 +115,7 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True,
                            capture_output=True)
         sides.append(recipe(f"before-{args.before}", prepared, work, args, root=tree))
-    sides.append(recipe("now", prepared, work, args))
+    sides.append(recipe("now", prepared, work, args, flags=("--in-process",) if args.in_process else ()))
     sides.append(continued(prepared, sides[-1]["run"], work, args))
     walls = {}
     for s in sides:

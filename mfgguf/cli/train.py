@@ -142,9 +142,9 @@ def train_experts_cmd(
     transfer: str = typer.Option("auto", "--transfer", help="Ray: how workers get the trunk and shards: auto, shared"
                                  " (RUN on a shared filesystem) or copy (through Ray's object store)."),
     retries: int = typer.Option(2, "--retries", help="Times a job killed from outside is started again."),
-    in_process: bool = typer.Option(None, "--in-process/--processes", help="Run the local jobs in this process, one"
-                                    " after another, or one child process per job (default: in this process when one"
-                                    " job at a time fits, --workers 1)."),
+    in_process: bool = typer.Option(False, "--in-process/--processes", help="Run the local jobs in this process, one"
+                                    " after another (no process start per job, a higher peak RSS), or one child"
+                                    " process per job."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
     outer_lr: float = typer.Option(1.0, "--outer-lr", help=f"Every sync's outer step, as sync's. {NOT_PAYING}"),
     outer_momentum: float = typer.Option(0.0, "--outer-momentum", help=f"Every sync's outer momentum, as sync's. {NOT_PAYING}"),

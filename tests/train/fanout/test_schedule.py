@@ -118,7 +118,7 @@ def test_in_process_equals_sequential_and_fails_alone(four_run, sequential, tmp_
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one job at a time, one thread: as the sequential children ran
     run = copy_run(four_run, tmp_path / "run")
     np.save(RunDir(run).shard(3), np.full(4096, 60_000, dtype=np.uint16))  # token ids beyond the vocabulary
-    r = CliRunner().invoke(app, ["train-experts", str(run), "--tokens", str(TOKENS), "--no-progress"])
+    r = CliRunner().invoke(app, ["train-experts", str(run), "--in-process", "--tokens", str(TOKENS), "--no-progress"])
     assert r.exit_code == 1 and "expert_003" in r.output and "Traceback" not in r.output, r.output
     s = json.loads((run / "logs" / "train-experts.json").read_text())
     assert s["backend"].startswith("this process") and [j["expert"] for j in s["jobs"]] == [1, 2, 3, 4]
