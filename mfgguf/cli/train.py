@@ -118,7 +118,7 @@ def train_base_cmd(
     rd = RunDir(run)
     from mfgguf.options import parse_experts
 
-    ids = parse_experts(shards, int(rd.info()["n_experts"]))  # 1,2,4 or 1-3; default all
+    ids = parse_experts(shards) or list(range(1, int(rd.info()["n_experts"]) + 1))  # 1,2,4 or 1-3 (train_continued checks them)
     if Path(out).exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to replace it")
     view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, device=device,
