@@ -67,6 +67,7 @@ def recipe(label: str, prepared: Path, work: Path, args, root: Path = ROOT, flag
 def continued(prepared: Path, experts_run: Path, work: Path, args) -> dict:
     """train-base --mode full for the experts' FLOPs (eval's FLOP-matched baseline) + its assemble."""
     from mfgguf.config import ModelConfig
+    from mfgguf.eval.baselines.imported import matched_tokens
     from mfgguf.flops import continued_step_flops, module_flops
     from mfgguf.run import RunDir, read_module_meta
 
@@ -75,7 +76,7 @@ def continued(prepared: Path, experts_run: Path, work: Path, args) -> dict:
     cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
     step = int(metas[0]["train"]["batch_size"]) * cfg.ctx_len
     flops = sum(module_flops(m) for m in metas)
-    tokens = max(step, round(flops / continued_step_flops(cfg, "full").total / step) * step)
+    tokens = matched_tokens(flops, continued_step_flops(cfg, "full").total, step)
     out, log = work / "continued", work / "continued.log"
     shutil.rmtree(out, ignore_errors=True)
     rows = [timed("continued: train-base", ["train-base", prepared, "-o", out, "--mode", "full", "--tokens", tokens,

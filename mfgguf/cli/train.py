@@ -112,12 +112,11 @@ def train_base_cmd(
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
 ):
     from mfgguf.errors import MfggufError
+    from mfgguf.options import parse_experts
     from mfgguf.run import RunDir
     from mfgguf.train.whole.continued import train_continued
 
     rd = RunDir(run)
-    from mfgguf.options import parse_experts
-
     ids = parse_experts(shards) or list(range(1, int(rd.info()["n_experts"]) + 1))  # 1,2,4 or 1-3 (train_continued checks them)
     if Path(out).exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to replace it")

@@ -83,7 +83,7 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
         return sum(m["heldout_loss"][d] for d in trained) / len(trained)
 
     def flop_tokens(mode: str) -> int:
-        return max(step, round(flops / continued_step_flops(cfg, mode).total / step) * step)
+        return matched_tokens(flops, continued_step_flops(cfg, mode).total, step)
 
     grid, best, runs = {}, {}, {}
     for mode in sorted({k.trains for k in kinds}):
@@ -111,6 +111,11 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     return plans, grid
 
 
+def matched_tokens(flops: float, per_token: float, step: int) -> int:
+    """The tokens, in whole optimizer steps of `step` tokens (at least one), that spend `flops` at `per_token` a token."""
+    return max(step, round(flops / per_token / step) * step)
+
+
 def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shards: list[int], trunk_sha256: str,
                force: bool = False, needs: tuple[str, ...] = ()) -> dict:
     """`mfgguf train-base` into `run`, unless `run` already holds this very training (and the files `needs` names);
@@ -133,7 +138,7 @@ def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: boo
     adapters = []
     for i, m in sorted((i, m) for i, m in metas.items() if i > 0):
         step = int(m["train"]["batch_size"]) * cfg.ctx_len
-        tokens = max(step, round(module_flops(m) / per_step / step) * step)
+        tokens = matched_tokens(module_flops(m), per_step, step)
         shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
         train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=metas[0]["sha256"],
                    force=force, needs=(ADAPTER_FILE,))
@@ -198,5 +203,5 @@ def _say(msg: str) -> None:
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
 
 
-__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s", "train_base",
-           "train_domain_loras"]
+__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s", "matched_tokens",
+           "train_base", "train_domain_loras"]

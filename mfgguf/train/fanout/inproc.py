@@ -22,8 +22,8 @@ import time
 
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions
-from mfgguf.run import RunDir, module_name
-from mfgguf.train.fanout.jobs import Job
+from mfgguf.run import RunDir
+from mfgguf.train.fanout.jobs import Job, status_path
 from mfgguf.train.engine.status import ENV as STATUS_ENV
 
 
@@ -46,7 +46,7 @@ class InProcessBackend:
         (self.rd.root / "logs").mkdir(exist_ok=True)
         try:
             for job in jobs:
-                status = self.rd.root / "logs" / f"{module_name(job.expert)}.status.json"
+                status = status_path(self.rd, job.expert)
                 status.unlink(missing_ok=True)
                 job.state, job.where = "running", f"{socket.gethostname()} pid {os.getpid()}"
                 os.environ[STATUS_ENV] = str(status)

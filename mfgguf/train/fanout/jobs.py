@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mfgguf.options import JobOptions
-from mfgguf.run import RunDir
+from mfgguf.run import RunDir, module_name
 
 
 @dataclass
@@ -42,6 +42,11 @@ def job_argv(rd: RunDir, i: int, opts: JobOptions) -> list[str]:
     from mfgguf.stages import mfgguf_argv
 
     return mfgguf_argv("train-expert", rd.root, "--expert", i, *opts.argv(), "--no-progress")
+
+
+def status_path(rd: RunDir, i: int) -> Path:
+    """The status file a job of expert i rewrites as it trains (train/engine/status.py), for the live view."""
+    return rd.root / "logs" / f"{module_name(i)}.status.json"
 
 
 def last_error(log: Path) -> str:

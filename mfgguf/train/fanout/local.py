@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from mfgguf.options import JobOptions
-from mfgguf.run import RunDir, module_name
-from mfgguf.train.fanout.jobs import Job, job_argv, last_error
+from mfgguf.run import RunDir
+from mfgguf.train.fanout.jobs import Job, job_argv, last_error, status_path
 from mfgguf.train.engine.status import ENV as STATUS_ENV
 from mfgguf.train.engine.status import read_status
 
@@ -56,7 +56,7 @@ class LocalBackend:
         self.procs.clear()
 
     def _status_path(self, job: Job) -> Path:
-        return self.rd.root / "logs" / f"{module_name(job.expert)}.status.json"
+        return status_path(self.rd, job.expert)
 
     def _start(self, job: Job, opts: JobOptions) -> None:
         (self.rd.root / "logs").mkdir(exist_ok=True)

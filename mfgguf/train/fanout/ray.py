@@ -29,7 +29,7 @@ from pathlib import Path
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions
 from mfgguf.run import RunDir, atomic_path, module_name, read_manifest, sha256_file, update_manifest, write_json
-from mfgguf.train.fanout.jobs import Job
+from mfgguf.train.fanout.jobs import Job, status_path
 from mfgguf.train.engine.status import ENV as STATUS_ENV
 from mfgguf.train.engine.status import read_status
 
@@ -160,7 +160,7 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
         key = hashlib.sha256(json.dumps([trunk_sha, opts], sort_keys=True).encode()).hexdigest()[:16]
         rd = _materialize(key, ray.get(common) if isinstance(common, ray.ObjectRef) else common,
                           ray.get(own) if isinstance(own, ray.ObjectRef) else own, i)
-    status = rd.root / "logs" / f"{module_name(i)}.status.json"
+    status = status_path(rd, i)
     os.environ[STATUS_ENV] = str(status)
     stop = threading.Event()
 
