@@ -17,6 +17,7 @@ the ratio recipe / continued.
 
     make smollm2 && python scripts/bench_recipe.py                         # ~25 minutes on 2 cores
     python scripts/bench_recipe.py --before 079fee4 --in-process --experts 3 --tokens 65536 --rounds 4
+    python scripts/bench_recipe.py --both                       # a process per job and --in-process
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ def main() -> None:
     ap.add_argument("--max-chars-per-domain", type=int, default=1_000_000)
     ap.add_argument("--before", help="also time the recipe as this git revision runs it")
     ap.add_argument("--in-process", action="store_true", help="train-experts --in-process (this checkout's recipe only)")
+    ap.add_argument("--both", action="store_true", help="this checkout's recipe with a process per job (the default)"
+                    " and --in-process, one after the other")
     ap.add_argument("--work", type=Path, default=ROOT / "bench-out" / "recipe")
     args = ap.parse_args()
     work = args.work.resolve()
@@ -116,7 +119,12 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True,
                            capture_output=True)
         sides.append(recipe(f"before-{args.before}", prepared, work, args, root=tree))
-    sides.append(recipe("now", prepared, work, args, flags=("--in-process",) if args.in_process else ()))
+    if args.both:
+        sides.append(recipe("now", prepared, work, args))
+    if args.both or args.in_process:
+        sides.append(recipe("now-in-process", prepared, work, args, flags=("--in-process",)))
+    else:
+        sides.append(recipe("now", prepared, work, args))
     sides.append(continued(prepared, sides[-1]["run"], work, args))
     walls = {}
     for s in sides:

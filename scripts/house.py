@@ -63,7 +63,7 @@ ALLOWED: set[tuple[str, str]] = {
     ("mfgguf.train.engine.driver", "20%"),  # the cited paper's cooldown share, which the default is
     ("mfgguf.train.engine.loop", "1 MB"),  # glibc's mmap threshold this sets, by definition
     ("mfgguf.train.engine.loop", "16 MB"),  # a chunk's size, computed from the constant beside it
-    ("mfgguf.train.engine.loop", "128 MB"),  # the same, for the scoring chunks
+    ("mfgguf.train.engine.loop", "32 MB"),  # the same, for the scoring chunks
     ("mfgguf.train.experts.pooled", "50 MB"),  # a dim x dim f32 matrix at the `1b` shape, computed
     ("mfgguf.train.experts.shared", "0.5 GB"),  # 16 bytes x 31M parameters, computed
 }

@@ -175,19 +175,25 @@ def sync_cmd(
     experts: str = typer.Option(None, "--experts", help="Only these experts take part, e.g. 1,2,4,5 (one"
                                           " held out of training); later syncs keep the first one's set. Default:"
                                           " every expert."),
+    stats_from: str = typer.Option("train", "--stats-from", help="After the last round, the router statistics:"
+                                   " train = those the last round's training steps recorded (no pass), pass = a"
+                                   " forward pass of merged trunk + each expert (also re-scores each expert)."),
     device: str = _DEVICE, progress: bool = _PROGRESS,
 ):
     from mfgguf.options import parse_experts
     from mfgguf.train.rounds.sync import sync
 
     r = sync(run, merge=merge, density=merge_density, restat=restat, device=device, progress=progress,
-             outer_lr=outer_lr, outer_momentum=outer_momentum, experts=parse_experts(experts))
+             outer_lr=outer_lr, outer_momentum=outer_momentum, experts=parse_experts(experts), stats_from=stats_from)
     before, after = r["before_heldout_loss"], r["heldout_loss"]
     held = ", ".join(f"{d} {before[d]:.3f}->{after[d]:.3f}" for d in after if d in before) or "not scored (a middle round)"
     if not r["final"]:
         what = f"experts continue with round {r['round'] + 1}"
     elif restat:
-        what = f"final: router statistics of {len(r['restated'])} experts recomputed on the merged trunk"
+        n, kept = len(r["restated"]), len(r["adopted"])
+        what = (f"final: router statistics of {n} experts from their last round's steps" if kept == n else
+                f"final: router statistics of {n} experts recomputed on the merged trunk" if not kept else
+                f"final: router statistics of {n} experts ({kept} from their last round's steps)")
     else:
         what = f"final: now `mfgguf restat {run} --expert I` for each expert"
     typer.echo(f"sync {r['round']}/{r['rounds']}: {r['merged_tensors']} trunk tensors merged ({r['merge']}) from"

@@ -38,7 +38,8 @@ from mfgguf.train.experts.tailstats import TailStats
 LOGITS_CHUNK = 1 << 22  # logits elements per chunk of the output head when recomputing (16 MB in f32)
 EVAL_ROWS = 4096  # token positions per forward when scoring: one window at a time left SmolLM2's
 #                   matmuls 256 rows tall, too short to keep the cores busy (docs/benchmarks.md)
-EVAL_HEAD_CHUNKS = 8  # scoring's head chunk, in LOGITS_CHUNKs (no backward keeps them: 128 MB in f32)
+EVAL_HEAD_CHUNKS = 2  # scoring's head chunk, in LOGITS_CHUNKs (32 MB in f32): a chunk that stays in cache is
+#                      scored faster than a larger one (docs/benchmarks.md, scoring's head)
 _BF16_CPU: bool | None = None  # probed once
 
 
@@ -127,6 +128,15 @@ def head_loss(model: Transformer, x, y, reduction: str = "sum"):  # x: (N, C), y
     return F.cross_entropy(logits.float(), y, reduction=reduction)
 
 
+def score_head(model: Transformer, x, y, weight):  # x: (N, C), y: (N,), weight: (V, C) -> () summed cross-entropy
+    """head_loss's sum without the (N, V) log-probabilities: log-sum-exp less the target's logit, in f32.
+
+    Scoring has no backward, so F.cross_entropy's written-out log-softmax is pure memory traffic; `weight`
+    is the head already in the compute precision, cast once per scoring pass instead of once per chunk."""
+    logits = F.linear(model.output_norm(x).to(weight.dtype), weight).float()  # (N, V)
+    return (torch.logsumexp(logits, -1) - logits.gather(1, y[:, None])[:, 0]).sum()
+
+
 def scoring_positions(model: Transformer) -> int:
     """Positions whose logits scoring computes at once (no backward keeps them): EVAL_HEAD_CHUNKS LOGITS_CHUNKs."""
     return max(1, LOGITS_CHUNK // model.cfg.vocab_size) * EVAL_HEAD_CHUNKS
@@ -180,6 +190,7 @@ def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str
         return float("nan"), 0
     bs = max(1, EVAL_ROWS // win)
     head = scoring_positions(model)
+    weight = model.output.weight.detach().to(torch.bfloat16 if precision == "bf16" else model.output.weight.dtype)
     total, count = 0.0, 0
     model.eval()
     for b in range(0, n_win, bs):
@@ -189,7 +200,7 @@ def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str
             x = model.hidden(w[:, :-1], route=route, hook=hook)  # (b, win, C)
             x, y = x.reshape(-1, x.size(-1)), w[:, 1:].reshape(-1)  # (N, C), (N,)
             for s in range(0, len(y), head):  # the (rows, vocab) logits a chunk at a time
-                total += float(head_loss(model, x[s : s + head], y[s : s + head]))
+                total += float(score_head(model, x[s : s + head], y[s : s + head], weight))
         count += len(y)
     return total / count, count
 

@@ -171,10 +171,12 @@ class RoundStart:
 
 
 def statistics(cfg: ModelConfig, tc: TrainConfig, steps: int) -> TailStats | None:
-    """The router statistics of training's last steps (`--stats-from train`), else None (a pass after)."""
+    """The router statistics of training's last steps (`--stats-from train`), else None (a pass after). An expert
+    with shared copies also gathers their second moments, for the final sync's pooled G (rounds/adopt.py)."""
     if tc.stats_from == "pass":
         return None
-    return TailStats(cfg.n_layers, cfg.dim, steps - tail_steps(stats_tokens(asdict(tc)), tc.batch_size * cfg.ctx_len, steps))
+    first = steps - tail_steps(stats_tokens(asdict(tc)), tc.batch_size * cfg.ctx_len, steps)
+    return TailStats(cfg.n_layers, cfg.dim, first, moments=tc.shared != "none")
 
 
 __all__ = ["Job", "expert_params", "PlainFfn", "Complement", "SharedCopies", "BranchStart", "RoundStart", "statistics"]

@@ -8,6 +8,10 @@ is still moving while they are gathered (the LR is at the bottom of its decay by
 windows are training's random ones rather than the shard's first tokens;
 scripts/bench_stats_tokens.py measures what that costs routed perplexity.
 
+With `moments` they also gather each layer's second moment (x^T x), which the final `sync` of an expert
+with shared copies pools into the router's G instead of a forward pass of merged trunk + each expert
+(train/rounds/adopt.py); the module keeps its means only, the moments go beside it (`write_moments`).
+
 Exactness under recompute: a checkpointed block runs its forward twice (once, then again in the
 backward pass), so the hook keeps each layer's figures of the current micro-batch aside, the
 recomputation overwriting them with the same values, and `commit` adds them once after the
@@ -24,12 +28,16 @@ Example:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
+from mfgguf.run import STATS_PREFIX, RunDir, atomic_path, module_name
 from mfgguf.train.experts.stats import RouterStats
 
-PREFIX = "tailstats."  # checkpoint tensor names: tailstats.sum.{l} (C,) f64, tailstats.count (L,) i64
+PREFIX = "tailstats."  # checkpoint tensor names: tailstats.sum.{l} (C,) f64, tailstats.count (L,) i64, tailstats.sq.{l} (C, C)
 
 
 def tail_steps(stats_tokens: int, tokens_per_step: int, steps: int) -> int:
@@ -40,10 +48,10 @@ def tail_steps(stats_tokens: int, tokens_per_step: int, steps: int) -> int:
 class TailStats:
     """Per-layer FFN-input sums over the steps from `first_step` on (0-based schedule steps)."""
 
-    def __init__(self, n_layers: int, dim: int, first_step: int):
+    def __init__(self, n_layers: int, dim: int, first_step: int, moments: bool = False):
         self.first_step = first_step
-        self.stats = RouterStats(n_layers, dim)
-        self._pending: dict[int, tuple[int, torch.Tensor]] = {}  # layer -> (rows, sum) of the current micro-batch
+        self.stats = RouterStats(n_layers, dim, second_moment=moments)
+        self._pending: dict[int, torch.Tensor] = {}  # layer -> the current micro-batch's FFN inputs (N, C) f32
 
     def active(self, step: int) -> bool:
         return step >= self.first_step
@@ -51,14 +59,16 @@ class TailStats:
     @torch.no_grad()
     def hook(self, layer: int, n: torch.Tensor) -> None:
         """Model hook: `n` (B, T, C) after ffn_norm; kept until `commit` (a recompute overwrites it)."""
-        x = n.detach().reshape(-1, n.shape[-1]).float().cpu()  # (N, C)
-        self._pending[layer] = (x.shape[0], x.sum(0, dtype=torch.float64))
+        self._pending[layer] = n.detach().reshape(-1, n.shape[-1]).float().cpu()  # (N, C)
 
+    @torch.no_grad()
     def commit(self) -> None:
-        """Add the micro-batch just trained on (after its backward pass) to the sums."""
-        for layer, (rows, s) in self._pending.items():
-            self.stats.count[layer] += rows
-            self.stats.sum[layer] += s
+        """Add the micro-batch just trained on (after its backward pass) to the sums: once, whatever recomputed it."""
+        for layer, x in self._pending.items():
+            self.stats.count[layer] += x.shape[0]
+            self.stats.sum[layer] += x.sum(0, dtype=torch.float64)
+            if self.stats.sq is not None:
+                self.stats.sq[layer] += (x.T @ x).double()  # (C, C)
         self._pending.clear()
 
     @property
@@ -69,6 +79,8 @@ class TailStats:
         """What a training checkpoint keeps of them."""
         out = {f"{PREFIX}sum.{l}": s.clone() for l, s in enumerate(self.stats.sum)}
         out[f"{PREFIX}count"] = torch.tensor(self.stats.count, dtype=torch.int64)
+        for l, q in enumerate(self.stats.sq or ()):
+            out[f"{PREFIX}sq.{l}"] = q.clone()
         return out
 
     def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -77,3 +89,36 @@ class TailStats:
             return
         self.stats.count = [int(c) for c in tensors[f"{PREFIX}count"]]
         self.stats.sum = [tensors[f"{PREFIX}sum.{l}"].to(torch.float64).clone() for l in range(len(self.stats.sum))]
+        if self.stats.sq is not None:
+            self.stats.sq = [tensors[f"{PREFIX}sq.{l}"].to(torch.float64).clone() for l in range(len(self.stats.sq))]
+
+
+def moments_path(rd: RunDir, i: int) -> Path:
+    """Where expert i's last-round second moments wait for the final sync (never read by assembly)."""
+    return rd.rounds / "moments" / f"{module_name(i)}.safetensors"
+
+
+def write_moments(rd: RunDir, i: int, stats: RouterStats, module_sha256: str) -> Path:
+    """Expert i's per-layer second moments (f32, the pooled file's names), naming the module they belong to."""
+    path = moments_path(rd, i)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in stats.tensors().items() if k.endswith(".second_moment")}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"module_sha256": module_sha256, "count": str(stats.n)})
+    return path
+
+
+def read_moments(rd: RunDir, i: int, module_sha256: str, n_layers: int, dim: int) -> RouterStats | None:
+    """Expert i's moments as RouterStats sums (count x moment), or None where absent or of another module."""
+    path = moments_path(rd, i)
+    if not path.is_file():
+        return None
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("module_sha256") != module_sha256:
+            return None
+        out = RouterStats(n_layers, dim, second_moment=True)
+        n = int(meta["count"])
+        out.count = [n] * n_layers
+        out.sq = [f.get_tensor(f"{STATS_PREFIX}blk.{l}.second_moment").double() * n for l in range(n_layers)]
+    return out

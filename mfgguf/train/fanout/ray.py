@@ -32,6 +32,7 @@ from mfgguf.run import RunDir, atomic_path, module_name, read_manifest, sha256_f
 from mfgguf.train.fanout.jobs import Job, status_path
 from mfgguf.train.engine.status import ENV as STATUS_ENV
 from mfgguf.train.engine.status import read_status
+from mfgguf.train.experts.tailstats import moments_path
 
 POLL_S = 0.5
 TRANSFERS = ("auto", "shared", "copy")
@@ -184,7 +185,8 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
     if not shared:
         name = module_name(i)
         out["meta"] = json.loads(rd.module_meta(i).read_text())
-        out["files"] = _files(rd, [rd.module_file(i), rd.plots / f"loss_{name}.png", *_tree(rd.checkpoint_dir(i))])
+        moments = [m] if (m := moments_path(rd, i)).is_file() else []  # the last round's, for the final sync
+        out["files"] = _files(rd, [rd.module_file(i), rd.plots / f"loss_{name}.png", *moments, *_tree(rd.checkpoint_dir(i))])
         assert out["meta"]["sha256"] == meta["sha256"]
         shutil.rmtree(rd.checkpoint_dir(i), ignore_errors=True)  # shipped: the driver keeps it from now on
     return out

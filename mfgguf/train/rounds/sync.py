@@ -45,16 +45,17 @@ SYNC_FORMAT = "mfgguf-sync"
 
 def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, restat: bool = True,
          device: str = "cpu", progress: bool = True, outer_lr: float = 1.0, outer_momentum: float = 0.0,
-         experts: list[int] | None = None) -> dict:
+         experts: list[int] | None = None, stats_from: str = "train") -> dict:
     """Merge the experts' shared-tensor copies into the next trunk version (between sync rounds).
 
     Run it after every expert has trained its current round (`train-expert --shared ... --rounds R`).
     Between rounds the merged trunk is what every expert continues from. After the last round (and
     for R = 1) it finalises: the merged trunk is final and each expert's router statistics are
-    recomputed on merged trunk + that expert (forward only), so `mfgguf assemble` routes for the
-    model it writes, and so are the router's pooled statistics (`mfgguf router-stats`); --no-restat
-    leaves both to `mfgguf restat RUN --expert I`, one process per expert on any machine, then
-    `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density).
+    taken from the last round's training steps (--stats-from train, the default: no pass; held-out
+    losses stay those of the expert's own trunk copy) or recomputed on merged trunk + that expert
+    (--stats-from pass: forward only, and the held-out losses too), and so are the router's pooled
+    statistics (`mfgguf router-stats`); --no-restat leaves both to `mfgguf restat RUN --expert I`,
+    one process per expert on any machine, then `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density).
     --outer-lr / --outer-momentum: DiLoCo's outer Nesterov step on the pseudo-gradient trunk - merge
     instead of taking the merge (1 and 0, the default, take it; DiLoCo uses 0.7 and 0.9). --experts
     I,J: only those experts take part (a domain held out of training, or trained later); later syncs
@@ -66,6 +67,8 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     """
     from mfgguf.train.rounds.restat import needs_restat, restat as restat_one
 
+    if stats_from not in ("train", "pass"):
+        raise MfggufError(f"unknown --stats-from {stats_from!r}; choose train (the last round's steps) or pass")
     rd = RunDir(run)
     info = rd.info()
     t0 = time.perf_counter()
@@ -86,19 +89,32 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     _publish(rd, plan_file.parent, plan)
     plan["state"] = "published"
     write_json(plan_file, plan)
-    restated = []
+    restated, adopted = [], []  # adopted: statistics from the last round's steps (adopt.py), no pass
     if plan["final"] and restat:
         from mfgguf.train.experts.pooled import pool_router_stats, write_pooled
         from mfgguf.train.experts.stats import RouterStats
+        from mfgguf.train.experts.tailstats import moments_path, read_moments
+        from mfgguf.train.rounds.adopt import adopt
 
-        cfg = read_module_meta(rd, 0)["config"]
+        final = read_module_meta(rd, 0)
+        cfg = final["config"]
         acc = RouterStats(cfg["n_layers"], cfg["dim"], second_moment=True)  # the router's G, from the same passes
         for i in ids:
+            moments = (stats_from == "train" and needs_restat(rd, final, i)
+                       and read_moments(rd, i, read_module_meta(rd, i)["sha256"], cfg["n_layers"], cfg["dim"]))
+            if moments:
+                _say(progress, f"router statistics of {module_name(i)}: its last round's training steps")
+                adopt(rd, i, moments, acc)
+                restated.append(i)
+                adopted.append(i)
+                continue
             _say(progress, f"router statistics of {module_name(i)} on the merged trunk")
             if restat_one(rd.root, i, device=device, pooled=acc)["restated"]:
                 restated.append(i)
         if len(restated) == len(ids):
             write_pooled(rd, acc, t0=t0, experts=ids)
+            for i in ids:  # pooled now; they named modules that are gone
+                moments_path(rd, i).unlink(missing_ok=True)
         elif not router_stats_current(rd, ids):  # some were restated by an earlier, killed sync: one more pass
             _say(progress, "pooled router statistics of the merged model")
             pool_router_stats(rd.root, device=device, progress=False, experts=ids)
@@ -109,7 +125,7 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
             "outer_lr": plan.get("outer_lr", 1.0), "outer_momentum": plan.get("outer_momentum", 0.0),
             "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],
             "heldout_loss": trunk.get("heldout_loss", {}), "before_heldout_loss": plan["before_heldout_loss"],
-            "experts": plan["experts"], "restated": restated, "wall_s": time.perf_counter() - t0,
+            "experts": plan["experts"], "restated": restated, "adopted": adopted, "wall_s": time.perf_counter() - t0,
             "dir": str(plan_file.parent)}
 
 
@@ -212,7 +228,8 @@ def _scores(rd: RunDir, trunk: dict, metas: list[dict], new_trunk: Path, *, scor
     """(held-out loss of the merged trunk, of the trunk it was merged from), each {} where nobody reads it.
 
     The last round's experts compare with the trunk they start from, and the final trunk is reported; a
-    middle round's trunk decides nothing (docs/benchmarks.md, the recipe's wall)."""
+    middle round's trunk decides nothing, and neither does the trunk before it, which only the summary line
+    would print beside the merged one (docs/benchmarks.md, the recipe's wall)."""
     from mfgguf.train.experts.base_score import reference_heldout
     from mfgguf.train.engine.loop import resolve_device
     from mfgguf.train.rounds.restat import heldout_trunk, trunk_scoring
@@ -221,7 +238,7 @@ def _scores(rd: RunDir, trunk: dict, metas: list[dict], new_trunk: Path, *, scor
     held = heldout_trunk(rd, new_trunk, trunk, device, (tokens, precision)) if scored else {}
     # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
     before = (reference_heldout(rd, trunk, tokens, resolve_device(device), precision)
-              if trunk.get("heldout_loss") or not trunk.get("round") else {})
+              if scored and (trunk.get("heldout_loss") or not trunk.get("round")) else {})
     return held, before
 
 

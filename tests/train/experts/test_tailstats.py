@@ -18,7 +18,7 @@ from mfgguf.train.engine.driver import get_batch
 from mfgguf.train.experts.expert import build_expert_model, expert_params, train_expert
 from mfgguf.train.engine.loop import InMemorySteps, forward_loss, load_tokens
 from mfgguf.train.experts.stats import RouterStats
-from mfgguf.train.experts.tailstats import TailStats, tail_steps
+from mfgguf.train.experts.tailstats import TailStats, read_moments, tail_steps, write_moments
 from tests.conftest import copy_run
 
 
@@ -37,15 +37,37 @@ def test_each_token_is_counted_once(trained_run, recompute):
     rd = RunDir(trained_run)
     cfg, model = _model(rd)
     x, y = get_batch(load_tokens(rd.shard(1), "shard"), 0, 1, 0, 4, cfg.ctx_len)  # (4, T)
-    tail = TailStats(cfg.n_layers, cfg.dim, first_step=0)
+    tail = TailStats(cfg.n_layers, cfg.dim, first_step=0, moments=True)
     forward_loss(model, x, y, "single", recompute=recompute, hook=tail.hook).backward()
     tail.commit()
-    ref = RouterStats(cfg.n_layers, cfg.dim)
+    ref = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
     with torch.no_grad():
         model(x, route="single", hook=ref.hook)
     assert tail.stats.count == ref.count == [x.numel()] * cfg.n_layers
     for a, b in zip(tail.stats.sum, ref.sum):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    for a, b in zip(tail.stats.sq, ref.sq):  # the second moments the final sync pools (rounds/adopt.py)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-5)
+    state = TailStats(cfg.n_layers, cfg.dim, first_step=0, moments=True)
+    state.load_state(tail.state_tensors())  # a resumed run continues from the same sums
+    assert state.stats.count == tail.stats.count
+    assert all(torch.equal(a, b) for a, b in zip(state.stats.sq, tail.stats.sq))
+
+
+def test_moments_file_names_its_module(trained_run, tmp_path):
+    """The moments wait beside the module they were measured with; another module's are not read."""
+    rd = RunDir(copy_run(trained_run, tmp_path / "run"))
+    cfg, model = _model(rd)
+    x, _ = get_batch(load_tokens(rd.shard(1), "shard"), 0, 1, 0, 2, cfg.ctx_len)  # (2, T)
+    stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
+    with torch.no_grad():
+        model(x, route="single", hook=stats.hook)
+    write_moments(rd, 1, stats, "a" * 64)
+    assert read_moments(rd, 1, "b" * 64, cfg.n_layers, cfg.dim) is None and read_moments(rd, 2, "a" * 64, cfg.n_layers, cfg.dim) is None
+    back = read_moments(rd, 1, "a" * 64, cfg.n_layers, cfg.dim)
+    assert back.count == stats.count
+    for a, b in zip(back.sq, stats.sq):  # f32 on disk: sums back within f32 rounding
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
 
 
 def test_only_the_last_steps_are_gathered(trained_run, tmp_path):

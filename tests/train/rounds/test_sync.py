@@ -29,6 +29,7 @@ from mfgguf.train.experts.expert import train_expert
 from mfgguf.options import TrainOptions
 from mfgguf.train.experts.pooled import pool_router_stats
 from mfgguf.train.rounds.ends import round_end
+from mfgguf.train.rounds.adopt import ON
 from mfgguf.train.rounds.sync import sync
 from tests.conftest import TINY_EXPERTS, copy_run
 from tests.converters import llama_logits, reference_logits, rel_diff, text_sample
@@ -74,12 +75,19 @@ def round1(trained_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def finished(round1, tmp_path_factory):
-    """round1 synced, round 2 trained, and the final sync done: what `mfgguf assemble` gets."""
+def last_round(round1, tmp_path_factory):
+    """round1 synced and round 2 trained: the run as its final sync finds it."""
     run = _copy_mid_run(round1, tmp_path_factory.mktemp("sync") / "run")
     sync(run, progress=False)
     _round(run)
-    sync(run, progress=False)
+    return run
+
+
+@pytest.fixture(scope="module")
+def finished(last_round, tmp_path_factory):
+    """last_round after a final sync with the statistics pass: what `mfgguf assemble` gets."""
+    run = copy_run(last_round, tmp_path_factory.mktemp("sync") / "run")
+    sync(run, progress=False, stats_from="pass")
     return run
 
 
@@ -157,6 +165,41 @@ def test_final_sync_recomputes_statistics_on_the_merged_model(finished, round1, 
     assert code == 1 and "final" in out
 
 
+def test_final_sync_takes_the_last_rounds_statistics_without_a_pass(last_round, finished, tmp_path):
+    """The default: the means and second moments the last round's steps recorded (adopt.py), no forward pass;
+    the module is the pass's but for its means, and G pools the moments the experts wrote."""
+    run = copy_run(last_round, tmp_path / "run")
+    rd, fin = RunDir(run), RunDir(finished)
+    before = {i: load_file(rd.module_file(i)) for i in EXPERTS}
+    L = _meta(run, 0)["config"]["n_layers"]
+    moments = {i: load_file(rd.rounds / "moments" / rd.module_file(i).name) for i in EXPERTS}
+    code, out = _cli("sync", run, "--no-progress")
+    assert code == 0 and f"router statistics of {TINY_EXPERTS} experts from their last round's steps" in out, out
+    trunk = _meta(run, 0)
+    assert trunk["sha256"] == _meta(finished, 0)["sha256"]  # the same merge
+    for i in EXPERTS:
+        m, t, passed = _meta(run, i), load_file(rd.module_file(i)), load_file(fin.module_file(i))
+        assert m["shared_merged"] and m["trunk_sha256"] == trunk["sha256"] and m["restat_tokens"] == 0
+        assert m["router_stats_on"] == ON and m["heldout_on"] == "own trunk copy"
+        assert m["heldout_loss"] == m["premerge"]["heldout_loss"]  # not re-scored, and it says so
+        assert set(t) == set(passed)  # FFNs and means; the copies live in the trunk now
+        for k, v in t.items():
+            want = before[i][k] if k.startswith(STATS_PREFIX) else passed[k]
+            assert np.array_equal(v, want), k
+    counts = [_meta(run, i)["router_stats_count"] for i in EXPERTS]
+    g = load_file(rd.router_stats)
+    assert router_stats_current(rd) and json.loads(rd.router_stats_meta.read_text())["router_stats_count"] == sum(counts)
+    for l in range(L):
+        k = f"{STATS_PREFIX}blk.{l}.second_moment"
+        want = sum(n * moments[i][k].astype(np.float64) for n, i in zip(counts, EXPERTS)) / sum(counts)
+        assert np.allclose(g[k], want, rtol=1e-5, atol=1e-6), k
+    assert not (rd.rounds / "moments").exists() or not any((rd.rounds / "moments").iterdir())
+    code, out = _cli("assemble", run, "-o", tmp_path / "x.gguf")
+    assert code == 0, out
+    code, out = _cli("sync", copy_run(last_round, tmp_path / "bad"), "--stats-from", "guess")
+    assert code == 1 and "--stats-from" in out and len(out.splitlines()) == 1
+
+
 def test_the_assembled_synced_model_matches_the_reference(finished, tmp_path):
     from tokenizers import Tokenizer
 
@@ -171,7 +214,7 @@ def test_the_assembled_synced_model_matches_the_reference(finished, tmp_path):
 
 def test_a_held_out_expert_sits_out_every_sync(round1, tmp_path):
     """`sync --experts 1,2`: expert 3 (a domain held out of training, or added later by `extend`) takes no part:
-    the merge is the mean of the others' copies, later syncs keep the set, and the final one restats only them."""
+    the merge is the mean of the others' copies, later syncs keep the set, and the final one gives statistics to them only."""
     run = _copy_mid_run(round1, tmp_path / "run")
     rd, old, copies, tokens = _sync_inputs(run)
     three = sha256_file(rd.module_file(3))
@@ -187,7 +230,7 @@ def test_a_held_out_expert_sits_out_every_sync(round1, tmp_path):
     code, out = _cli("sync", run, "--experts", "1-3")  # another set than round 1's: one line, nothing written
     assert code == 1 and "--experts 1,2" in out and len(out.splitlines()) == 1
     code, out = _cli("sync", run, "--no-progress")  # no --experts: the set the first sync recorded
-    assert code == 0 and "from 2 experts" in out and "recomputed" in out, out
+    assert code == 0 and "from 2 experts" in out and "router statistics of 2 experts from their last round" in out, out
     assert [_meta(run, i).get("shared_merged") for i in EXPERTS] == [True, True, None]
     assert sha256_file(rd.module_file(3)) == three
     assert router_stats_current(rd, [1, 2]) and not router_stats_current(rd)
