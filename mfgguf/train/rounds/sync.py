@@ -89,35 +89,9 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     _publish(rd, plan_file.parent, plan)
     plan["state"] = "published"
     write_json(plan_file, plan)
-    restated, adopted = [], []  # adopted: statistics from the last round's steps (adopt.py), no pass
+    restated, adopted = [], []
     if plan["final"] and restat:
-        from mfgguf.train.experts.pooled import pool_router_stats, write_pooled
-        from mfgguf.train.experts.stats import RouterStats
-        from mfgguf.train.experts.tailstats import moments_path, read_moments
-        from mfgguf.train.rounds.adopt import adopt
-
-        final = read_module_meta(rd, 0)
-        cfg = final["config"]
-        acc = RouterStats(cfg["n_layers"], cfg["dim"], second_moment=True)  # the router's G, from the same passes
-        for i in ids:
-            moments = (stats_from == "train" and needs_restat(rd, final, i)
-                       and read_moments(rd, i, read_module_meta(rd, i)["sha256"], cfg["n_layers"], cfg["dim"]))
-            if moments:
-                _say(progress, f"router statistics of {module_name(i)}: its last round's training steps")
-                adopt(rd, i, moments, acc)
-                restated.append(i)
-                adopted.append(i)
-                continue
-            _say(progress, f"router statistics of {module_name(i)} on the merged trunk")
-            if restat_one(rd.root, i, device=device, pooled=acc)["restated"]:
-                restated.append(i)
-        if len(restated) == len(ids):
-            write_pooled(rd, acc, t0=t0, experts=ids)
-            for i in ids:  # pooled now; they named modules that are gone
-                moments_path(rd, i).unlink(missing_ok=True)
-        elif not router_stats_current(rd, ids):  # some were restated by an earlier, killed sync: one more pass
-            _say(progress, "pooled router statistics of the merged model")
-            pool_router_stats(rd.root, device=device, progress=False, experts=ids)
+        restated, adopted = _final_statistics(rd, ids, stats_from, device, progress, t0)
     trunk = read_module_meta(rd, 0)
     plan["wall_s"] = round(float(plan.get("wall_s") or 0.0) + time.perf_counter() - t0, 2)  # a re-run adds its own
     write_json(plan_file, plan)  # the wall-clock-matched baseline's budget counts every sync
@@ -127,6 +101,42 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
             "heldout_loss": trunk.get("heldout_loss", {}), "before_heldout_loss": plan["before_heldout_loss"],
             "experts": plan["experts"], "restated": restated, "adopted": adopted, "wall_s": time.perf_counter() - t0,
             "dir": str(plan_file.parent)}
+
+
+def _final_statistics(rd: RunDir, ids: list[int], stats_from: str, device: str, progress: bool,
+                      t0: float) -> tuple[list[int], list[int]]:
+    """Every expert's router statistics on the final trunk and the pooled G: (experts given them, those of them
+    adopted from their last round's steps, adopt.py); the rest by a pass of merged trunk + that expert."""
+    from mfgguf.train.experts.pooled import pool_router_stats, write_pooled
+    from mfgguf.train.experts.stats import RouterStats
+    from mfgguf.train.experts.tailstats import moments_path, read_moments
+    from mfgguf.train.rounds.adopt import adopt
+    from mfgguf.train.rounds.restat import needs_restat, restat as restat_one
+
+    restated, adopted = [], []
+    final = read_module_meta(rd, 0)
+    cfg = final["config"]
+    acc = RouterStats(cfg["n_layers"], cfg["dim"], second_moment=True)  # the router's G, from the same passes
+    for i in ids:
+        moments = (stats_from == "train" and needs_restat(rd, final, i)
+                   and read_moments(rd, i, read_module_meta(rd, i)["sha256"], cfg["n_layers"], cfg["dim"]))
+        if moments:
+            _say(progress, f"router statistics of {module_name(i)}: its last round's training steps")
+            adopt(rd, i, moments, acc)
+            restated.append(i)
+            adopted.append(i)
+            continue
+        _say(progress, f"router statistics of {module_name(i)} on the merged trunk")
+        if restat_one(rd.root, i, device=device, pooled=acc)["restated"]:
+            restated.append(i)
+    if len(restated) == len(ids):
+        write_pooled(rd, acc, t0=t0, experts=ids)
+        for i in ids:  # pooled now; they named modules that are gone
+            moments_path(rd, i).unlink(missing_ok=True)
+    elif not router_stats_current(rd, ids):  # some were restated by an earlier, killed sync: one more pass
+        _say(progress, "pooled router statistics of the merged model")
+        pool_router_stats(rd.root, device=device, progress=False, experts=ids)
+    return restated, adopted
 
 
 def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[int]:
