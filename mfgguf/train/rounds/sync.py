@@ -51,8 +51,8 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     Run it after every expert has trained its current round (`train-expert --shared ... --rounds R`).
     Between rounds the merged trunk is what every expert continues from. After the last round (and
     for R = 1) it finalises: the merged trunk is final and each expert's router statistics are
-    taken from the last round's training steps (--stats-from train, the default: no pass; held-out
-    losses stay those of the expert's own trunk copy) or recomputed on merged trunk + that expert
+    taken from the last round's training steps (--stats-from train, the default, with R >= 2: no pass;
+    held-out losses stay those of the expert's own trunk copy) or recomputed on merged trunk + that expert
     (--stats-from pass: forward only, and the held-out losses too), and so are the router's pooled
     statistics (`mfgguf router-stats`); --no-restat leaves both to `mfgguf restat RUN --expert I`,
     one process per expert on any machine, then `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density).

@@ -69,6 +69,9 @@ def test_shared_attn_module_file_and_own_domain_gain(attn_run, trained_run):
         mu, w = t[f"{STATS_PREFIX}blk.{l}.mean"], t[f"{SHARED_PREFIX}blk.{l}.ffn_norm.weight"]
         assert f"{STATS_PREFIX}blk.{l}.second_moment" not in t
         assert 0 < ((mu / w) ** 2).sum().item() <= cfg.dim * 1.01
+    # One round: the copy trained the whole schedule apart, so the final sync measures its statistics again
+    # rather than take the ones of its steps (sync-rounds.md): no second moments are gathered for it.
+    assert not (rd.rounds / "moments").exists()
     # Training attention too buys more on the expert's own domain than the FFN alone, at the same tokens.
     (own,) = meta["shard_domains"]
     assert meta["heldout_loss"][own] < none["heldout_loss"][own] - 0.01, (meta["heldout_loss"], none["heldout_loss"])
