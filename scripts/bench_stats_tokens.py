@@ -7,7 +7,7 @@ shard after training (`--stats-from pass`). The pass costs time (on SmolLM2, 175
 followed); this measures what fewer tokens cost the router. For each K in --tokens: a view of RUN
 whose trained experts' means are recomputed over K tokens of their shards (the same evenly spread
 windows the pass takes), the pooled second moment kept as it is (only the means vary), assembled
-(q8_0, ridge, top-1) and scored by llama.cpp on the held-out split. Prints JSON lines:
+(q8_0, ridge, top-1) and scored by llama.cpp on the validation split. Prints JSON lines:
 
   {"tokens": K, "pass_s": seconds of the four passes, "ppl": {domain: ...}, "mixed_trained": ...,
    "over_reference": mixed_trained / that of the largest K, "mean_rel_err": mean over experts and layers of
@@ -99,7 +99,7 @@ def main() -> None:
     n = int(rd.info()["n_experts"])
     ids = [i for i in range(1, n + 1) if rd.module_meta(i).is_file()]
     trained = sorted({d for i in ids for d in json.loads(rd.module_meta(i).read_text()).get("shard_domains") or []})
-    held = rd.heldout_tokens(a.max_tokens_per_domain)
+    held = rd.validation_tokens(a.max_tokens_per_domain)  # a choice of statistics: read validation, never test
     print(json.dumps({"bench": "stats_tokens", "event": "start", "experts": ids, "trained_domains": trained,
                       **cpu_flags()}), flush=True)
     def score(root: Path, gguf: Path) -> dict:

@@ -48,8 +48,6 @@ def pass_variant(src: Path, out: Path) -> float:
 
 
 def main() -> None:
-    import numpy as np
-
     from mfgguf.converters.assemble import assemble
     from mfgguf.run import RunDir, read_json, read_module_meta
     from mfgguf.runtime.perplexity import perplexity_by_domain
@@ -71,7 +69,7 @@ def main() -> None:
           flush=True)
     work = (args.work or rd.root.with_name(rd.root.name + "-stats-pass")).resolve()
     variants = {"train": (rd.root, None), "pass": (work, pass_variant(rd.root, work))}
-    domains = {f.stem: np.load(f)[: args.tokens] for f in sorted(rd.validation_dir.glob("*.npy"))}
+    domains = rd.validation_tokens(args.tokens)
     overall = {}
     for name, (run, secs) in variants.items():
         gguf = run.parent / f"{run.name}-{name}.gguf"
