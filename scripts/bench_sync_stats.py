@@ -27,8 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 def pass_variant(src: Path, out: Path) -> float:
     """A copy of the finished RUN `src` whose experts' statistics come from the pass instead; its seconds."""
-    from mfgguf.run import RunDir, read_json, update_manifest
-    from mfgguf.train.experts.pooled import pool_router_stats
+    from mfgguf.config import ModelConfig
+    from mfgguf.run import RunDir, read_json, read_module_meta, update_manifest
+    from mfgguf.train.experts.pooled import write_pooled
+    from mfgguf.train.experts.stats import RouterStats
     from mfgguf.train.rounds.restat import restat
 
     shutil.rmtree(out, ignore_errors=True)
@@ -41,9 +43,11 @@ def pass_variant(src: Path, out: Path) -> float:
             shutil.copy2(plan.parent / "before" / f.name, f)
         update_manifest(rd, i, read_json(rd.module_meta(i), "a module record"))
     t0 = time.perf_counter()
+    cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
+    pooled = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)  # G from the same passes, as `sync` pools it
     for i in ids:
-        restat(rd.root, i)
-    pool_router_stats(rd.root, progress=False, experts=ids)
+        restat(rd.root, i, pooled=pooled)
+    write_pooled(rd, pooled, t0=t0, experts=ids)
     return time.perf_counter() - t0
 
 

@@ -51,23 +51,26 @@ class TailStats:
     def __init__(self, n_layers: int, dim: int, first_step: int, moments: bool = False):
         self.first_step = first_step
         self.stats = RouterStats(n_layers, dim, second_moment=moments)
-        self._pending: dict[int, torch.Tensor] = {}  # layer -> the current micro-batch's FFN inputs (N, C) f32
+        # layer -> (rows, sum) of the current micro-batch, and its FFN inputs (N, C) where moments are gathered
+        self._pending: dict[int, tuple[int, torch.Tensor, torch.Tensor | None]] = {}
 
     def active(self, step: int) -> bool:
         return step >= self.first_step
 
     @torch.no_grad()
     def hook(self, layer: int, n: torch.Tensor) -> None:
-        """Model hook: `n` (B, T, C) after ffn_norm; kept until `commit` (a recompute overwrites it)."""
-        self._pending[layer] = n.detach().reshape(-1, n.shape[-1]).float().cpu()  # (N, C)
+        """Model hook: `n` (B, T, C) after ffn_norm; kept until `commit` (a recompute overwrites it). The inputs
+        themselves are kept only for the moments, whose x^T x `commit` then computes once, not per forward."""
+        x = n.detach().reshape(-1, n.shape[-1]).float().cpu()  # (N, C)
+        self._pending[layer] = (x.shape[0], x.sum(0, dtype=torch.float64), x if self.stats.sq is not None else None)
 
     @torch.no_grad()
     def commit(self) -> None:
         """Add the micro-batch just trained on (after its backward pass) to the sums: once, whatever recomputed it."""
-        for layer, x in self._pending.items():
-            self.stats.count[layer] += x.shape[0]
-            self.stats.sum[layer] += x.sum(0, dtype=torch.float64)
-            if self.stats.sq is not None:
+        for layer, (rows, s, x) in self._pending.items():
+            self.stats.count[layer] += rows
+            self.stats.sum[layer] += s
+            if x is not None:
                 self.stats.sq[layer] += (x.T @ x).double()  # (C, C)
         self._pending.clear()
 

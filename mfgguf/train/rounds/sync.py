@@ -55,7 +55,8 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     held-out losses stay those of the expert's own trunk copy) or recomputed on merged trunk + that expert
     (--stats-from pass: forward only, and the held-out losses too), and so are the router's pooled
     statistics (`mfgguf router-stats`); --no-restat leaves both to `mfgguf restat RUN --expert I`,
-    one process per expert on any machine, then `mfgguf router-stats RUN`. --merge mean (token-weighted) or ties (--merge-density).
+    one process per expert on any machine, then `mfgguf router-stats RUN`. --merge mean
+    (token-weighted) or ties (--merge-density).
     --outer-lr / --outer-momentum: DiLoCo's outer Nesterov step on the pseudo-gradient trunk - merge
     instead of taking the merge (1 and 0, the default, take it; DiLoCo uses 0.7 and 0.9). --experts
     I,J: only those experts take part (a domain held out of training, or trained later); later syncs
@@ -65,7 +66,7 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
         >>> sync(Path("RUN"), merge="mean")["round"]
         1
     """
-    from mfgguf.train.rounds.restat import needs_restat, restat as restat_one
+    from mfgguf.train.rounds.restat import needs_restat
 
     if stats_from not in ("train", "pass"):
         raise MfggufError(f"unknown --stats-from {stats_from!r}; choose train (the last round's steps) or pass")
@@ -131,11 +132,11 @@ def _final_statistics(rd: RunDir, ids: list[int], stats_from: str, device: str, 
             restated.append(i)
     if len(restated) == len(ids):
         write_pooled(rd, acc, t0=t0, experts=ids)
-        for i in ids:  # pooled now; they named modules that are gone
-            moments_path(rd, i).unlink(missing_ok=True)
     elif not router_stats_current(rd, ids):  # some were restated by an earlier, killed sync: one more pass
         _say(progress, "pooled router statistics of the merged model")
         pool_router_stats(rd.root, device=device, progress=False, experts=ids)
+    for i in ids:  # pooled now, either way; they named modules that are gone
+        moments_path(rd, i).unlink(missing_ok=True)
     return restated, adopted
 
 
