@@ -18,6 +18,10 @@ the ratio recipe / continued.
     make smollm2 && python scripts/bench_recipe.py                         # ~25 minutes on 2 cores
     python scripts/bench_recipe.py --before 079fee4 --in-process --experts 3 --tokens 65536 --rounds 4
     python scripts/bench_recipe.py --both                       # a process per job and --in-process
+
+Continued pretraining runs with `--compile auto` (compiled: its run is long enough) and `--compile off`; the
+ratio is against the faster. Each side starts with an empty inductor cache (a first run's compile), unless
+`--warm-cache`.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def timed(name: str, argv: list, *, root: Path = ROOT, log: Path) -> dict:
-    """Run `python -m mfgguf ARGV` from the checkout `root`; its wall and peak RSS."""
-    env = {**os.environ, "PYTHONPATH": str(root)}
+def timed(name: str, argv: list, *, root: Path = ROOT, log: Path, cache: Path | None = None) -> dict:
+    """Run `python -m mfgguf ARGV` from the checkout `root`; its wall and peak RSS. `cache`: inductor's cache
+    directory for the command (torch.compile's compiled kernels), so each side can start cold."""
+    env = {**os.environ, "PYTHONPATH": str(root), **({"TORCHINDUCTOR_CACHE_DIR": str(cache)} if cache else {})}
     t0 = time.perf_counter()
     with open(log, "ab") as f:
         p = subprocess.Popen([sys.executable, "-m", "mfgguf", *map(str, argv)], stdout=f, stderr=subprocess.STDOUT,
@@ -51,6 +56,15 @@ def timed(name: str, argv: list, *, root: Path = ROOT, log: Path) -> dict:
     return row
 
 
+def inductor_cache(work: Path, label: str, args) -> Path | None:
+    """A side's own, empty, inductor cache (a first run's cold compile), unless --warm-cache."""
+    if args.warm_cache:
+        return None
+    cache = work / "inductor" / label
+    shutil.rmtree(cache, ignore_errors=True)
+    return cache
+
+
 def recipe(label: str, prepared: Path, work: Path, args, root: Path = ROOT, flags: tuple = ()) -> dict:
     """train-experts (every round and sync) + assemble on a copy of the prepared RUN."""
     run = work / f"recipe-{label}"
@@ -59,13 +73,14 @@ def recipe(label: str, prepared: Path, work: Path, args, root: Path = ROOT, flag
     log = work / f"recipe-{label}.log"
     rows = [timed(f"{label}: train-experts", ["train-experts", run, "--experts", f"1-{args.experts}", "--tokens",
                                               args.tokens, "--lr", "1e-3", "--shared", "attn", "--shared-lr-scale", "0.3",
-                                              "--rounds", args.rounds, *flags, "--no-progress"], root=root, log=log),
+                                              "--rounds", args.rounds, "--compile", args.compile, *flags, "--no-progress"],
+                  root=root, log=log, cache=inductor_cache(work, label, args)),
             timed(f"{label}: assemble", ["assemble", run, "-o", work / f"{label}.gguf", "--experts", f"1-{args.experts}",
                                          "--quant", "q8_0"], root=root, log=log)]
     return {"side": f"recipe {label}", "run": run, "rows": rows}
 
 
-def continued(prepared: Path, experts_run: Path, work: Path, args) -> dict:
+def continued(prepared: Path, experts_run: Path, work: Path, args, compile: str) -> dict:
     """train-base --mode full for the experts' FLOPs (eval's FLOP-matched baseline) + its assemble."""
     from mfgguf.config import ModelConfig
     from mfgguf.eval.baselines.imported import matched_tokens
@@ -78,14 +93,16 @@ def continued(prepared: Path, experts_run: Path, work: Path, args) -> dict:
     step = int(metas[0]["train"]["batch_size"]) * cfg.ctx_len
     flops = sum(module_flops(m) for m in metas)
     tokens = matched_tokens(flops, continued_step_flops(cfg, "full").total, step)
-    out, log = work / "continued", work / "continued.log"
+    side = f"continued, compile {compile}"
+    out, log = work / f"continued-{compile}", work / f"continued-{compile}.log"
     shutil.rmtree(out, ignore_errors=True)
-    rows = [timed("continued: train-base", ["train-base", prepared, "-o", out, "--mode", "full", "--tokens", tokens,
-                                           "--lr", args.continued_lr, "--shards", ",".join(map(str, range(1, args.experts + 1))), "--no-progress"],
-                  log=log),
-            timed("continued: assemble", ["assemble", out, "-o", work / "continued.gguf", "--experts", "none",
-                                          "--quant", "q8_0"], log=log)]
-    return {"side": "continued", "run": out, "rows": rows, "tokens": tokens, "flops": flops}
+    rows = [timed(f"{side}: train-base", ["train-base", prepared, "-o", out, "--mode", "full", "--tokens", tokens, "--lr",
+                                         args.continued_lr, "--shards", ",".join(map(str, range(1, args.experts + 1))),
+                                         "--compile", compile, "--no-progress"],
+                  log=log, cache=inductor_cache(work, side, args)),
+            timed(f"{side}: assemble", ["assemble", out, "-o", work / f"continued-{compile}.gguf", "--experts", "none",
+                                        "--quant", "q8_0"], log=log)]
+    return {"side": side, "run": out, "rows": rows, "tokens": tokens, "flops": flops}
 
 
 def main() -> None:
@@ -99,6 +116,11 @@ def main() -> None:
     ap.add_argument("--in-process", action="store_true", help="train-experts --in-process (this checkout's recipe only)")
     ap.add_argument("--both", action="store_true", help="this checkout's recipe with a process per job (the default)"
                     " and --in-process, one after the other")
+    ap.add_argument("--compile", default="auto", help="the recipe's train-experts --compile (auto: as a user runs it)")
+    ap.add_argument("--baselines", default="auto,off", help="continued pretraining's --compile, each timed; the ratio"
+                    " takes the fastest (the alternative at its best)")
+    ap.add_argument("--warm-cache", action="store_true", help="share inductor's cache (default: each side starts cold,"
+                    " as a first run does)")
     ap.add_argument("--work", type=Path, default=ROOT / "bench-out" / "recipe")
     args = ap.parse_args()
     work = args.work.resolve()
@@ -125,15 +147,18 @@ def main() -> None:
         sides.append(recipe("now-in-process", prepared, work, args, flags=("--in-process",)))
     else:
         sides.append(recipe("now", prepared, work, args))
-    sides.append(continued(prepared, sides[-1]["run"], work, args))
+    recipes = len(sides)
+    for mode in args.baselines.split(","):
+        sides.append(continued(prepared, sides[recipes - 1]["run"], work, args, mode))
     walls = {}
     for s in sides:
         walls[s["side"]] = sum(r["wall_s"] for r in s["rows"])
         print(json.dumps({"side": s["side"], "wall_s": round(walls[s["side"]], 1),
                           "peak_rss_mb": max(r["peak_rss_mb"] for r in s["rows"]),
                           **{k: s[k] for k in ("tokens", "flops") if k in s}}), flush=True)
-    for s in sides[:-1]:
-        print(json.dumps({"ratio": f"{s['side']} / continued", "wall": round(walls[s["side"]] / walls["continued"], 3)}))
+    best = min(sides[recipes:], key=lambda s: walls[s["side"]])["side"]
+    for s in sides[:recipes]:
+        print(json.dumps({"ratio": f"{s['side']} / fastest continued ({best})", "wall": round(walls[s["side"]] / walls[best], 3)}))
     if args.before:
         from mfgguf.run import RunDir, read_module_meta
 

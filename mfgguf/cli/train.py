@@ -108,9 +108,11 @@ def train_base_cmd(
     lr: float = typer.Option(..., "--lr", help="Peak learning rate."),
     shards: str = typer.Option(None, "--shards", help="Shards whose union it trains on, e.g. 1,2,4 (default: all)."),
     rank: int = typer.Option(16, "--rank", help="LoRA rank (alpha = 2 x rank)."),
+    compile: str = typer.Option("auto", "--compile", help="torch.compile the step: on, off, or auto (as train-expert)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
 ):
+    from mfgguf.config import COMPILE_CHOICES
     from mfgguf.errors import MfggufError
     from mfgguf.options import parse_experts
     from mfgguf.run import RunDir
@@ -120,8 +122,10 @@ def train_base_cmd(
     ids = parse_experts(shards) or list(range(1, int(rd.info()["n_experts"]) + 1))  # 1,2,4 or 1-3 (train_continued checks them)
     if Path(out).exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to replace it")
+    if compile not in COMPILE_CHOICES:
+        raise MfggufError(f"unknown --compile {compile!r}; choose one of {', '.join(COMPILE_CHOICES)}")
     view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, device=device,
-                           precision=precision, progress=progress)
+                           precision=precision, compile=compile, progress=progress)
     from mfgguf.run import read_module_meta
 
     typer.echo(_line({**read_module_meta(view, 0), "kind": "trunk"}, view.root))

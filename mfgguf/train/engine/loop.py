@@ -311,8 +311,10 @@ class InMemorySteps:
         state = ckpt_io.load(self.ckpt_dir, self.named, self.opt, self.expect, self.keep)
         if state and self.tail:
             self.tail.load_state(ckpt_io.load_extra(self.ckpt_dir, TAIL_PREFIX))
-        # decided by the run's length, not what is left of it: a resumed run computes exactly as the killed one
-        self.compiled = wants_compile(self.tc.compile, self.end, self.recompute)
+        # decided by the whole schedule (every round of it), not what is left: a resumed run, and each round of a
+        # synced one, computes exactly as an uninterrupted run does
+        work = matmul_work(self.model, self.steps, self.tc.batch_size * self.model.cfg.ctx_len)
+        self.compiled = wants_compile(self.tc.compile, work, self.recompute)
         self._fwd = torch.compile(self.model, dynamic=False) if self.compiled else self.model
         return state
 
@@ -375,15 +377,24 @@ class InMemorySteps:
         pass
 
 
-COMPILE_MIN_STEPS = 100  # auto compiles a run (or sync round) of at least this many steps: long enough for the faster
-#                          steps to repay the one-off compile (docs/benchmarks.md, "Figures behind the defaults")
+COMPILE_MIN_FLOPS = 2e13  # auto compiles a schedule of at least this much matmul work (all its rounds together): a
+#                           cold compile costs about a minute on 2 cores and inductor's cache makes every later one
+#                           of the same shape a few seconds, so a run of experts of one shape pays it once, and a
+#                           tiny preset's runs stay eager (docs/benchmarks.md, "Figures behind the defaults")
 
 
-def wants_compile(choice: str, steps: int, recompute: bool) -> bool:
-    """Whether the in-memory step runs through torch.compile: `choice` on/off, or auto (long enough runs,
-    no recompute: the checkpointed blocks and chunked head stay eager)."""
+def matmul_work(model: torch.nn.Module, steps: int, tokens_per_step: int) -> float:
+    """The schedule's matmul FLOPs, estimated as 4 per weight per token (the forward's 2 and the input
+    gradient's 2; weight gradients left out, as most weights are frozen in an expert's step)."""
+    weights = sum(p.numel() for p in model.parameters() if p.dim() == 2)
+    return 4.0 * weights * steps * tokens_per_step
+
+
+def wants_compile(choice: str, work: float, recompute: bool) -> bool:
+    """Whether the in-memory step runs through torch.compile: `choice` on/off, or auto (a schedule of at
+    least COMPILE_MIN_FLOPS of `work`, without recompute: the checkpointed blocks and chunked head stay eager)."""
     if choice == "auto":
-        return not recompute and steps >= COMPILE_MIN_STEPS
+        return not recompute and work >= COMPILE_MIN_FLOPS
     return choice == "on" and not recompute
 
 

@@ -51,7 +51,7 @@ def union_tokens(rd: RunDir, shards: list[int]) -> np.ndarray:
 
 
 def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float, shards: list[int], rank: int = 16,
-                    device: str = "cpu", precision: str = "auto", progress: bool = False) -> RunDir:
+                    device: str = "cpu", precision: str = "auto", compile: str = "auto", progress: bool = False) -> RunDir:
     """Train the imported base of RUN on its experts' data as a practitioner would instead of experts: continued
     pretraining of every parameter (--mode full) or a peft LoRA on every linear layer (--mode lora, merged at the
     end), on the union of the shards (each cut to the shortest), with an expert's batch, context and precision.
@@ -76,7 +76,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     prec = resolve_precision(precision, dev)
     expert_tc = get_preset(trunk.get("preset", "small")).expert
     tc = replace(expert_tc, tokens=int(tokens), lr=float(lr), eval_every=0, eval_tokens=4096, ckpt_every=10**9,
-                 compile="off", shared="none", rounds=1, complement=False)
+                 compile=compile, shared="none", rounds=1, complement=False)
     data = union_tokens(rd, shards)
     view = data_view(rd, out)
     model, route = trunk_alone(rd.module_file(0), cfg, dev)  # f32 master weights; bf16 autocast in the loop

@@ -137,3 +137,23 @@ def test_scoring_in_batches_gives_the_per_window_loss(monkeypatch):
         w = torch.from_numpy(np.stack([tokens[s : s + win + 1] for s in starts]).astype(np.int64))
         direct = float(model(w[:, :-1], w[:, 1:], route="anchor"))
     assert all(r[0] == pytest.approx(direct, rel=1e-5) for r in results)
+
+
+def test_auto_compiles_long_schedules_only():
+    """auto decides by the whole schedule's matmul work: the tiny preset's runs (the demo) stay eager, a SmolLM2
+    expert of 65,536 tokens (the README's recipe) compiles, recompute never does, on/off are what they say."""
+    from mfgguf.config import ModelConfig, get_preset
+    from mfgguf.model import Transformer
+    from mfgguf.train.engine.loop import matmul_work, wants_compile
+
+    with torch.device("meta"):
+        tiny = Transformer(get_preset("tiny").model, n_experts=1)
+        smol = Transformer(ModelConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ctx_len=256,
+                                       anchor_ff=1344, expert_ff=768, seed_expert=True), n_experts=1)
+    tc = get_preset("tiny").expert
+    demo = matmul_work(tiny, tc.tokens // (tc.batch_size * 128), tc.batch_size * 128)
+    recipe = matmul_work(smol, 16, 16 * 256)
+    assert not wants_compile("auto", demo, recompute=False)
+    assert wants_compile("auto", recipe, recompute=False) and not wants_compile("auto", recipe, recompute=True)
+    assert not wants_compile("auto", recipe / 4, recompute=False)  # 16,384 tokens: too short to repay a compile
+    assert wants_compile("on", demo, recompute=False) and not wants_compile("off", recipe, recompute=False)

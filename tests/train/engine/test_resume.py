@@ -44,16 +44,19 @@ def _kill_after_first_checkpoint(run: Path, index: int, extra: list[str]) -> int
     return rc
 
 
-# expert-tail-stats: the router statistics span every step (tailstats.py), so the kill lands while they gather
-@pytest.mark.parametrize("index, shared, stats", [(0, None, None), (1, None, None), (1, "attn", None), (1, None, TOKENS)],
-                         ids=["trunk", "expert", "expert-shared-attn", "expert-tail-stats"])
-def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shared, stats):
+# expert-tail-stats: the router statistics span every step (tailstats.py), so the kill lands while they gather;
+# compiled: torch.compile's step (`--compile on`, what auto picks for long schedules) resumes as exactly
+@pytest.mark.parametrize("index, shared, stats, compile", [(0, None, None, "off"), (1, None, None, "off"),
+                                                           (1, "attn", None, "off"), (1, None, TOKENS, "off"),
+                                                           (1, "attn", None, "on")],
+                         ids=["trunk", "expert", "expert-shared-attn", "expert-tail-stats", "expert-shared-attn-compiled"])
+def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shared, stats, compile):
     a = copy_run(trained_run, tmp_path / "a")
     b = copy_run(trained_run, tmp_path / "b")
     rda = RunDir(a)
     target = rda.module_file(index)
     target.rename(target.with_suffix(".old"))  # a module file after the kill would mean the run finished
-    extra = (["--shared", shared] if shared else []) + (["--stats-tokens", str(stats)] if stats else [])
+    extra = ["--compile", compile] + (["--shared", shared] if shared else []) + (["--stats-tokens", str(stats)] if stats else [])
     assert _kill_after_first_checkpoint(a, index, extra) == -signal.SIGKILL
     assert not target.exists(), "the process finished before it was killed"
     if shared:  # the checkpoint holds the private trunk copies and their AdamW state
@@ -67,9 +70,10 @@ def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shar
     def train(run, tokens=TOKENS):
         if index == 0:
             return train_trunk(run, preset="tiny", options=TrainOptions(tokens=tokens, ckpt_every=CKPT_EVERY,
-                                                                          eval_every=EVAL_EVERY), progress=False)
+                                                                          eval_every=EVAL_EVERY, compile=compile),
+                               progress=False)
         return train_expert(run, index, options=TrainOptions(tokens=tokens, ckpt_every=CKPT_EVERY, shared=shared,
-                                                             stats_tokens=stats), progress=False)
+                                                             stats_tokens=stats, compile=compile), progress=False)
 
     # A checkpoint made for another token budget is refused (and left alone), with the way out.
     with pytest.raises(MfggufError, match="different train.*--restart"):
@@ -78,6 +82,7 @@ def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shar
 
     resumed, whole = train(a), train(b)
     assert resumed["resumed_from_step"] >= CKPT_EVERY and whole["resumed_from_step"] == 0
+    assert resumed["compiled"] == whole["compiled"] == (compile == "on")
     assert resumed["history"] == whole["history"]
     # the held-out curve survives the checkpoint too: points from before the kill, identical values
     assert resumed["heldout_history"] == whole["heldout_history"]
