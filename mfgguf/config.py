@@ -133,10 +133,11 @@ class TrainConfig:
     shared: Shared = "none"  # experts: trunk tensors to also train a private copy of (SHARED_CHOICES): none (the FFN
     #                       only), norms, attn (norms + attention) or all
     shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
-    compile: Compile = "auto"  # torch.compile the training step: on, off, or auto = on for a schedule of at least
-    #                            loop.COMPILE_MIN_FLOPS of matmul work without recompute (a SmolLM2 expert of 32k
-    #                            tokens and more; never the tiny preset). The step runs faster after a one-off compile,
-    #                            and a resumed run is bit-identical to an uninterrupted one (docs/benchmarks.md)
+    compile: Compile = "off"  # torch.compile the training step: on, off, or auto = on for a schedule of at least
+    #                           loop.COMPILE_MIN_FLOPS of matmul work without recompute. The step runs faster after a
+    #                           one-off compile and a resumed run is bit-identical, but the whole recipe was slower with
+    #                           it on 2 cores (the compile and each job's start eat the gain), so it is opt-in
+    #                           (docs/benchmarks.md, the recipe's wall)
     rounds: int = 1  # experts: sync rounds R (with shared); the schedule is cut into R equal parts, `mfgguf sync`
     #                  between them; 1 = no communication between experts (the original contract)
     complement: bool = False  # experts: complement the seed: train as a two-way MoE of (frozen seed FFN, own FFN

@@ -17,9 +17,9 @@ the ratio recipe / continued.
 
     make smollm2 && python scripts/bench_recipe.py                         # ~25 minutes on 2 cores
     python scripts/bench_recipe.py --before 079fee4 --in-process --experts 3 --tokens 65536 --rounds 4
-    python scripts/bench_recipe.py --both                       # a process per job and --in-process
+    python scripts/bench_recipe.py --both                       # --processes and --in-process
 
-Continued pretraining runs with `--compile auto` (compiled: its run is long enough) and `--compile off`; the
+Continued pretraining runs with `--compile off` and `--compile auto` (compiled: its run is long enough); the
 ratio is against the faster. Each side starts with an empty inductor cache (a first run's compile), unless
 `--warm-cache`.
 """
@@ -114,10 +114,10 @@ def main() -> None:
     ap.add_argument("--max-chars-per-domain", type=int, default=1_000_000)
     ap.add_argument("--before", help="also time the recipe as this git revision runs it")
     ap.add_argument("--in-process", action="store_true", help="train-experts --in-process (this checkout's recipe only)")
-    ap.add_argument("--both", action="store_true", help="this checkout's recipe with a process per job (the default)"
+    ap.add_argument("--both", action="store_true", help="this checkout's recipe with a process per job (--processes)"
                     " and --in-process, one after the other")
-    ap.add_argument("--compile", default="auto", help="the recipe's train-experts --compile (auto: as a user runs it)")
-    ap.add_argument("--baselines", default="auto,off", help="continued pretraining's --compile, each timed; the ratio"
+    ap.add_argument("--compile", default="off", help="the recipe's train-experts --compile (off: as a user runs it)")
+    ap.add_argument("--baselines", default="off,auto", help="continued pretraining's --compile, each timed; the ratio"
                     " takes the fastest (the alternative at its best)")
     ap.add_argument("--warm-cache", action="store_true", help="share inductor's cache (default: each side starts cold,"
                     " as a first run does)")
@@ -141,8 +141,8 @@ def main() -> None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.before], check=True,
                            capture_output=True)
         sides.append(recipe(f"before-{args.before}", prepared, work, args, root=tree))
-    if args.both:
-        sides.append(recipe("now", prepared, work, args))
+    if args.both:  # on one worker train-experts runs in-process by default: ask for the processes
+        sides.append(recipe("now", prepared, work, args, flags=("--processes",)))
     if args.both or args.in_process:
         sides.append(recipe("now-in-process", prepared, work, args, flags=("--in-process",)))
     else:

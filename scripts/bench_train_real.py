@@ -10,7 +10,11 @@ fp32), same batch and context, each configuration in its own process (its own pe
     `train-expert` ran before micro-batches); and `--expert-layers upper` (experts in layers 15-29 only);
   - transformers' LlamaForCausalLM full fine-tune (AdamW on every parameter), with and without
     gradient checkpointing;
-  - peft LoRA, rank 16 on every linear (q, k, v, o, gate, up, down), with and without it;
+  - peft LoRA, rank 16 on every linear (q, k, v, o, gate, up, down), with and without it; and with its
+    frozen base loaded in bf16 as a practitioner loads it (`lora-bf16`), the whole batch or micro-batches of 2
+    (`lora-bf16-micro2`, as the expert step takes them);
+  - the recipe's step (`expert-attn`: 768-unit experts with attention copies, `train-experts --shared attn`,
+    on the base imported with `--expert-ff 768`), eager and compiled (`expert-attn-compile`);
   - the matmul peak of the precision in use (2048 x 2048, this run).
 
 Prints JSON lines: tokens/s, FLOPs per token counted honestly (mfgguf/flops.py: matmuls only; a
@@ -18,7 +22,7 @@ frozen tensor gets no weight gradient; recompute's second forward is not counted
 fraction of the peak, peak RSS, and at the end the expert step's ratio to the fastest full
 fine-tune and the fastest LoRA.
 
-    make smollm2 && python scripts/bench_train_real.py                # ~10 minutes on 2 cores
+    make smollm2 && python scripts/bench_train_real.py                # ~20 minutes on 2 cores
     python scripts/bench_train_real.py --batch 8 --ctx 256 --steps 2
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -36,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-CONFIGS = ("expert", "expert-upper", "expert-whole-batch", "expert-recompute", "full", "full-ckpt", "lora", "lora-ckpt")
-LEVERS = ("expert-compile", "expert-chunked-head", "expert-micro1")  # measured on request (--configs): none is train-expert's default
+CONFIGS = ("expert", "expert-upper", "expert-whole-batch", "expert-recompute", "expert-attn", "full", "full-ckpt", "full-micro2",
+           "lora", "lora-ckpt", "lora-bf16", "lora-bf16-micro2")
+LEVERS = ("expert-compile", "expert-attn-compile", "expert-chunked-head", "expert-micro1")  # measured on request (--configs): none is train-expert's default
 LORA_RANK = 16
 
 
@@ -60,7 +66,12 @@ def flops(kind: str, ctx: int) -> float:
     """Matmul FLOPs per training token (mfgguf/flops.py's conventions)."""
     from mfgguf.flops import adapter_base_flops, expert_step_flops, trunk_step_flops
 
+    from mfgguf.config import shared_tensor_names
+
     ours, dense = smol_cfg(ctx)
+    if kind.startswith("expert-attn"):
+        wide = replace(ours, expert_ff=768)
+        return expert_step_flops(wide, shared_tensor_names(wide, "attn")).total
     if kind.startswith("expert"):
         return expert_step_flops(ours, layers="upper" if kind == "expert-upper" else "all").total
     if kind.startswith("full"):
@@ -93,6 +104,8 @@ def child(kind: str, run: Path, batch: int, ctx: int, steps: int, warm: int) -> 
 
     torch.set_num_threads(os.cpu_count() or 1)
     prec = resolve_precision("auto", torch.device("cpu"))
+    if kind.startswith("expert-attn"):
+        run = run.with_name(run.name + "-768")
     data = np.load(RunDir(run).shard(1), mmap_mode="r")
     if kind.startswith("expert"):
         step = _ours(run, kind, batch, ctx, prec)
@@ -112,13 +125,12 @@ def child(kind: str, run: Path, batch: int, ctx: int, steps: int, warm: int) -> 
 
 
 def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
-    from dataclasses import replace
-
     import torch
 
     from mfgguf.config import ModelConfig, expert_layers, get_preset
     from mfgguf.run import RunDir, read_module_meta
     from mfgguf.train.experts.expert import build_expert_model, expert_params, freeze_expert_layers
+    from mfgguf.train.experts.shared import lr_scales, shared_names, shared_params
     from mfgguf.train.engine.loop import InMemorySteps, limit_heap_retention
     from mfgguf.train.whole.trunk import plan_activations
 
@@ -129,16 +141,20 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     plan = plan_activations(cfg, batch)
     recompute, micro = {"expert-whole-batch": (False, batch), "expert-recompute": (True, batch),
                         "expert-micro1": (False, 1)}.get(kind, plan)
-    if kind == "expert-compile":
+    if kind.endswith("-compile"):
         tc = replace(tc, compile="on")
+    if kind.startswith("expert-attn"):  # the recipe's step: attention copies at 0.3x the LR
+        tc = replace(tc, shared="attn", shared_lr_scale=0.3)
     if recompute:
         limit_heap_retention()  # as train-expert does when it recomputes
-    model = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="seed")
+    copies = list(shared_names(cfg, tc.shared)) if tc.shared != "none" else []
+    model = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="seed", trainable=copies)
     if kind == "expert-upper":  # `train-expert --expert-layers upper`
         freeze_expert_layers(model, expert_layers("upper", cfg.n_layers))
-    impl = InMemorySteps(model, expert_params(model), tc, dev=dev, precision=prec, route="single", recompute=recompute,
-                         ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None,
-                         micro=micro)
+    named = {**expert_params(model), **(shared_params(model, tc.shared) if copies else {})}
+    impl = InMemorySteps(model, named, tc, dev=dev, precision=prec, route="single", recompute=recompute,
+                         ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=lr_scales(model, tc) if copies else None,
+                         keep=frozenset(), resume_from=None, micro=micro)
     impl.resume()
     if kind == "expert-chunked-head":
         impl._fwd = lambda xm, ym, route: chunked_head_loss(model, xm, ym, route)
@@ -170,6 +186,9 @@ def _peer(kind: str, prec: str):
                       rope_theta=1e5, tie_word_embeddings=True)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
+    if "bf16" in kind and prec == "bf16":  # the frozen base as a practitioner loads it (peft keeps the adapters f32)
+        model = model.to(torch.bfloat16)
+    micro = 2 if kind.endswith("micro2") else None
     if kind.endswith("ckpt"):
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -185,9 +204,11 @@ def _peer(kind: str, prec: str):
     dtype = torch.bfloat16 if prec == "bf16" else torch.float32
 
     def step(x, y):
-        with torch.autocast("cpu", dtype=dtype, enabled=prec == "bf16"):
-            loss = model(input_ids=x, labels=x).loss  # labels shift inside: the same next-token loss
-        loss.backward()
+        m = micro or x.shape[0]
+        for s in range(0, x.shape[0], m):  # gradient accumulation over micro-batches of m sequences
+            with torch.autocast("cpu", dtype=dtype, enabled=prec == "bf16"):
+                loss = model(input_ids=x[s : s + m], labels=x[s : s + m]).loss  # labels shift inside: next-token loss
+            (loss * (m / x.shape[0])).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -198,7 +219,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ctx", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warm", type=int, default=1)
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {CONFIGS + LEVERS}")
     ap.add_argument("--work", type=Path, default=ROOT / "bench-out" / "train-real")
@@ -213,10 +234,11 @@ def main() -> None:
 
     from mfgguf.stages import run_stage
 
-    if not (run / "run.json").is_file():
-        run_stage("import-base", ["import-base", "smollm2", "--out", run, "--force", "--ctx-len", a.ctx])
-        run_stage("prepare", ["prepare", "builtin", "--out", run, "--experts", 1, "--max-chars-per-domain", 400_000,
-                              "--no-progress", "--force"])
+    for r, ff in ((run, []), (run.with_name(run.name + "-768"), ["--expert-ff", "768"])):  # the recipe's experts
+        if not (r / "run.json").is_file():
+            run_stage("import-base", ["import-base", "smollm2", "--out", r, "--force", "--ctx-len", a.ctx, *ff])
+            run_stage("prepare", ["prepare", "builtin", "--out", r, "--experts", 1, "--max-chars-per-domain", 400_000,
+                                  "--no-progress", "--force"])
     peak = matmul_peak()
     head = {"bench": "train_real", **cpu_flags(), **peak}
     print(json.dumps(head), flush=True)
@@ -235,18 +257,23 @@ def main() -> None:
                  frac_of_peak=round(fpt * r["tokens_per_s"] / 1e9 / pk, 3))
         rows[kind] = r
         print(json.dumps(r), flush=True)
-    ours = max((rows[k]["tokens_per_s"] for k in rows if k.startswith("expert") and k != "expert-upper" and k not in LEVERS),
-               default=None)
+    ours = max((rows[k]["tokens_per_s"] for k in rows if k.startswith("expert") and k not in ("expert-upper", "expert-attn")
+                and k not in LEVERS), default=None)
     for k in LEVERS:
-        if k in rows and "expert" in rows:
-            print(json.dumps({"ratio": f"{k} / expert", "value": round(rows[k]["tokens_per_s"] / rows["expert"]["tokens_per_s"], 3),
-                              "peak_rss_mb": [rows[k]["peak_rss_mb"], rows["expert"]["peak_rss_mb"]]}), flush=True)
+        ref = "expert-attn" if k.startswith("expert-attn") else "expert"
+        if k in rows and ref in rows:
+            print(json.dumps({"ratio": f"{k} / {ref}", "value": round(rows[k]["tokens_per_s"] / rows[ref]["tokens_per_s"], 3),
+                              "peak_rss_mb": [rows[k]["peak_rss_mb"], rows[ref]["peak_rss_mb"]]}), flush=True)
+    if "expert-attn" in rows and "expert" in rows:  # per FLOP: the recipe's step against the FFN-only one
+        per = {k: rows[k]["gflops"] for k in ("expert-attn", "expert")}
+        print(json.dumps({"ratio": "expert-attn / expert, per FLOP", "goal": ">= 1.0",
+                          "value": round(per["expert-attn"] / per["expert"], 3)}), flush=True)
     for peer in ("full", "lora"):
         best = max((rows[k]["tokens_per_s"] for k in rows if k.startswith(peer)), default=None)
         if ours and best:
             print(json.dumps({"ratio": f"expert / fastest {peer}", "value": round(ours / best, 3),
                               "goal": ">= 1.5" if peer == "full" else ">= 1.0 (stretch 1.3)"}), flush=True)
-            for k in ("expert-upper", *LEVERS):
+            for k in ("expert-upper", "expert-attn", *LEVERS):
                 if k in rows:
                     print(json.dumps({"ratio": f"{k} / fastest {peer}", "value": round(rows[k]["tokens_per_s"] / best, 3)}),
                           flush=True)

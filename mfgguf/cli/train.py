@@ -108,7 +108,7 @@ def train_base_cmd(
     lr: float = typer.Option(..., "--lr", help="Peak learning rate."),
     shards: str = typer.Option(None, "--shards", help="Shards whose union it trains on, e.g. 1,2,4 (default: all)."),
     rank: int = typer.Option(16, "--rank", help="LoRA rank (alpha = 2 x rank)."),
-    compile: str = typer.Option("auto", "--compile", help="torch.compile the step: on, off, or auto (as train-expert)."),
+    compile: str = typer.Option("off", "--compile", help="torch.compile the step: on, off, or auto (as train-expert)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
 ):
@@ -145,9 +145,10 @@ def train_experts_cmd(
     transfer: str = typer.Option("auto", "--transfer", help="Ray: how workers get the trunk and shards: auto, shared"
                                  " (RUN on a shared filesystem) or copy (through Ray's object store)."),
     retries: int = typer.Option(2, "--retries", help="Times a job killed from outside is started again."),
-    in_process: bool = typer.Option(False, "--in-process/--processes", help="Run the local jobs in this process, one"
-                                    " after another (no process start per job, a higher peak RSS), or one child"
-                                    " process per job."),
+    in_process: bool = typer.Option(None, "--in-process/--processes", help="Run the local jobs in this process, one"
+                                    " after another (no process start per job, one compile for all; a higher peak"
+                                    " RSS), or one child process per job (default: in this process where the jobs"
+                                    " run one at a time, one worker)."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
     outer_lr: float = typer.Option(1.0, "--outer-lr", help=f"Every sync's outer step, as sync's. {NOT_PAYING}"),
     outer_momentum: float = typer.Option(0.0, "--outer-momentum", help=f"Every sync's outer momentum, as sync's. {NOT_PAYING}"),

@@ -5,6 +5,7 @@ scheduler only decides where and when it runs:
   - local:  one process per job, as many at once as cores and memory allow (`plan_workers`:
             the measured peak RSS of one job of the preset, JOB_MB, against available memory, and
             the threads a job of the preset uses well, JOB_THREADS), each with cores // workers threads;
+            where that is one job at a time, the jobs run in this process instead (inproc.py);
   - ray:    one Ray task per job with its CPUs and memory declared (fanout_ray.py), so no node
             takes more than fits; the engine retries a task whose worker died.
 With sync rounds (`--rounds R`, experts with `--shared`), it runs every expert's round, then
@@ -73,7 +74,7 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
 def train_experts(run: Path, *, experts: str | list[int] | None = None, workers: int | None = None,
                   ray: str | None = None, transfer: str = "auto", retries: int = 2, progress: bool = True,
                   job: JobOptions = JobOptions(), outer_lr: float = 1.0, outer_momentum: float = 0.0,
-                  in_process: bool = False) -> dict:
+                  in_process: bool | None = None) -> dict:
     """Train every selected expert not yet trained, many at once: local processes, or Ray tasks.
 
     `experts` selects (`1-40,45`; default all). Locally, `workers` jobs run at once (default: as
@@ -87,9 +88,11 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     killed from outside is retried up to `retries` times (it resumes from its checkpoint); one that
     fails with an error is reported and the others go on. Exits 1 (MfggufError) if any job failed.
     `outer_lr` / `outer_momentum` are every sync's (DiLoCo's outer step; see `mfgguf sync`).
-    `in_process` runs the local jobs in this process, one after another: no process start per job (a
-    job killed from outside then stops the run; re-running resumes it), but the process keeps some of
-    each job's memory, so its peak is above a child's (docs/benchmarks.md, the recipe's wall).
+    `in_process` runs the local jobs in this process, one after another: no process start per job, and
+    the compiled step (`--compile`) is compiled once for every job instead of once a job (a job killed
+    from outside then stops the run; re-running resumes it; the process keeps some of each job's memory, so
+    its peak is above a child's). The default (None) does so where the jobs run one at a time anyway (one
+    worker); False starts a child process per job (docs/benchmarks.md, the recipe's wall).
 
     Example:
         mfgguf train-experts RUN --workers 2 --shared all --rounds 4
@@ -106,7 +109,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     opts = replace(job, train=replace(job.train, rounds=rounds))
     if ray is None:
         n_workers, threads = plan_workers(trunk.get("preset", "small"), workers)
-        if in_process:
+        if in_process or (in_process is None and n_workers == 1):
             from mfgguf.train.fanout.inproc import InProcessBackend
 
             backend = InProcessBackend(rd, n_workers * threads, progress)

@@ -51,7 +51,7 @@ def union_tokens(rd: RunDir, shards: list[int]) -> np.ndarray:
 
 
 def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float, shards: list[int], rank: int = 16,
-                    device: str = "cpu", precision: str = "auto", compile: str = "auto", progress: bool = False) -> RunDir:
+                    device: str = "cpu", precision: str = "auto", compile: str = "off", progress: bool = False) -> RunDir:
     """Train the imported base of RUN on its experts' data as a practitioner would instead of experts: continued
     pretraining of every parameter (--mode full) or a peft LoRA on every linear layer (--mode lora, merged at the
     end), on the union of the shards (each cut to the shortest), with an expert's batch, context and precision.
