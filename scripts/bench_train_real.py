@@ -62,15 +62,21 @@ def smol_cfg(ctx: int):
     return ModelConfig(anchor_ff=1344, expert_ff=192, seed_expert=True, **kw), ModelConfig(anchor_ff=1536, expert_ff=192, **kw)
 
 
-def flops(kind: str, ctx: int) -> float:
+def wide_run(run: Path) -> Path:
+    """The base imported with the recipe's 768-unit experts (`--expert-ff 768`), beside RUN."""
+    return run.with_name(run.name + "-768")
+
+
+def flops(kind: str, ctx: int, run: Path) -> float:
     """Matmul FLOPs per training token (mfgguf/flops.py's conventions)."""
     from mfgguf.flops import adapter_base_flops, expert_step_flops, trunk_step_flops
 
-    from mfgguf.config import shared_tensor_names
+    from mfgguf.config import ModelConfig, shared_tensor_names
+    from mfgguf.run import RunDir, read_module_meta
 
     ours, dense = smol_cfg(ctx)
-    if kind.startswith("expert-attn"):
-        wide = replace(ours, expert_ff=768)
+    if kind.startswith("expert-attn"):  # the imported shape itself (anchor 768 + expert 768), not a copy of it here
+        wide = ModelConfig.from_dict(read_module_meta(RunDir(wide_run(run)), 0)["config"])
         return expert_step_flops(wide, shared_tensor_names(wide, "attn")).total
     if kind.startswith("expert"):
         return expert_step_flops(ours, layers="upper" if kind == "expert-upper" else "all").total
@@ -105,7 +111,7 @@ def child(kind: str, run: Path, batch: int, ctx: int, steps: int, warm: int) -> 
     torch.set_num_threads(os.cpu_count() or 1)
     prec = resolve_precision("auto", torch.device("cpu"))
     if kind.startswith("expert-attn"):
-        run = run.with_name(run.name + "-768")
+        run = wide_run(run)
     data = np.load(RunDir(run).shard(1), mmap_mode="r")
     if kind.startswith("expert"):
         step = _ours(run, kind, batch, ctx, prec)
@@ -234,7 +240,7 @@ def main() -> None:
 
     from mfgguf.stages import run_stage
 
-    for r, ff in ((run, []), (run.with_name(run.name + "-768"), ["--expert-ff", "768"])):  # the recipe's experts
+    for r, ff in ((run, []), (wide_run(run), ["--expert-ff", "768"])):  # the recipe's experts
         if not (r / "run.json").is_file():
             run_stage("import-base", ["import-base", "smollm2", "--out", r, "--force", "--ctx-len", a.ctx, *ff])
             run_stage("prepare", ["prepare", "builtin", "--out", r, "--experts", 1, "--max-chars-per-domain", 400_000,
@@ -251,7 +257,7 @@ def main() -> None:
             print(json.dumps({"config": kind, "error": out.stderr.strip().splitlines()[-1:]}), flush=True)
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        fpt = flops(kind, a.ctx)
+        fpt = flops(kind, a.ctx, run)
         pk = peak["bf16_gflops" if r["precision"] == "bf16" else "fp32_gflops"]
         r.update(flops_per_token=round(fpt), gflops=round(fpt * r["tokens_per_s"] / 1e9, 1), peak_gflops=pk,
                  frac_of_peak=round(fpt * r["tokens_per_s"] / 1e9 / pk, 3))

@@ -112,7 +112,6 @@ def train_base_cmd(
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
 ):
-    from mfgguf.config import COMPILE_CHOICES
     from mfgguf.errors import MfggufError
     from mfgguf.options import parse_experts
     from mfgguf.run import RunDir
@@ -122,8 +121,6 @@ def train_base_cmd(
     ids = parse_experts(shards) or list(range(1, int(rd.info()["n_experts"]) + 1))  # 1,2,4 or 1-3 (train_continued checks them)
     if Path(out).exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to replace it")
-    if compile not in COMPILE_CHOICES:
-        raise MfggufError(f"unknown --compile {compile!r}; choose one of {', '.join(COMPILE_CHOICES)}")
     view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, device=device,
                            precision=precision, compile=compile, progress=progress)
     from mfgguf.run import read_module_meta
