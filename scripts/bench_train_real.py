@@ -211,10 +211,12 @@ def _peer(kind: str, prec: str):
 
     def step(x, y):
         m = micro or x.shape[0]
-        for s in range(0, x.shape[0], m):  # gradient accumulation over micro-batches of m sequences
-            with torch.autocast("cpu", dtype=dtype, enabled=prec == "bf16"):
+        # one autocast region a step, backward with it off: the f32 weights are cast once a step, as mfgguf's step does
+        with torch.autocast("cpu", dtype=dtype, enabled=prec == "bf16"):
+            for s in range(0, x.shape[0], m):  # gradient accumulation over micro-batches of m sequences
                 loss = model(input_ids=x[s : s + m], labels=x[s : s + m]).loss  # labels shift inside: next-token loss
-            (loss * (m / x.shape[0])).backward()
+                with torch.autocast("cpu", enabled=False):
+                    (loss * (m / x.shape[0])).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -90,6 +90,12 @@ def autocast(precision: str, dev: torch.device):
     return torch.autocast(dev.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
 
+def autocast_off(precision: str, dev: torch.device):
+    """Autocast switched off inside an autocast region (a backward pass), which keeps the region's
+    cache of bf16 weight casts: torch drops the cache only on leaving the outermost region."""
+    return torch.autocast(dev.type, enabled=False) if precision == "bf16" else nullcontext()
+
+
 def limit_heap_retention(threshold: int = 1 << 20) -> None:
     """Make glibc return freed activation buffers to the OS.
 
@@ -343,19 +349,22 @@ class InMemorySteps:
         (x: (B, T), B a multiple of micro), so activations are held for one micro-batch at a time.
         `hook` (the tail statistics) sees every layer's FFN input; a compiled forward runs eagerly then."""
         total = 0.0
-        for s in range(0, x.shape[0], self.micro):
-            xm, ym = x[s : s + self.micro], y[s : s + self.micro]  # (micro, T)
-            with autocast(self.prec, self.dev):
+        # One autocast region for the whole step: each trainable weight is cast to bf16 once a step,
+        # not once a micro-batch (the weights change only at the optimizer step).
+        with autocast(self.prec, self.dev):
+            for s in range(0, x.shape[0], self.micro):
+                xm, ym = x[s : s + self.micro], y[s : s + self.micro]  # (micro, T)
                 if self.recompute:
                     loss = forward_loss(self.model, xm, ym, self.route, recompute=True, hook=hook)
                 elif hook is not None:
                     loss = self.model(xm, ym, route=self.route, hook=hook)
                 else:
                     loss = self._fwd(xm, ym, route=self.route)
-            (loss * (xm.shape[0] / x.shape[0])).backward()
-            total = total + loss.detach() * (xm.shape[0] / x.shape[0])
-            if hook is not None:
-                self.tail.commit()
+                with autocast_off(self.prec, self.dev):
+                    (loss * (xm.shape[0] / x.shape[0])).backward()
+                total = total + loss.detach() * (xm.shape[0] / x.shape[0])
+                if hook is not None:
+                    self.tail.commit()
         return total
 
     def settle(self) -> None:

@@ -157,3 +157,50 @@ def test_auto_compiles_long_schedules_only():
     assert wants_compile("auto", recipe, recompute=False) and not wants_compile("auto", recipe, recompute=True)
     assert not wants_compile("auto", recipe / 4, recompute=False)  # 16,384 tokens: too short to repay a compile
     assert wants_compile("on", demo, recompute=False) and not wants_compile("off", recipe, recompute=False)
+
+
+def test_bf16_step_casts_each_weight_once(tmp_path):
+    """Under bf16 autocast the step casts each trainable weight once, not once a micro-batch, and its
+    gradient is bit for bit the one of an autocast region per micro-batch (what the step did before)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mfgguf.config import get_preset
+    from mfgguf.model import Transformer
+    from mfgguf.train.engine.loop import InMemorySteps, autocast
+
+    class Casts(TorchDispatchMode):
+        def __init__(self, ptrs):
+            super().__init__()
+            self.ptrs, self.n = ptrs, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.ptrs:
+                self.n += kwargs.get("dtype") == torch.bfloat16
+            return func(*args, **kwargs)
+
+    cfg = get_preset("tiny").model
+    tc = TrainConfig(batch_size=8, compile="off")
+    x = torch.randint(0, cfg.vocab_size, (8, cfg.ctx_len + 1))
+    grads = []
+    for form in ("step", "micro"):
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+        named = {k: v for k, v in model.named_parameters() if v.requires_grad}
+        impl = InMemorySteps(model, named, tc, dev=torch.device("cpu"), precision="bf16", route="anchor", recompute=False,
+                             ckpt_dir=tmp_path / form, ckpt_meta={}, lr_scale=None, keep=frozenset(),
+                             resume_from=None, micro=2)
+        impl.resume()
+        if form == "step":
+            mode = Casts({v.data_ptr() for v in named.values() if v.dim() == 2})
+            with mode:
+                impl._forward_backward(x[:, :-1], x[:, 1:])
+            matrices = sum(v.dim() == 2 for v in named.values())
+            assert 0 < mode.n <= matrices  # once a step (the tied head's matrix may be cast in its own kernel)
+        else:
+            for s in range(0, 8, 2):
+                with autocast("bf16", torch.device("cpu")):
+                    loss = model(x[s : s + 2, :-1], x[s : s + 2, 1:], route="anchor")
+                (loss * 0.25).backward()
+        grads.append({k: v.grad.clone() for k, v in named.items()})
+    assert all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
