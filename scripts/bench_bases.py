@@ -20,15 +20,17 @@ the embedding keeps the published row count, so the head's cost is the real one)
 Prints JSON lines: the CPU, then per family and configuration tokens/s and peak RSS, then the expert
 step's ratio to the fastest full fine-tune and the fastest LoRA that ran.
 
-    python scripts/bench_bases.py --families qwen2.5-0.5b              # ~12 minutes on 2 cores
+    python scripts/bench_bases.py --families qwen2.5-0.5b              # ~25 minutes on 2 cores
     python scripts/bench_bases.py --families qwen2.5-0.5b,qwen3-0.6b,llama-3.2-1b --steps 3
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -72,28 +74,27 @@ def build(family: str, work: Path) -> tuple[Path, Path]:
 
     from mfgguf.data.study import study_texts
     from mfgguf.data.tokenizer import train_tokenizer
+    from mfgguf.stages import run_stage
 
     hf, run = work / family / "hf", work / family / "run"
-    if not (hf / "config.json").is_file():
-        hf.mkdir(parents=True, exist_ok=True)
-        texts = [t for _, t in zip(range(400), (t for _, t in study_texts()))]
-        train_tokenizer(iter(texts), TOKENIZER_VOCAB).save(str(hf / "tokenizer.json"))
-        (hf / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                              "eos_token": "<|endoftext|>"}))
+    if not hf.is_dir():  # built beside, then renamed: a killed build leaves no directory that looks finished
+        part = hf.with_name("hf.part")
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir(parents=True)
+        texts = (t for _, t in itertools.islice(study_texts(), 400))
+        train_tokenizer(texts, TOKENIZER_VOCAB).save(str(part / "tokenizer.json"))
+        (part / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                "eos_token": "<|endoftext|>"}))
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(hf_config(family), dtype=torch.bfloat16)  # bf16 on disk: half the bytes
-        model.save_pretrained(hf)
+        model.save_pretrained(part)
         del model
+        part.rename(hf)
     if not (run / "data" / "train.npy").is_file():
-        mfgguf("import-base", hf, "--out", run, "--force")
-        mfgguf("prepare", "builtin", "--out", run, "--experts", "1", "--max-chars-per-domain", "400000", "--no-progress")
+        run_stage("import-base", ["import-base", hf, "--out", run, "--force"])
+        run_stage("prepare", ["prepare", "builtin", "--out", run, "--experts", 1, "--max-chars-per-domain", 400_000,
+                              "--no-progress", "--force"])
     return hf, run
-
-
-def mfgguf(*argv) -> None:
-    r = subprocess.run([sys.executable, "-m", "mfgguf", *map(str, argv)], capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"mfgguf {argv[0]} failed: {(r.stdout + r.stderr).strip().splitlines()[-1]}")
 
 
 def needs_gb(family: str, kind: str, batch: int, ctx: int) -> float:
