@@ -3,6 +3,7 @@
 Pipeline (each stage one module of this package):
     data/        corpus sources, tokenizer, partition into expert shards, held-out split
     model.py     the llama-style decoder with anchor + routed experts (granitemoe graph)
+    head_loss.py the output head's cross-entropy a chunk at a time (the logits never whole in training)
     train/       trunk and expert training, router statistics, checkpoints
     converters/  GGUF layout, quantization, router, streaming assembly, inspect
     runtime/     llama-cpp-python: chat, generate, serve, perplexity

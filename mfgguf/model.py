@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from mfgguf.config import ModelConfig
 from mfgguf.families import block_extras, family
+from mfgguf.head_loss import head_cross_entropy
 
 
 class RMSNorm(nn.Module):
@@ -176,10 +177,10 @@ class Transformer(nn.Module):
 
     def forward(self, idx, targets=None, route: str = "anchor", hook: Callable | None = None):
         """idx: (B, T) int64 -> logits (B, T, V), or the mean cross-entropy when targets are given."""
-        logits = self.output(self.output_norm(self.hidden(idx, route, hook)))  # (B, T, V)
+        x = self.output_norm(self.hidden(idx, route, hook))  # (B, T, C)
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+            return self.output(x)  # (B, T, V)
+        return head_cross_entropy(x, self.output.weight, targets)  # the (B, T, V) logits never whole (head_loss.py)
 
     def hidden(self, idx, route: str = "anchor", hook: Callable | None = None):
         """idx: (B, T) int64 -> the last block's output (B, T, C), before the final norm and the head."""

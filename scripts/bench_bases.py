@@ -56,7 +56,8 @@ FAMILIES = {
                                    rope_scaling=LLAMA3_ROPE)),
 }
 CONFIGS = ("expert", "full", "full-micro2", "full-ckpt", "lora-bf16", "lora-bf16-micro2")
-LEVERS = ("expert-micro1", "expert-micro2")  # the expert's activation plan forced (no recompute), on request
+LEVERS = ("expert-micro1", "expert-micro2", "expert-recompute", "expert-unfused-head", "expert-micro2-unfused-head")
+#          on request: the expert's activation plan forced; the head's loss as autograd makes it from whole logits
 TOKENIZER_VOCAB = 4096
 
 
@@ -69,14 +70,25 @@ def hf_config(family: str):
 
 def build(family: str, work: Path) -> tuple[Path, Path]:
     """(the HF directory, the imported and prepared RUN), made once under `work`."""
+    from mfgguf.stages import run_stage
+
+    hf, run = build_hf(family, work), work / family / "run"
+    if not (run / "data" / "train.npy").is_file():
+        run_stage("import-base", ["import-base", hf, "--out", run, "--force"])
+        run_stage("prepare", ["prepare", "builtin", "--out", run, "--experts", 1, "--max-chars-per-domain", 400_000,
+                              "--no-progress", "--force"])
+    return hf, run
+
+
+def build_hf(family: str, work: Path) -> Path:
+    """The Hugging Face directory of `family` at its published configuration, random weights, made once under `work`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from mfgguf.data.study import study_texts
     from mfgguf.data.tokenizer import train_tokenizer
-    from mfgguf.stages import run_stage
 
-    hf, run = work / family / "hf", work / family / "run"
+    hf = work / family / "hf"
     if not hf.is_dir():  # built beside, then renamed: a killed build leaves no directory that looks finished
         part = hf.with_name("hf.part")
         shutil.rmtree(part, ignore_errors=True)
@@ -90,11 +102,7 @@ def build(family: str, work: Path) -> tuple[Path, Path]:
         model.save_pretrained(part)
         del model
         part.rename(hf)
-    if not (run / "data" / "train.npy").is_file():
-        run_stage("import-base", ["import-base", hf, "--out", run, "--force"])
-        run_stage("prepare", ["prepare", "builtin", "--out", run, "--experts", 1, "--max-chars-per-domain", 400_000,
-                              "--no-progress", "--force"])
-    return hf, run
+    return hf
 
 
 def needs_gb(family: str, kind: str, batch: int, ctx: int) -> float:

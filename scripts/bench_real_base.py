@@ -1,4 +1,4 @@
-"""The design card's 1B on a real base: 100 experts of ~10M parameters on SmolLM2-135M-Instruct.
+"""The design card's 1B on a real base: 100 experts of ~10M parameters on SmolLM2-135M-Instruct (or on another base).
 
 Prints JSON lines (one per measurement) and appends them to OUT/bench_real_base.jsonl:
   - import-base of the Q4_1 file (wall, peak RSS); one expert really trained (wall, peak RSS);
@@ -16,6 +16,11 @@ Prints JSON lines (one per measurement) and appends them to OUT/bench_real_base.
 
     make smollm2 && python scripts/bench_real_base.py             # ~15 minutes on 2 cores
     python scripts/bench_real_base.py --experts 8 --out /tmp/rb8   # a quicker look
+    python scripts/bench_real_base.py --base qwen2.5-0.5b --out bench-out/real-base-qwen2.5 --repeats 1
+        # Qwen2.5-0.5B's published shape, random weights (scripts/bench_bases.py builds it): its qwen2moe MoE
+
+With a base that is not a GGUF (a Hugging Face directory, or a published shape built here) there is no base
+file to compare bytes and logits with: the parity check and the base file's inference row are left out.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_assemble import assemble_code, module_inputs, run_child  # noqa: E402
+from bench_bases import FAMILIES, build_hf  # noqa: E402
 from bench_scale import INFER, plain_io_seconds  # noqa: E402
 from bench_train import cpu_flags  # noqa: E402
 
@@ -124,6 +130,8 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="delete OUT first instead of resuming")
     ap.add_argument("--repeats", type=int, default=3, help="assemblies and extends (each followed by its plain I/O): medians")
     ap.add_argument("--only", default="parity,assemble,inference,extend", help="which measurements (comma-separated)")
+    ap.add_argument("--base", default="smollm2", help=f"smollm2, a GGUF or Hugging Face directory, or one of {tuple(FAMILIES)}"
+                                                       " (a published shape with random weights, built by bench_bases.py)")
     a = ap.parse_args()
 
     out: Path = a.out
@@ -131,19 +139,21 @@ def main() -> None:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     b = Bench(out)
-    base = resolve_base("smollm2")
+    base = build_hf(a.base, ROOT / "bench-out" / "bases") if a.base in FAMILIES else resolve_base(a.base)
+    base_file = base.is_file()  # a GGUF: its bytes and logits to compare with
     b.emit(bench="real_base", event="start", rss_note="each stage's own process (os.wait4)", experts=a.experts, base=base.name, **cpu_flags(),
            note="one expert trains; the others are the seed perturbed: this measures the system, not quality")
     run = RunDir(out / "run")
     if not run.module_meta(0).is_file():
-        r, _ = run_stage("import-base", ["import-base", "smollm2", "--out", run.root, "--force"])
-        b.emit(stage="import-base", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb, base_bytes=base.stat().st_size)
+        r, _ = run_stage("import-base", ["import-base", base, "--out", run.root, "--force"])
+        b.emit(stage="import-base", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb,
+               base_bytes=sum(p.stat().st_size for p in ([base] if base_file else base.iterdir())))
     if not run.run_json.is_file():
         r, _ = run_stage("prepare", ["prepare", "builtin", "--out", run.root, "--experts", a.experts, "--partition",
                                      "random", "--max-chars-per-domain", 1_500_000, "--no-progress"])
         b.emit(stage="prepare", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
     only = set(a.only.split(","))
-    if "parity" in only:
+    if "parity" in only and base_file:
         parity(b, run, base, out)
     if not run.module_meta(1).is_file():
         r, _ = run_stage("train-expert 1", ["train-expert", run.root, "--expert", 1, "--tokens", a.expert_tokens,
@@ -189,7 +199,7 @@ def main() -> None:
 
     res = {}
     for name, path in (("moe_q8_0", out / "moe-q8_0.gguf"), ("moe_q4_k", out / "moe-q4_k.gguf"),
-                       ("base_q4_1_file", base), ("base_trunk_q8_0", trunk)) if "inference" in only else ():
+                       *((("base_file", base),) if base_file else ()), ("base_trunk_q8_0", trunk)) if "inference" in only else ():
         r, text = run_stage(f"infer {name}", [sys.executable, "-c", INFER, str(path), "256", "128",
                                                str(ROOT / "README.md")], capture=True)
         res[name] = json.loads(text.strip().splitlines()[-1])
@@ -202,7 +212,7 @@ def main() -> None:
 
     more = RunDir(out / "more")  # later: the same base, another corpus, one more expert
     if not more.module_meta(1).is_file():
-        run_stage("import-base (more)", ["import-base", "smollm2", "--out", more.root, "--force"])
+        run_stage("import-base (more)", ["import-base", base, "--out", more.root, "--force"])
         run_stage("prepare (more)", ["prepare", f"tests={ROOT / 'tests'}", "--out", more.root, "--experts", 1,
                                      "--no-progress"])
         run_stage("train-expert (more)", ["train-expert", more.root, "--expert", 1, "--tokens", a.expert_tokens,

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 CONFIGS = ("expert", "expert-upper", "expert-whole-batch", "expert-recompute", "expert-attn", "full", "full-ckpt", "full-micro2",
            "lora", "lora-ckpt", "lora-bf16", "lora-bf16-micro2")
-LEVERS = ("expert-compile", "expert-attn-compile", "expert-chunked-head", "expert-micro1", "expert-micro2")  # measured on request (--configs): none is train-expert's default
+LEVERS = ("expert-compile", "expert-attn-compile", "expert-unfused-head", "expert-micro1", "expert-micro2")  # measured on request (--configs): none is train-expert's default
 LORA_RANK = 16
 
 
@@ -147,8 +147,8 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     tc = replace(get_preset("small").expert, batch_size=batch, compile="off")
     dev = torch.device("cpu")
     plan = plan_activations(cfg, batch)
-    recompute, micro = {"expert-whole-batch": (False, batch), "expert-recompute": (True, batch),
-                        "expert-micro1": (False, 1), "expert-micro2": (False, 2)}.get(kind, plan)
+    plan_of = {"whole-batch": (False, batch), "recompute": (True, batch), "micro1": (False, 1), "micro2": (False, 2)}
+    recompute, micro = next((v for k, v in plan_of.items() if f"-{k}" in kind), plan)  # expert-micro2-unfused-head: both
     if kind.endswith("-compile"):
         tc = replace(tc, compile="on")
     if kind.startswith("expert-attn"):  # the recipe's step: attention copies at 0.3x the LR
@@ -164,8 +164,8 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
                          ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=lr_scales(model, tc) if copies else None,
                          keep=frozenset(), resume_from=None, micro=micro)
     impl.resume()
-    if kind == "expert-chunked-head":
-        impl._fwd = lambda xm, ym, route: chunked_head_loss(model, xm, ym, route)
+    if kind.endswith("-unfused-head"):
+        impl._fwd = lambda xm, ym, route: unfused_head_loss(model, xm, ym, route)
     model.train()
     state = {"s": 0}
 
@@ -176,13 +176,13 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     return step
 
 
-def chunked_head_loss(model, idx, targets, route: str):
-    """The micro-batch's mean loss with the head in checkpointed chunks (loop.checkpointed_head_loss, what
-    recompute runs), the blocks as usual."""
-    from mfgguf.train.engine.loop import checkpointed_head_loss
+def unfused_head_loss(model, idx, targets, route: str):
+    """The micro-batch's mean loss as autograd makes it from the whole (B, T, V) logits (what the model did
+    before mfgguf/head_loss.py), the blocks as usual."""
+    import torch.nn.functional as F
 
-    B, T = idx.shape
-    return checkpointed_head_loss(model, model.hidden(idx, route).reshape(B * T, -1), targets.reshape(-1))
+    logits = model(idx, route=route)  # (B, T, V)
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
 
 
 def _peer(kind: str, prec: str, cfg=None):

@@ -38,7 +38,7 @@ FLOORS: list[list[str]] = [
     ["errors", "machine", "stages", "budget"],           # ground: no mfgguf import but errors
     ["families"],                                         # model families as data
     ["gguf"],                                             # the GGUF format
-    ["__init__", "config", "options", "run", "model", "flops", "plots"],  # configs, the run directory, the model
+    ["__init__", "config", "options", "run", "model", "head_loss", "flops", "plots"],  # configs, the run directory, the model
     ["base", "data"],                                     # importing a base model; corpora and shards
     ["runtime"],                                          # llama.cpp
     ["converters"],                                       # GGUF assembly

@@ -26,7 +26,9 @@ one layer of G at a time and a few chunks: not the experts, not a whole G.
 
 Refused with one line, nothing written: a GGUF without the router statistics (not written by this
 mfgguf's assemble, or with a router that needs none, or rewritten by a tool that dropped the block
-after its tensors), a layout other than granitemoe, a file whose
+after its tensors), a layout other than granitemoe (granitemoe, or qwen2moe for a Qwen2 trunk: the
+anchor a shared expert, each expert a slot of its own; the mixtral layout and qwen3moe fold the anchor
+into every slot), a file whose
 trunk was merged from experts' copies, an expert trained against another trunk (or unfinished, or
 with trunk copies of its own, or already in the file), a slot K out of range, and an existing
 destination without --force.

@@ -127,9 +127,10 @@ def arch_of(layout: str, n_experts: int, family_name: str = "llama") -> str:
 # whose own rotation differs (qwen2 as llama / granitemoe) has its Q/K rows permuted on the way (writers/base.py).
 ARCH_ROPE = {"llama": "normal", "granitemoe": "normal", "qwen2": "neox", "qwen2moe": "neox", "qwen3": "neox",
              "qwen3moe": "neox"}
-SHEXP_GATED = ("qwen2moe",)
+SHEXP_GATED = ("qwen2moe",)  # MoE archs whose shared expert is scaled by a sigmoid gate, `ffn_gate_inp_shexp`
+SHARED_EXPERT_ARCHS = ("granitemoe", "qwen2moe")  # the anchor is the shared expert: `extend` adds slots beside it
 UNNORMALISED_TOPK = ("qwen2moe",)  # MoE archs whose graph weights the top-k experts by their softmax probabilities as
-#                                   they are (llama.cpp's norm_w = false): top-1 is p x expert, not the expert  # MoE archs whose shared expert is scaled by a sigmoid gate, `ffn_gate_inp_shexp`
+#                                   they are (llama.cpp's norm_w = false): top-1 is p x expert, not the expert
 SHEXP_GATE_LOGIT_SCALE = 2.0 ** -64  # every entry of that gate's row (writers/qwen2moe.py)
 
 

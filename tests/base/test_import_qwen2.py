@@ -116,3 +116,29 @@ def test_mixtral_layout_is_exact_at_top_1(tmp_path, qwen2):
     _, moe, t, _ = untrained_moe_computes(tmp_path, qwen2, "--layout", "mixtral")
     tensors = {x.name: np.array(x.data) for x in gguf.GGUFReader(moe).tensors}
     assert arch(moe) == "llama" and np.array_equal(tensors["blk.1.attn_k.bias"], rope_permute(t["blk.1.attn_k.bias"], 2))
+
+
+def test_extend_and_calibrate_work_on_qwen2moe(tmp_path, qwen2):
+    """A qwen2moe file takes a later expert with `extend` (the bytes `assemble` writes for both), and `calibrate`
+    searches the router temperature at top-1 too: qwen2moe weights the chosen expert by its probability, so the
+    temperature changes the output, where a graph that renormalises makes it idle."""
+    from mfgguf.converters.routing.calibrate import CalibrationGrid, calibrate
+
+    hf = qwen2[0]
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "32", "--preset", "tiny")
+    for e in ("1", "2"):
+        r = cli("train-expert", run, "--expert", e, "--no-progress")
+        assert r.exit_code == 0, r.output
+    r = cli("router-stats", run, "--no-progress")  # one pooled G for both files, as for experts trained together
+    assert r.exit_code == 0, r.output
+    one, both, ext = (tmp_path / f"{n}.gguf" for n in ("1", "12", "x"))
+    for out, ids in ((one, "1"), (both, "1,2")):
+        r = cli("assemble", run, "-o", out, "--experts", ids, "--quant", "q8_0", "-q")
+        assert r.exit_code == 0, r.output
+    r = cli("extend", one, "--add", run, "--experts", "2", "-o", ext)
+    assert r.exit_code == 0, r.output
+    assert arch(ext) == "qwen2moe" and ext.read_bytes() == both.read_bytes()
+    cal = calibrate(both, run, tmp_path / "cal.gguf", grid=CalibrationGrid(top_k=(1,), temperature=(0.5, 2.0)),
+                    tokens=512, progress=False)
+    top1 = {c["temperature"]: c["ppl"] for c in cal["candidates"] if c["top_k"] == 1}
+    assert {0.5, 2.0} <= set(top1) and top1[0.5] != top1[2.0], cal["candidates"]

@@ -20,7 +20,7 @@ from mfgguf.gguf.header import Header, read_gguf_header
 from mfgguf.converters.plan.modules import Module, PooledStatsNeeded, load_module, read_header
 from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
 from mfgguf.converters.routing.stats import StatsBlock, block_start
-from mfgguf.gguf.schema import (QTYPE_BY_ID, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS, RS_SOURCE_COUNTS, RS_SOURCES, blk)
+from mfgguf.gguf.schema import (QTYPE_BY_ID, SHARED_EXPERT_ARCHS, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS, RS_SOURCE_COUNTS, RS_SOURCES, blk)
 
 
 # ---- the file we start from ----------------------------------------------------------------------
@@ -48,9 +48,13 @@ class Source:
             raise MfggufError(f"{path} was not written by `mfgguf assemble` (no mfgguf keys, no router statistics);"
                               " extend works on the files mfgguf assembles")
         arch, layout = v("general.architecture"), v("mfgguf.layout")
-        if layout != "granitemoe" or arch != "granitemoe":
-            raise MfggufError(f"{path} has the {layout} layout; extend supports granitemoe files: re-assemble with"
-                              " `--layout granitemoe`")
+        # the anchor as a shared expert (granitemoe; qwen2moe for a qwen2 trunk): a new expert is its own slot. The mixtral
+        # layout (qwen3moe's only one) folds the anchor into every slot, which extend does not rebuild.
+        if layout != "granitemoe" or arch not in SHARED_EXPERT_ARCHS:
+            raise MfggufError(f"{path} has the {layout} layout ({arch}), whose experts each hold a copy of the anchor;"
+                              " extend adds to files whose anchor is a shared expert (granitemoe, or qwen2moe for"
+                              " Qwen2): re-assemble with `--layout granitemoe`, or, for Qwen3, assemble the RUN with"
+                              " every expert")
         if v("mfgguf.complement"):
             raise MfggufError(f"{path} routes the seed as expert 0 (complementing experts); extend supports files of"
                               " plain experts: re-assemble with the new experts instead")

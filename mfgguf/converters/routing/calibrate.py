@@ -2,9 +2,11 @@
 
 What llama.cpp lets a file change, and how each knob is written (so every front-end runs it):
   top-k        `{arch}.expert_used_count` (and `mfgguf.top_k`).
-  temperature  folded into the router: logits = x @ (R / t).T. Both layouts mfgguf writes
-               (granitemoe, llama) renormalise the selected softmax weights, so with top-1 the
-               weight is 1 and the argmax ignores t: temperature is searched for top-k >= 2 only.
+  temperature  folded into the router: logits = x @ (R / t).T. granitemoe, llama and qwen3moe
+               renormalise the selected softmax weights, so with top-1 the weight is 1 and the
+               argmax ignores t: there temperature is searched for top-k >= 2 only. qwen2moe
+               weights the selected experts by their softmax probabilities as they are
+               (schema.UNNORMALISED_TOPK), so t changes top-1 too and is searched at every top-k.
   bias         per expert, b_i added to expert i's logit. llama's router has no bias and its
                input (the RMS-normed FFN input) has no constant feature, so no exact fold
                exists. Approximation: R_i += b_i * u with u = m / |m|^2, m the pooled mean FFN
@@ -46,7 +48,7 @@ import numpy as np
 from mfgguf.errors import MfggufError
 from mfgguf.run import STATS_PREFIX, RunDir, atomic_path, read_json
 from mfgguf.converters.ggufedit import copy_with_kv, read_f32, read_kv, set_f32, set_scalar, write_edited
-from mfgguf.gguf.schema import CALIBRATION_KEY
+from mfgguf.gguf.schema import CALIBRATION_KEY, UNNORMALISED_TOPK
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def calibrate(model: Path, run: Path, out: Path, *, grid: CalibrationGrid = Cali
             return seen[key]
 
         zero = np.zeros(n_exp)
-        best = _search(score, grid, ks, k0, n_exp)
+        best = _search(score, grid, ks, k0, n_exp, every_k=arch in UNNORMALISED_TOPK)
         before = seen[(k0, 1.0, tuple(zero))]
         candidates = [{"top_k": k, "temperature": t, "bias": [float(x) for x in b], "ppl": math.exp(v)}
                       for (k, t, b), v in seen.items()]
@@ -143,13 +145,14 @@ def _check_paths(rd: RunDir, out: Path, tokens: int, force: bool) -> None:
 
 
 def _search(score: Callable[[int, float, np.ndarray], float], grid: CalibrationGrid, ks: tuple[int, ...], k0: int,
-            n_exp: int) -> tuple[float, int, float, np.ndarray]:
+            n_exp: int, every_k: bool = False) -> tuple[float, int, float, np.ndarray]:
     """(nll, top-k, temperature, bias) of the best candidate: the file's own top-k first, then each top-k with
-    each temperature, then each expert's bias, step by step, for `grid.bias_passes` passes."""
+    each temperature (top-1 only at t = 1 unless `every_k`: a graph that renormalises makes t idle there), then
+    each expert's bias, step by step, for `grid.bias_passes` passes."""
     zero = np.zeros(n_exp)
     best = (score(k0, 1.0, zero), k0, 1.0, zero)
     for k in ks:
-        for t in ((1.0,) if k == 1 else grid.temperature):
+        for t in ((1.0,) if k == 1 and not every_k else grid.temperature):
             nll = score(k, float(t), zero)
             if nll < best[0]:
                 best = (nll, k, float(t), zero)

@@ -29,13 +29,13 @@ from torch.utils.checkpoint import checkpoint as _ckpt
 
 from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
+from mfgguf.head_loss import LOGITS_CHUNK, head_cross_entropy
 from mfgguf.model import Transformer, rope_for
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import LoopResult, schedule_steps, train_steps
 from mfgguf.train.experts.tailstats import PREFIX as TAIL_PREFIX
 from mfgguf.train.experts.tailstats import TailStats
 
-LOGITS_CHUNK = 1 << 22  # logits elements per chunk of the output head when recomputing (16 MB in f32)
 EVAL_ROWS = 4096  # token positions per forward when scoring: one window at a time left SmolLM2's
 #                   matmuls 256 rows tall, too short to keep the cores busy (docs/benchmarks.md)
 EVAL_HEAD_CHUNKS = 2  # scoring's head chunk, in LOGITS_CHUNKs (32 MB in f32): a chunk that stays in cache is
@@ -158,17 +158,7 @@ def forward_loss(model: Transformer, idx, targets, route: str, recompute: bool =
     x = model.tok_embd(idx)  # (B, T, C)
     for i, layer in enumerate(model.layers):
         x = _ckpt(layer, x, cos, sin, route, hook, i, use_reentrant=False)
-    return checkpointed_head_loss(model, x.reshape(B * T, -1), targets.reshape(-1))
-
-
-def checkpointed_head_loss(model: Transformer, x, y):  # x: (N, C), y: (N,) -> mean cross-entropy
-    """The head's mean loss LOGITS_CHUNK logits at a time, each chunk recomputed in the backward pass: the
-    (N, vocabulary) logits, their f32 copy and gradient never exist whole."""
-    step = max(1, LOGITS_CHUNK // model.cfg.vocab_size)
-    total = 0.0
-    for s in range(0, len(y), step):
-        total = total + _ckpt(head_loss, model, x[s : s + step], y[s : s + step], use_reentrant=False)
-    return total / len(y)
+    return head_cross_entropy(model.output_norm(x), model.output.weight, targets)  # a chunk of logits at a time
 
 
 def eval_windows(tokens: np.ndarray, ctx_len: int, max_tokens: int) -> tuple[np.ndarray, int]:

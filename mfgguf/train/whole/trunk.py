@@ -27,6 +27,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.model import seed_name_map, trunk_model, trunk_name_map
 from mfgguf.options import TrainOptions
 from mfgguf.plots import loss_curve
+from mfgguf.head_loss import LOGITS_CHUNK
 from mfgguf.run import RunDir, module_name, write_module, write_module_streamed
 from mfgguf.train.whole import branch as br
 from mfgguf.train.engine import checkpoint as ckpt_io
@@ -35,6 +36,8 @@ from mfgguf.train.engine.loop import (check_token_range, heldout_losses, limit_h
                    resolve_precision, result_meta, run_loop)
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
+MICRO_BATCH_PER_TRUNK = 1.5  # a large base's micro-batch may hold this many times its bf16 trunk in activations
+MICRO_BATCH_CAP = 2 << 30  # bytes: the most activations micro_batch_budget allows a large base (Llama-3.2-1B: 2 sequences)
 ONE_SEQUENCE_BUDGET = 11 << 27  # bytes: one sequence's activations + the trunk in bf16, for micro-batches of 1
 #                                 (SmolLM2 at ctx 512 fits and trains so; `1b` does not: recompute; docs/memory.md)
 STREAMED_ACCUM = 4  # streamed runs: sequences per step = batch_size x this unless --accum says otherwise
@@ -44,13 +47,21 @@ STREAMED_ACCUM = 4  # streamed runs: sequences per step = batch_size x this unle
 def activation_bytes(cfg, sequences: int) -> int:
     """A rough (high, at SmolLM2's shape: docs/memory.md) estimate of one forward's saved activations."""
     per_tok_layer = 4 * (12 * cfg.dim + 3 * (cfg.anchor_ff + cfg.expert_ff))  # bytes, bf16/f32 mix
-    logits = 4 * 3 * cfg.vocab_size  # f32 logits, log-softmax and its gradient
-    return sequences * cfg.ctx_len * (cfg.n_layers * per_tok_layer + logits)
+    head = 4 * cfg.dim  # the gradient the head's loss keeps per position; its logits live a chunk at a time
+    return sequences * cfg.ctx_len * (cfg.n_layers * per_tok_layer + head) + 3 * 4 * LOGITS_CHUNK  # (head_loss.py)
 
 
 def wants_recompute(cfg, batch_size: int) -> bool:
     """Recompute blocks when one step's activations exceed the budget."""
     return activation_bytes(cfg, batch_size) > ACTIVATION_BUDGET
+
+
+def micro_batch_budget(cfg) -> int:
+    """Bytes of activations a micro-batch may hold: ACTIVATION_BUDGET, or MICRO_BATCH_PER_TRUNK times the
+    trunk's bf16 weights when that is more, up to MICRO_BATCH_CAP. Who brings a large base has the memory to
+    hold it, and at Qwen2.5-0.5B's shape micro-batches of 2 beat recompute well inside the memory goal set for that shape
+    (docs/base-model.md, "At a published shape"); SmolLM2 and the `1b` preset keep ACTIVATION_BUDGET."""
+    return int(min(max(ACTIVATION_BUDGET, MICRO_BATCH_PER_TRUNK * 2 * cfg.trunk_params()), MICRO_BATCH_CAP))
 
 
 def plan_activations(cfg, batch_size: int) -> tuple[bool, int]:
@@ -62,11 +73,12 @@ def plan_activations(cfg, batch_size: int) -> tuple[bool, int]:
     the whole batch. That order is the measured one at SmolLM2's shape (scripts/bench_train_real.py;
     the figures are in docs/memory.md): micro-batches beat recompute and the whole batch in speed at
     a fraction of the whole batch's memory. The `1b` preset (its trunk twice SmolLM2's) keeps recompute
-    and its memory goal.
+    and its memory goal. A base whose trunk is large lets micro-batches take more (micro_batch_budget).
     """
     if not wants_recompute(cfg, batch_size):
         return False, batch_size
-    fits = [d for d in range(2, batch_size) if batch_size % d == 0 and activation_bytes(cfg, d) <= ACTIVATION_BUDGET]
+    budget = micro_batch_budget(cfg)
+    fits = [d for d in range(2, batch_size) if batch_size % d == 0 and activation_bytes(cfg, d) <= budget]
     if fits:
         return False, max(fits)
     if activation_bytes(cfg, 1) + 2 * cfg.trunk_params() <= ONE_SEQUENCE_BUDGET:

@@ -114,6 +114,9 @@ def test_micro_batches_take_the_whole_batch_step(tmp_path):
     assert plan_activations(get_preset("1b").model, get_preset("1b").expert.batch_size)[0]  # recompute keeps 1b small
     assert plan_activations(replace(smol, ctx_len=512), 8) == (False, 1)  # two sequences no longer fit: one at a time
     assert plan_activations(replace(smol, ctx_len=1024), 4) == (True, 4)  # not even one
+    qwen25 = cfg.__class__(vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, anchor_ff=4256,
+                           expert_ff=608, ctx_len=256, seed_expert=True, family="qwen2")
+    assert plan_activations(qwen25, 16) == (False, 2)  # a large base: micro-batches of 2 (1.65x recompute's speed)
 
 
 def test_scoring_in_batches_gives_the_per_window_loss(monkeypatch):
