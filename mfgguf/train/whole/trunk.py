@@ -59,8 +59,9 @@ def wants_recompute(cfg, batch_size: int) -> bool:
 def micro_batch_budget(cfg) -> int:
     """Bytes of activations a micro-batch may hold: ACTIVATION_BUDGET, or MICRO_BATCH_PER_TRUNK times the
     trunk's bf16 weights when that is more, up to MICRO_BATCH_CAP. Who brings a large base has the memory to
-    hold it, and at Qwen2.5-0.5B's shape micro-batches of 2 beat recompute well inside the memory goal set for that shape
-    (docs/base-model.md, "At a published shape"); SmolLM2 and the `1b` preset keep ACTIVATION_BUDGET."""
+    hold it, and at Qwen2.5-0.5B's shape micro-batches of 2 beat recompute well inside the memory goal set
+    for that shape (docs/base-model.md, "At a published shape"); SmolLM2 and the `1b` preset keep
+    ACTIVATION_BUDGET."""
     return int(min(max(ACTIVATION_BUDGET, MICRO_BATCH_PER_TRUNK * 2 * cfg.trunk_params()), MICRO_BATCH_CAP))
 
 
