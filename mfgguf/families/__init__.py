@@ -2,9 +2,12 @@
 
 A family is what differs between llama-like decoders that mfgguf's model computes: the GGUF
 architectures it is read from and written as, the Hugging Face classes it comes from, its RoPE
-rotation, and the per-block tensors it has beyond llama's (biases, Q/K norms). Readers, the
-model, the layout and the writers ask the family, never `if arch == ...`; a new family is one
-file here plus the forward's differences in model.py.
+rotation, the per-block tensors it has beyond llama's (biases, Q/K norms), and the GGUF
+architectures it brings with what their llama.cpp graphs do (`Arch`: RoPE rotation, shared expert
+and its gate, top-k renormalisation, extra keys; gguf/schema.py's tables are derived from these).
+Readers, the model, the layout and the writers ask the family, never `if arch == ...`; a new family
+is one file here (found by the registry, nothing to add to it) plus the forward's differences in
+model.py, and a writer where its MoE graph computes something no existing writer lays out.
 
 Example:
     >>> family("qwen2").moe_layouts
@@ -15,14 +18,32 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
+
 from mfgguf.errors import MfggufError
-from mfgguf.families.family import Family
+from mfgguf.families.family import Arch, Family
 
 
+@functools.cache
 def _registry() -> dict[str, Family]:
-    from mfgguf.families import llama, qwen2, qwen3
+    """Every module of this package that declares a FAMILY, in name order (llama first: the default family)."""
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "family")
+    fams = [importlib.import_module(f"{__name__}.{n}").FAMILY for n in names]
+    return {f.name: f for f in sorted(fams, key=lambda f: f.name != "llama")}
 
-    return {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY)}
+
+@functools.cache
+def archs() -> dict[str, Arch]:
+    """Every GGUF architecture a family declares, by name; each is declared once."""
+    out: dict[str, Arch] = {}
+    for f in _registry().values():
+        for a in f.archs:
+            if a.name in out:
+                raise AssertionError(f"architecture {a.name} is declared twice (families {f.name} and another)")
+            out[a.name] = a
+    return out
 
 
 def family(name: str) -> Family:

@@ -13,11 +13,18 @@ import math
 
 import numpy as np
 
-from mfgguf.families.family import Family
+from mfgguf.families.family import Arch, Family
 
 FAMILY = Family(
     name="llama", gguf_arch="llama", hf_archs=("LlamaForCausalLM",), rope="normal",
     moe_layouts={"granitemoe": "granitemoe", "mixtral": "llama"}, rope_freqs=True,
+    archs=(
+        Arch("llama", rope="normal"),  # the trunk alone, and the mixtral layout (experts with the anchor folded in)
+        # granitemoe's logit_scale is required by llama.cpp's granite loader; 1.0 (and no residual, embedding or
+        # attention scales) makes the graph plain llama
+        Arch("granitemoe", rope="normal", shared_expert=True,
+             moe_keys=(("logit_scale", "FLOAT32", "one"), ("expert_shared_feed_forward_length", "UINT32", "shexp_ff"))),
+    ),
 )
 
 

@@ -6,11 +6,17 @@ top-k weights. The mixtral layout writes it as `llama` instead (Q/K rows permute
 writers/base.py), exact at any top-k.
 """
 
-from mfgguf.families.family import Family
+from mfgguf.families.family import Arch, Family
 
 FAMILY = Family(
     name="qwen2", gguf_arch="qwen2", hf_archs=("Qwen2ForCausalLM",), rope="neox",
     moe_layouts={"granitemoe": "qwen2moe", "mixtral": "llama"},
+    archs=(
+        Arch("qwen2", rope="neox"),
+        Arch("qwen2moe", rope="neox", shared_expert=True, shexp_gated=True, renormalises_topk=False,
+             moe_keys=(("expert_feed_forward_length", "UINT32", "expert_ff"),
+                       ("expert_shared_feed_forward_length", "UINT32", "shexp_ff"))),
+    ),
     extras={"attn_q.bias": "q", "attn_k.bias": "kv", "attn_v.bias": "kv"},
     hf_names={"self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
               "self_attn.v_proj.bias": "attn_v.bias"},

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from mfgguf.errors import MfggufError
+from mfgguf.families import archs, family, moe_arch
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
@@ -115,22 +116,21 @@ def blk(l: int, t: str) -> str:
 def arch_of(layout: str, n_experts: int, family_name: str = "llama") -> str:
     """GGUF architecture for a layout and model family (families/): llama's are granitemoe, or llama (mixtral
     layout and the dense trunk); qwen2's qwen2moe, or qwen2 for the trunk alone."""
-    from mfgguf.families import family, moe_arch
-
     if layout not in LAYOUTS:
         raise MfggufError(f"unknown layout {layout!r}; choose granitemoe or mixtral")
     f = family(family_name)
     return moe_arch(f, layout) if n_experts else f.gguf_arch
 
 
-# how each written architecture's llama.cpp graph rotates RoPE pairs: adjacent ("normal") or halves ("neox"). A family
-# whose own rotation differs (qwen2 as llama / granitemoe) has its Q/K rows permuted on the way (writers/base.py).
-ARCH_ROPE = {"llama": "normal", "granitemoe": "normal", "qwen2": "neox", "qwen2moe": "neox", "qwen3": "neox",
-             "qwen3moe": "neox"}
-SHEXP_GATED = ("qwen2moe",)  # MoE archs whose shared expert is scaled by a sigmoid gate, `ffn_gate_inp_shexp`
-SHARED_EXPERT_ARCHS = ("granitemoe", "qwen2moe")  # the anchor is the shared expert: `extend` adds slots beside it
-UNNORMALISED_TOPK = ("qwen2moe",)  # MoE archs whose graph weights the top-k experts by their softmax probabilities as
-#                                   they are (llama.cpp's norm_w = false): top-1 is p x expert, not the expert
+# What each written architecture's llama.cpp graph does, as tables derived from the families' declarations
+# (families/family.py's Arch): a new architecture is declared in its family's file, not here.
+ARCH_ROPE = {a.name: a.rope for a in archs().values()}  # "normal" adjacent pairs or "neox" halves; a family whose own
+#   rotation differs (qwen2 written as llama) has its Q/K rows permuted on the way (writers/base.py)
+SHEXP_GATED = tuple(a.name for a in archs().values() if a.shexp_gated)  # shared expert x sigmoid(ffn_gate_inp_shexp . x)
+SHARED_EXPERT_ARCHS = tuple(a.name for a in archs().values() if a.shared_expert)  # the anchor is the shared expert
+UNNORMALISED_TOPK = tuple(a.name for a in archs().values() if not a.renormalises_topk)  # top-k weighted by their
+#   softmax probabilities as they are (llama.cpp's norm_w = false): top-1 is p x expert, not the expert
+MOE_KEYS = {a.name: a.moe_keys for a in archs().values() if a.moe_keys}  # keys beyond the common ones (model_kv)
 SHEXP_GATE_LOGIT_SCALE = 2.0 ** -64  # every entry of that gate's row (writers/qwen2moe.py)
 
 
@@ -174,17 +174,6 @@ def model_kv(arch: str, cfg, *, n_experts: int, top_k: int, ff: int, shexp_ff: i
     for key, vt, what in MOE_KEYS.get(arch, ()):
         kv.append((f"{a}.{key}", vt, {"one": 1.0, "shexp_ff": shexp_ff, "expert_ff": cfg.expert_ff, "ff": ff}[what]))
     return kv
-
-
-# Keys an MoE architecture needs beyond the common ones, as (key after `{arch}.`, value type, value: one |
-# shexp_ff | expert_ff | ff, the routed experts' width as written). granitemoe's logit_scale is required by llama.cpp's granite loader; 1.0 (and no
-# residual/embedding/attention scales) makes the graph plain llama.
-MOE_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "granitemoe": (("logit_scale", "FLOAT32", "one"), ("expert_shared_feed_forward_length", "UINT32", "shexp_ff")),
-    "qwen2moe": (("expert_feed_forward_length", "UINT32", "expert_ff"),
-                 ("expert_shared_feed_forward_length", "UINT32", "shexp_ff")),
-    "qwen3moe": (("expert_feed_forward_length", "UINT32", "ff"),),  # the folded width: anchor + expert
-}
 
 
 class VType(IntEnum):  # gguf_type; same numbers as gguf.GGUFValueType
