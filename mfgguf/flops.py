@@ -56,43 +56,43 @@ def _cfg(cfg) -> ModelConfig:
 
 
 def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
-          layers: Collection[int] | None = None, complement: bool = False) -> StepFlops:
-    """Walk the forward graph in order; `live` = the residual stream depends on a trained tensor."""
+          layers: Collection[int] | None = None, complement: bool = False, rank: int = 0) -> StepFlops:
+    """Walk the forward graph in order; `live` = the residual stream depends on a trained tensor. `rank` > 0: every
+    linear of every block (not the head) carries a trained LoRA of that rank beside its frozen weight."""
     C, L, V, H, KV, hd = cfg.dim, cfg.n_layers, cfg.vocab_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     keys = (cfg.ctx_len + 1) / 2 if causal else cfg.ctx_len  # keys per query, mean over a window
     fwd = bwd = 0.0
 
-    def mm(n_weights: int, weight_trains: bool, input_live: bool) -> None:
+    def mm(n_weights: int, weight_trains: bool, input_live: bool, io: tuple[int, int] | None = None) -> bool:
+        """One linear (io = (d_in, d_out) where a LoRA adapts it); returns whether its output is live."""
         nonlocal fwd, bwd
         fwd += 2 * n_weights
         bwd += 2 * n_weights * weight_trains + 2 * n_weights * input_live
+        if rank and io:  # B(Ax): A and B forward; dB, dA and the gradient through B; through A only to a live input
+            d_in, d_out = io
+            fwd += 2 * rank * (d_in + d_out)
+            bwd += 4 * rank * d_out + 2 * rank * d_in + 2 * rank * d_in * input_live
+        return weight_trains or input_live or bool(rank and io)
 
     def swiglu(ff: int, trains: tuple[bool, bool, bool], f_in: bool) -> bool:
         """gate/up/down on the ffn_norm output; returns whether its output depends on a trained tensor."""
         g, u, d = trains
-        mm(C * ff, g, f_in)
-        mm(C * ff, u, f_in)
-        hidden = f_in or g or u
-        mm(ff * C, d, hidden)
-        return hidden or d
+        hidden = mm(C * ff, g, f_in, (C, ff)) | mm(C * ff, u, f_in, (C, ff))
+        return mm(ff * C, d, hidden, (ff, C))
 
     live = "token_embd.weight" in trained
     for l in range(L):
         t = lambda name: f"blk.{l}.{name}.weight" in trained  # noqa: E731
         a_in = live or t("attn_norm")
-        q, k, v, o = t("attn_q"), t("attn_k"), t("attn_v"), t("attn_output")
-        mm(C * H * hd, q, a_in)
-        mm(C * KV * hd, k, a_in)
-        mm(C * KV * hd, v, a_in)
-        qkv = a_in or q or k or v
+        qkv = (mm(C * H * hd, t("attn_q"), a_in, (C, H * hd)) | mm(C * KV * hd, t("attn_k"), a_in, (C, KV * hd))
+               | mm(C * KV * hd, t("attn_v"), a_in, (C, KV * hd)))
         fwd += 4 * H * hd * keys  # QK^T and AV
         bwd += 8 * H * hd * keys * qkv
-        mm(H * hd * C, o, qkv)
-        live = live or qkv or o
+        live = mm(H * hd * C, t("attn_output"), qkv, (H * hd, C)) or live
         f_in = live or t("ffn_norm")
         out = swiglu(cfg.anchor_ff, (t("ffn_gate_shexp"), t("ffn_up_shexp"), t("ffn_down_shexp")), f_in)
         if with_expert or cfg.seed_expert:  # an expert job's expert, or the trunk's seed FFN (trains with it)
-            e = layers is None or l in layers  # elsewhere the expert runs frozen (--expert-layers)
+            e = (layers is None or l in layers) and not rank  # elsewhere frozen (--expert-layers; a LoRA's seed)
             out = swiglu(cfg.expert_ff, (e, e, e), f_in) or out
             if complement:  # the frozen seed FFN beside it and the gate's learned row (train/experts/complement.py)
                 out = swiglu(cfg.expert_ff, (False, False, False), f_in) or out
@@ -117,27 +117,19 @@ def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True, layers: st
     return _step(cfg, set(shared_tensors or ()), True, causal, expert_layers(layers, cfg.n_layers), complement)
 
 
-def adapter_base_flops(cfg, *, causal: bool = True) -> StepFlops:
-    """FLOPs per token of the frozen base under adapters in every layer (a LoRA): the forward, and
-    activation gradients from the loss down to layer 0, but no weight gradient. The adapters' own
-    FLOPs are the caller's to add."""
-    return _step(_cfg(cfg), {"token_embd.weight"}, False, causal)  # a trained embedding: every activation is live
-
-
 def continued_step_flops(cfg, mode: str, rank: int = 16, *, causal: bool = True) -> StepFlops:
     """FLOPs per token of training an imported base itself (train/whole/continued.py): every parameter (`full`), or a
     LoRA of rank `rank` on every linear layer of every block (`lora`): the frozen base's forward and activation
-    gradients, plus each adapter's 6 * r * (d_in + d_out)."""
+    gradients (none into layer 0's attention, whose input no trained tensor reaches), plus each adapter's
+    2r(d_in + d_out) forward and 4r d_out + 2r d_in backward, and 2r d_in more where its input is live (torch's own
+    count of a real step agrees exactly: tests/test_flops.py)."""
     cfg = _cfg(cfg)
-    dense = replace(cfg, anchor_ff=cfg.anchor_ff + (cfg.expert_ff if cfg.seed_expert else 0), seed_expert=False)
     if mode == "full":
+        dense = replace(cfg, anchor_ff=cfg.anchor_ff + (cfg.expert_ff if cfg.seed_expert else 0), seed_expert=False)
         return trunk_step_flops(dense, causal=causal)
-    base = adapter_base_flops(dense, causal=causal)
-    C, hd, H, KV = cfg.dim, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    ffs = [cfg.anchor_ff] + ([cfg.expert_ff] if cfg.seed_expert else [])  # the model's FFN modules, each adapted
-    io = [(C, H * hd), (C, KV * hd), (C, KV * hd), (H * hd, C)] + [pair for ff in ffs for pair in ((C, ff), (C, ff), (ff, C))]
-    per_layer = sum(rank * (a + b) for a, b in io)
-    return StepFlops(base.forward + 2 * per_layer * cfg.n_layers, base.backward + 4 * per_layer * cfg.n_layers)
+    # the anchor and the seed are adapted apart (peft wraps each module), so the seed FFN stays a module of its own;
+    # layer 0's attention input is frozen, so neither its weights nor its adapters' A pass a gradient to it
+    return _step(cfg, set(), False, causal, rank=rank)
 
 
 def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
@@ -159,5 +151,5 @@ def module_flops(meta: dict, *, causal: bool = True) -> float:
     return meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
 
 
-__all__ = ["StepFlops", "trunk_step_flops", "expert_step_flops", "adapter_base_flops", "continued_step_flops",
+__all__ = ["StepFlops", "trunk_step_flops", "expert_step_flops", "continued_step_flops",
            "module_step_flops", "module_flops"]

@@ -69,7 +69,7 @@ def wide_run(run: Path) -> Path:
 
 def flops(kind: str, ctx: int, run: Path) -> float:
     """Matmul FLOPs per training token (mfgguf/flops.py's conventions)."""
-    from mfgguf.flops import adapter_base_flops, expert_step_flops, trunk_step_flops
+    from mfgguf.flops import continued_step_flops, expert_step_flops, trunk_step_flops
 
     from mfgguf.config import ModelConfig, shared_tensor_names
     from mfgguf.run import RunDir, read_module_meta
@@ -82,12 +82,7 @@ def flops(kind: str, ctx: int, run: Path) -> float:
         return expert_step_flops(ours, layers="upper" if kind == "expert-upper" else "all").total
     if kind.startswith("full"):
         return trunk_step_flops(dense).total
-    # LoRA: the forward, activation gradients everywhere (adapters in layer 0 too), no frozen weight gradients,
-    # plus the adapters' own A and B (forward, input and weight gradients: 6 FLOPs per weight)
-    frozen = adapter_base_flops(dense).total
-    C, H, KV, hd, ff = 576, 9, 3, 64, 1536
-    shapes = [(C, H * hd), (C, KV * hd), (C, KV * hd), (H * hd, C), (C, ff), (C, ff), (ff, C)]
-    return frozen + 30 * sum(6 * LORA_RANK * (i + o) for i, o in shapes)
+    return continued_step_flops(dense, "lora", rank=LORA_RANK).total  # peft's LoRA on every linear of the base
 
 
 def batches(tokens, batch: int, ctx: int, n: int):

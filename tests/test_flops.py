@@ -15,7 +15,7 @@ from mfgguf.eval.baselines.scratch import plan_baselines
 from mfgguf.eval.baselines.sides import parse_baselines
 from mfgguf.eval.training_flops import run_flops, tokens_for_flops
 from mfgguf.flops import expert_step_flops, module_step_flops, trunk_step_flops
-from mfgguf.model import Transformer, trunk_name_map
+from mfgguf.model import Transformer, trunk_model, trunk_name_map
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.experts.expert import build_expert_model, expert_params
 from mfgguf.train.engine.driver import get_batch
@@ -130,3 +130,18 @@ def test_parse_baselines():
     assert parse_baselines("flop, wallclock") == ("flop", "wallclock")
     with pytest.raises(MfggufError, match="unknown baseline 'tokens'"):
         parse_baselines("flop,tokens")
+
+
+@pytest.mark.parametrize("seed_expert", [False, True])
+def test_lora_step_matches_torch_count(prepared_run, seed_expert):
+    """The LoRA baseline's step as train-base runs it (peft adapters of rank 4 on every linear of every block, the
+    base frozen): torch's count of one real step equals continued_step_flops(..., "lora")."""
+    from mfgguf.flops import continued_step_flops
+    from mfgguf.train.whole.continued import _inject_lora
+
+    cfg = replace(TINY, seed_expert=seed_expert)
+    model, route = trunk_model(cfg)  # an imported base: anchor + seed (its FFN split in two), as train-base loads it
+    named = _inject_lora(model, rank=4)
+    data = load_tokens(RunDir(prepared_run).train_tokens, "train")
+    measured = _measured_step(model, named, get_batch(data, 0, 0, 0, 8, cfg.ctx_len), route)
+    assert measured == continued_step_flops(cfg, "lora", rank=4, causal=False).total

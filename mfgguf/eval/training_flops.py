@@ -28,8 +28,10 @@ FORMULAS = {
     "flop_matched": "dense tokens = (trunk FLOPs + sum of every expert job's FLOPs) / dense per-token FLOPs,"
                     " rounded to whole optimizer steps",
     "continued_from_base": "an imported base trained further (mfgguf train-base): full = trunk_or_dense_step of the"
-                           " base; lora = the frozen base's forward + activation gradients (adapter_base) +"
-                           " 6 * r * (d_in + d_out) per adapted linear; the base's pretraining counts for nobody",
+                           " base; lora = the frozen base's forward + activation gradients (none into layer 0's"
+                           " attention) + each adapted linear's 2r(d_in + d_out) forward and 4r d_out + 2r d_in"
+                           " backward (+ 2r d_in where its input is live), torch's own count exactly; the base's"
+                           " pretraining counts for nobody",
     "wallclock_matched": "dense tokens = (trunk FLOPs + R * FLOPs of one round of the longest expert job) / dense"
                          " per-token FLOPs, rounded to whole steps: the critical path when every expert has its"
                          " own machine (R rounds, from a `rounds` key in the metadata, else 1)",
