@@ -64,7 +64,7 @@ def assemble_cmd(
 
 @command("extend", extend)
 def extend_cmd(
-    model: Path = typer.Argument(..., help="A .gguf written by `mfgguf assemble` (granitemoe layout: granitemoe, or qwen2moe for Qwen2)."),
+    model: Path = typer.Argument(..., help="A .gguf written by `mfgguf assemble` (any MoE layout: granitemoe, qwen2moe, mixtral, qwen3moe)."),
     out: Path = typer.Option(..., "-o", "--out", help="Output .gguf file."),
     add: Path = typer.Option(None, "--add", help="A RUN whose experts were trained against the model's trunk."),
     experts: str = typer.Option(None, "--experts", help="Experts of the --add RUN to add, e.g. 1,3 or 2-4 (default all)."),

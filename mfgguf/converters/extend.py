@@ -24,14 +24,19 @@ and are hashed (stream.py); the router rows and the statistics go in last, then 
 re-read (readback.py) and renamed over the destination. Memory holds the N means (layers x dim),
 one layer of G at a time and a few chunks: not the experts, not a whole G.
 
+Layouts. granitemoe (qwen2moe for a Qwen2 trunk) has the anchor as a shared expert: a new expert is a
+slot of its own. The mixtral layout (`llama`, and qwen3moe, Qwen3's only one) folds the anchor into
+every slot, one SwiGLU of width anchor + expert: a new slot is rebuilt as assembly builds it, with the
+anchor read from the --add RUN's trunk, which must be the file's (extension/folded.py). Removing is
+dropping slots in every layout.
+
 Refused with one line, nothing written: a GGUF without the router statistics (not written by this
 mfgguf's assemble, or with a router that needs none, or rewritten by a tool that dropped the block
-after its tensors), a layout other than granitemoe (granitemoe, or qwen2moe for a Qwen2 trunk: the
-anchor a shared expert, each expert a slot of its own; the mixtral layout and qwen3moe fold the anchor
-into every slot), a file whose
-trunk was merged from experts' copies, an expert trained against another trunk (or unfinished, or
-with trunk copies of its own, or already in the file), a slot K out of range, and an existing
-destination without --force.
+after its tensors), a file without experts, a file whose trunk was merged from experts' copies or
+whose seed is routed (complementing experts), an expert trained against another trunk (or
+unfinished, or with trunk copies of its own, or already in the file), a folded file's additions from
+a RUN whose trunk is not the file's, a slot K out of range, and an existing destination without
+--force.
 
 Example:
     >>> extend(Path("model.gguf"), Path("model5.gguf"), add=Path("RUN2"), experts=[1])

@@ -16,7 +16,7 @@ import pytest
 
 from tests.base.family_cases import (arch, family_case, gguf_import_matches, hf_import_computes, import_refused,
                                      one_line, save_random, untrained_moe_computes, with_config)
-from tests.base.test_import_base import cli, tokenizer_json  # noqa: F401
+from tests.base.test_import_base import cli, prepared, tokenizer_json  # noqa: F401
 
 
 def save_hf_qwen3(out: Path, tokenizer_json: Path, *, seed: int = 0) -> Path:
@@ -51,3 +51,25 @@ def test_untrained_qwen3moe_computes_the_base(tmp_path, qwen3):
 def test_unsupported_is_one_line(tmp_path, tokenizer_json):
     biased = with_config(save_hf_qwen3(tmp_path / "biased", tokenizer_json), attention_bias=True)
     import_refused(biased, tmp_path / "out", "attention_bias")
+
+
+def test_extend_works_on_qwen3moe(tmp_path, tokenizer_json):
+    """qwen3moe, Qwen3's only MoE layout, folds the anchor into every expert; `extend` rebuilds a later expert's
+    slot with it: the bytes `assemble` writes for both, and removing the expert gives the first file back."""
+    hf = save_hf_qwen3(tmp_path / "hf", tokenizer_json)
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "32", "--preset", "tiny")
+    for e in ("1", "2"):
+        r = cli("train-expert", run, "--expert", e, "--no-progress")
+        assert r.exit_code == 0, r.output
+    r = cli("router-stats", run, "--no-progress")  # one pooled G for both files, as for experts trained together
+    assert r.exit_code == 0, r.output
+    one, both, ext, back = (tmp_path / f"{n}.gguf" for n in ("1", "12", "x", "back"))
+    for out, ids in ((one, "1"), (both, "1,2")):
+        r = cli("assemble", run, "-o", out, "--experts", ids, "--quant", "q8_0", "-q")
+        assert r.exit_code == 0, r.output
+    r = cli("extend", one, "--add", run, "--experts", "2", "-o", ext)
+    assert r.exit_code == 0, r.output
+    assert arch(ext) == "qwen3moe" and ext.read_bytes() == both.read_bytes()
+    r = cli("extend", ext, "--remove", "2", "-o", back)
+    assert r.exit_code == 0, r.output
+    assert back.read_bytes() == one.read_bytes()

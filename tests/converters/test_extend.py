@@ -1,7 +1,8 @@
 """`mfgguf extend`: experts join or leave a finished GGUF; the result is the file assembly would write.
 
 Synthetic runs (random modules, real files) check the bytes: adding expert 4 to the file of experts
-1-3 gives the file `assemble --experts 1,2,3,4` writes, removing gives back the smaller file. Real
+1-3 gives the file `assemble --experts 1,2,3,4` writes, removing gives back the smaller file; in the
+mixtral layout too, whose every slot holds the anchor (rebuilt from the trunk for an added one). Real
 tiny runs check the model: a fourth expert trained later on a new domain (German and French
 manual pages) against the same trunk, in a RUN of its own, lowers that domain's held-out
 perplexity in llama.cpp and moves the others a little; removing it gives back the three-expert
@@ -26,7 +27,7 @@ from mfgguf.converters.extend import extend
 from mfgguf.gguf.inspect import inspect_gguf
 from mfgguf.run import RunDir, read_module_meta, update_manifest, write_json
 
-from . import llama_logits, llama_tokenize, synthetic_run, text_sample
+from . import flip_byte, llama_logits, llama_tokenize, synthetic_run, text_sample
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +191,9 @@ def test_refuses_a_gguf_without_router_statistics(syn, tmp_path):
     uniform = tmp_path / "uniform.gguf"
     assemble(syn, uniform, experts=[1, 2], router="uniform", progress=False)
     _refused(tmp_path, [uniform, "--remove", "1"], ["router is uniform", "--router ridge"])
+    dense = tmp_path / "dense.gguf"
+    assemble(syn, dense, experts=[], progress=False)
+    _refused(tmp_path, [dense, "--add", syn], ["dense layout", "assemble the RUN with the experts"])
     text = tmp_path / "notes.gguf"
     text.write_text("not a model")
     _refused(tmp_path, [text, "--remove", "1"], ["not a GGUF"])
@@ -227,10 +231,60 @@ def test_refuses_a_file_with_the_statistics_in_its_header(files, tmp_path):
     _refused(tmp_path, [old, "--remove", "1"], ["mfgguf 0.1", "in the header", "re-assemble"])
 
 
-def test_refuses_the_mixtral_layout(syn, tmp_path):
-    mix = tmp_path / "mix.gguf"
-    assemble(syn, mix, experts=[1, 2], layout="mixtral", progress=False)
-    _refused(tmp_path, [mix, "--add", syn, "--experts", "3"], ["mixtral layout", "granitemoe"])
+@pytest.fixture(scope="module")
+def mixtral(syn, tmp_path_factory):
+    """The mixtral layout (the anchor folded into every expert), q8_0 and q4_k: files of experts 1-3 and 1-4."""
+    d = tmp_path_factory.mktemp("mixtral")
+    out = {}
+    for quant in ("q8_0", "q4_k"):
+        for ids in ([1, 2, 3], [1, 2, 3, 4]):
+            out[quant, len(ids)] = d / f"{quant}-{len(ids)}.gguf"
+            assemble(syn, out[quant, len(ids)], experts=ids, layout="mixtral", quant=quant, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_k"])
+def test_the_mixtral_layout_extends_to_the_file_assembly_writes(syn, mixtral, tmp_path, quant):
+    """Each slot is the anchor and an expert as one SwiGLU: the added slot is rebuilt with the anchor (its down
+    rows' blocks straddle anchor and expert columns: the tiny preset's anchor_ff 128 is half a q4_k block)."""
+    three, four = mixtral[quant, 3], mixtral[quant, 4]
+    x = tmp_path / "x.gguf"
+    r = extend(three, x, add=syn, experts=[4])
+    assert r["experts"] == 4 and r["added"] == 1
+    assert x.read_bytes() == four.read_bytes()
+    extend(x, tmp_path / "back.gguf", remove=[4])
+    assert (tmp_path / "back.gguf").read_bytes() == three.read_bytes()
+    ref = tmp_path / "4.gguf"
+    assemble(syn, ref, experts=[4], layout="mixtral", quant=quant, progress=False)
+    extend(three, tmp_path / "y.gguf", remove=[1, 2, 3], add=syn, experts=[4])  # the anchor from a removed slot
+    assert (tmp_path / "y.gguf").read_bytes() == ref.read_bytes()
+
+
+def test_the_mixtral_layout_keeps_routing_too(syn, mixtral, tmp_path):
+    x = tmp_path / "x.gguf"
+    extend(mixtral["q8_0", 3], x, add=syn, experts=[4], keep_routing=True)
+    old, new = _rows(mixtral["q8_0", 3]), _rows(x)
+    assert all(new[l][:3].tobytes() == old[l].tobytes() for l in old)
+    extend(x, tmp_path / "back.gguf", remove=[4], keep_routing=True)
+    assert (tmp_path / "back.gguf").read_bytes() == mixtral["q8_0", 3].read_bytes()
+
+
+def test_the_mixtral_layout_needs_the_models_trunk(syn, mixtral, tmp_path):
+    """Every slot holds the anchor: experts of the model's trunk in a RUN whose trunk has moved on (a later sync)
+    cannot be folded with it; nor can a trunk whose bytes differ from its record."""
+    from safetensors.numpy import load_file
+
+    from mfgguf.run import write_module
+
+    run2 = shutil.copytree(syn, tmp_path / "run2")
+    rd = RunDir(run2)
+    t = load_file(str(rd.module_file(0)))
+    t["blk.0.ffn_down_shexp.weight"] *= np.float32(1.01)
+    write_module(rd, 0, t, read_module_meta(rd, 0))
+    _refused(tmp_path, [mixtral["q8_0", 3], "--add", run2, "--experts", "4"], ["trunk", "is not the one", "llama file"])
+    run3 = shutil.copytree(syn, tmp_path / "run3")
+    flip_byte(RunDir(run3).module_file(0))
+    _refused(tmp_path, [mixtral["q8_0", 3], "--add", run3, "--experts", "4"], ["module trunk", "does not match"])
 
 
 def test_refuses_an_expert_of_another_trunk(files, tmp_path):

@@ -7,6 +7,7 @@ in last (extend.py tells the whole story).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -24,6 +25,7 @@ from mfgguf.converters.routing.router import RouterBuilder, keep_rows
 from mfgguf.converters.routing.stats import StatsBlock, block_start, read_f32, with_offset
 from mfgguf.gguf.schema import (ALIGNMENT, QTYPE_BY_ID, ROUTING_RECORDS, RS_COUNTS, RS_EXPERT_SOURCE, RS_SOURCE_COUNTS, RS_SOURCES, blk)
 from mfgguf.converters.stream import stream_modules
+from mfgguf.converters.extension.folded import Fold
 from mfgguf.converters.extension.source import Additions, Source
 
 EXPS_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
@@ -123,6 +125,7 @@ def write_extension(p: Extension, fin: int, fd: int, threads: int, keep_routing:
     write_header(fd, p.header, p.data_offset)
     _preallocate(fd, p.total_size)
     written = {s.name: 0 for s in p.slots}
+    fold = Fold(src.anchor_ff, p.adds.trunk) if src.anchor_ff and p.new else None
     for s in p.slots:  # the trunk and the kept experts: their bytes as they are
         t = p.old[s.name]
         base = src.h.data_offset + t.offset
@@ -132,30 +135,38 @@ def write_extension(p: Extension, fin: int, fd: int, threads: int, keep_routing:
                 if old is not None:
                     _copy(fin, fd, eb, base + old * eb, p.data_offset + s.offset + q * eb)
                     written[s.name] += eb
+                elif fold is not None and (rows := fold.anchor_rows(EXPS_RE.fullmatch(s.name).group(2))):
+                    _copy(fin, fd, rows * s.row_bytes, base, p.data_offset + s.offset + q * eb)  # from its first slot
+                    written[s.name] += rows * s.row_bytes
         elif not s.name.endswith("ffn_gate_inp.weight"):
             _copy(fin, fd, s.nbytes, base, p.data_offset + s.offset)
             written[s.name] += s.nbytes
-    # the added experts (and their RUN's G, when it is a new source: hashed here, read a layer at a time below)
+    # the added experts (and their RUN's G, when it is a new source: hashed here, read a layer at a time below; and a
+    # folded file's trunk: hashed here, the anchor's down columns read from it beside the stream)
     first = len(p.slot_of) - len(p.new)
-    new_source = p.adds is not None and p.adds.pooled is not None
-    mods = ([p.adds.pooled] if new_source else []) + p.new
+    lead = [m for m in (fold.trunk if fold else None, p.adds.pooled if p.adds else None) if m is not None]
     mu_new = np.zeros((len(p.new), src.L, src.D), np.float32)
-    off = 1 if new_source else 0
-    for pos, name, r0, x, release in stream_modules(mods, lanes=2):
-        try:
-            if (st := STAT_RE.fullmatch(name)) is not None:
-                if pos >= off and st.group(2) == "mean":
-                    mu_new[pos - off, int(st.group(1))] = x.reshape(-1)
-                continue
-            if pos < off or (m := FFN_RE.fullmatch(name)) is None:
-                continue
-            s = _slot(p, blk(int(m.group(1)), f"ffn_{m.group(2)}_exps"))
-            at = s.offset + (first + pos - off) * (s.nbytes // N) + r0 * s.row_bytes
-            q = Q.quantize(x, s.qtype, threads=threads)
-            pwrite_all(fd, q, p.data_offset + at)
-            written[s.name] += q.nbytes
-        finally:
-            release()
+    off = len(lead)
+    with fold or contextlib.nullcontext():
+        for pos, name, r0, x, release in stream_modules(lead + p.new, lanes=2):
+            try:
+                if pos < off:
+                    continue
+                if (st := STAT_RE.fullmatch(name)) is not None:
+                    if st.group(2) == "mean":
+                        mu_new[pos - off, int(st.group(1))] = x.reshape(-1)
+                    continue
+                if (m := FFN_RE.fullmatch(name)) is None:
+                    continue
+                l, f = int(m.group(1)), m.group(2)
+                s = _slot(p, blk(l, f"ffn_{f}_exps"))
+                at = s.offset + (first + pos - off) * (s.nbytes // N)
+                for r, y in fold.rows(l, f, r0, x) if fold else [(r0, x)]:
+                    q = Q.quantize(y, s.qtype, threads=threads)
+                    pwrite_all(fd, q, p.data_offset + at + r * s.row_bytes)
+                    written[s.name] += q.nbytes
+            finally:
+                release()
     # router statistics: kept arrays copied as they are, new ones written; then the router from them
     old_at, at = src.stats, p.stats
     mu = np.zeros((N, src.L, src.D), np.float32)
@@ -186,10 +197,6 @@ def write_extension(p: Extension, fin: int, fd: int, threads: int, keep_routing:
             w = keep_rows(w, read_f32(fin, src.h.data_offset + t.offset, (src.n, src.D)), p.slot_of)
         pwrite_all(fd, Q.quantize(w, s.qtype), p.data_offset + s.offset)
         written[s.name] += s.nbytes
-    short = [s.name for s in p.slots if written[s.name] != s.nbytes]
-    if short:
-        raise AssertionError(f"{len(short)} tensors incompletely written, e.g. {short[0]}")
-    os.fsync(fd)
 
 
 def _copy_pooled(m: Module, fd: int, at: StatsBlock, j: int) -> None:

@@ -35,6 +35,7 @@ class Source:
     L: int
     D: int
     ff: int  # expert FFN width
+    anchor_ff: int  # > 0: the layout folds the anchor into every slot, whose first anchor_ff rows are the anchor's
     router: str
     top_k: int
     trunk_sha: str
@@ -48,13 +49,11 @@ class Source:
             raise MfggufError(f"{path} was not written by `mfgguf assemble` (no mfgguf keys, no router statistics);"
                               " extend works on the files mfgguf assembles")
         arch, layout = v("general.architecture"), v("mfgguf.layout")
-        # the anchor as a shared expert (granitemoe; qwen2moe for a qwen2 trunk): a new expert is its own slot. The mixtral
-        # layout (qwen3moe's only one) folds the anchor into every slot, which extend does not rebuild.
-        if layout != "granitemoe" or arch not in SHARED_EXPERT_ARCHS:
-            raise MfggufError(f"{path} has the {layout} layout ({arch}), whose experts each hold a copy of the anchor;"
-                              " extend adds to files whose anchor is a shared expert (granitemoe, or qwen2moe for"
-                              " Qwen2): re-assemble with `--layout granitemoe`, or, for Qwen3, assemble the RUN with"
-                              " every expert")
+        # granitemoe (qwen2moe for a qwen2 trunk): the anchor is a shared expert, a new expert a slot of its own. mixtral
+        # (llama, qwen3moe) folds the anchor into every slot: a new slot is rebuilt with it (folded.py).
+        if not (layout == "granitemoe" and arch in SHARED_EXPERT_ARCHS or layout == "mixtral"):
+            raise MfggufError(f"{path} has the {layout} layout ({arch}); extend adds to and removes from the MoE"
+                              " layouts mfgguf writes (granitemoe, mixtral): assemble the RUN with the experts instead")
         if v("mfgguf.complement"):
             raise MfggufError(f"{path} routes the seed as expert 0 (complementing experts); extend supports files of"
                               " plain experts: re-assemble with the new experts instead")
@@ -73,12 +72,18 @@ class Source:
             raise MfggufError(f"{path}'s trunk is merged from its experts' trunk copies; extend needs a file assembled"
                               " with `--merge none` (or from FFN-only experts)")
         n = int(v(f"{arch}.expert_count"))
+        anchor_ff = int(v("mfgguf.anchor_ff") or 0) if layout == "mixtral" else 0
         s = cls(path, h, arch, n, int(v(f"{arch}.block_count")), int(v(f"{arch}.embedding_length")),
-                int(v("mfgguf.expert_ff")), router, int(v(f"{arch}.expert_used_count")), v("mfgguf.trunk_sha256"), stats)
+                int(v("mfgguf.expert_ff")), anchor_ff, router, int(v(f"{arch}.expert_used_count")),
+                v("mfgguf.trunk_sha256"), stats)
         want = {RS_COUNTS: n, RS_EXPERT_SOURCE: n, RS_SOURCE_COUNTS: len(v(RS_SOURCES) or [])}
         if any(len(v(k) or []) != m for k, m in want.items()) or not v(RS_SOURCES):
             raise MfggufError(f"{path}'s router statistics are inconsistent (counts for {n} experts expected);"
                               " re-assemble it")
+        gate = next((t for t in h.tensors if t.name == blk(0, "ffn_gate_exps")), None)
+        if gate is None or gate.shape[1] != s.anchor_ff + s.ff:
+            raise MfggufError(f"{path}'s expert tensors are not {s.anchor_ff} anchor + {s.ff} expert rows wide, as its"
+                              " mfgguf keys say; re-assemble it")
         data_end = max(t.offset + tensor_nbytes(t) for t in h.tensors) + h.data_offset
         if data_end > h.size:
             raise MfggufError(f"{path} is shorter than its header says; it is truncated: re-assemble it")
@@ -113,6 +118,7 @@ class Additions:
     source: str  # sha256 of the RUN's pooled statistics ("" for centroid: no G needed)
     source_count: int
     pooled: Module | None  # to stream: the RUN's G, when the file does not hold this source yet
+    trunk: Module | None = None  # to stream: the RUN's trunk, whose anchor a folded file's new slots hold
 
 
 def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
@@ -153,8 +159,9 @@ def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
             raise MfggufError(f"{name} recorded no router statistics; retrain it")
         _check_expert(m, name, src)
         mods.append(m)
+    trunk = _anchor_trunk(rd, manifest, src) if src.anchor_ff and mods else None
     if src.router != "ridge":
-        return Additions(rd, mods, "", 0, None)
+        return Additions(rd, mods, "", 0, None, trunk)
     if not rd.router_stats_meta.is_file() or not rd.router_stats.is_file():
         raise PooledStatsNeeded(f"{run} has no pooled router statistics; compute them with `mfgguf router-stats {run}`",
                                 "are missing")
@@ -178,7 +185,17 @@ def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
                 raise MfggufError(f"{run}'s pooled router statistics do not match the model's shape; run"
                                   f" `mfgguf router-stats {run}`")
         pooled = Module(-1, "router_stats", rd.router_stats, meta, entries, hl, st.st_size, st.st_mtime_ns)
-    return Additions(rd, mods, meta["sha256"], count, pooled)
+    return Additions(rd, mods, meta["sha256"], count, pooled, trunk)
+
+
+def _anchor_trunk(rd: RunDir, manifest: dict, src: Source) -> Module:
+    """The --add RUN's trunk, for the anchor a folded file's new slots hold: the very trunk the file was built from."""
+    trunk = load_module(rd, 0, manifest)
+    if trunk.meta.get("sha256") != src.trunk_sha:
+        raise MfggufError(f"{rd.root}'s trunk ({str(trunk.meta.get('sha256'))[:12]}) is not the one {src.path.name} was"
+                          f" assembled from ({src.trunk_sha[:12]}), whose anchor every expert of this {src.arch} file"
+                          " holds: add from a RUN that holds the model's trunk")
+    return trunk
 
 
 def _check_expert(m: Module, name: str, src: Source) -> None:
