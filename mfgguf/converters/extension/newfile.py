@@ -197,6 +197,15 @@ def write_extension(p: Extension, fin: int, fd: int, threads: int, keep_routing:
             w = keep_rows(w, read_f32(fin, src.h.data_offset + t.offset, (src.n, src.D)), p.slot_of)
         pwrite_all(fd, Q.quantize(w, s.qtype), p.data_offset + s.offset)
         written[s.name] += s.nbytes
+    _finish(p, written, fd)
+
+
+def _finish(p: Extension, written: dict[str, int], fd: int) -> None:
+    """Every tensor written whole, and on disk, before the file is read back and renamed over the destination."""
+    short = [s.name for s in p.slots if written[s.name] != s.nbytes]
+    if short:
+        raise AssertionError(f"{len(short)} tensors incompletely written, e.g. {short[0]}")
+    os.fsync(fd)
 
 
 def _copy_pooled(m: Module, fd: int, at: StatsBlock, j: int) -> None:
