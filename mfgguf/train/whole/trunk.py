@@ -38,6 +38,10 @@ from mfgguf.train.engine.loop import (check_token_range, heldout_losses, limit_h
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
 MICRO_BATCH_PER_TRUNK = 1.5  # a large base's micro-batch may hold this many times its bf16 trunk in activations
 MICRO_BATCH_CAP = 2 << 30  # bytes: the most activations micro_batch_budget allows a large base (Llama-3.2-1B: 2 sequences)
+# bytes: what one expert step may hold in all, as estimated by step_bytes (the bf16 trunk, the expert's f32 weights,
+# gradients and AdamW moments, one micro-batch's activations): a large base takes smaller micro-batches to stay in it,
+# so an 8 GB laptop keeps room for the rest (Llama-3.2-1B: micro-batches of 1; docs/base-model.md)
+EXPERT_STEP_BUDGET = 11 << 29
 ONE_SEQUENCE_BUDGET = 11 << 27  # bytes: one sequence's activations + the trunk in bf16, for micro-batches of 1
 #                                 (SmolLM2 at ctx 512 fits and trains so; `1b` does not: recompute; docs/memory.md)
 STREAMED_ACCUM = 4  # streamed runs: sequences per step = batch_size x this unless --accum says otherwise
@@ -65,13 +69,21 @@ def micro_batch_budget(cfg) -> int:
     return int(min(max(ACTIVATION_BUDGET, MICRO_BATCH_PER_TRUNK * 2 * cfg.trunk_params()), MICRO_BATCH_CAP))
 
 
+def step_bytes(cfg, sequences: int) -> int:
+    """Estimated bytes an expert step holds with micro-batches of `sequences`: the frozen trunk in bf16, the expert's
+    weights, gradients and two AdamW moments in f32, and the micro-batch's activations (not the process itself)."""
+    return 2 * cfg.trunk_params() + 16 * cfg.expert_params() + activation_bytes(cfg, sequences)
+
+
 def plan_activations(cfg, batch_size: int) -> tuple[bool, int]:
     """(recompute, sequences per micro-batch) of an expert step under ACTIVATION_BUDGET.
 
     The whole batch when it fits; else the largest micro-batch of at least 2 sequences that fits,
     its gradients accumulated over the batch, without recompute; else single sequences where one
     sequence's activations and the trunk's bf16 weights fit ONE_SEQUENCE_BUDGET; else recompute over
-    the whole batch. That order is the measured one at SmolLM2's shape (scripts/bench_train_real.py;
+    the whole batch. A micro-batch must also keep the whole step within EXPERT_STEP_BUDGET (step_bytes), which
+    only a large base reaches; such a base (micro_batch_budget above ACTIVATION_BUDGET) takes single sequences
+    where they fit it. That order is the measured one at SmolLM2's shape (scripts/bench_train_real.py;
     the figures are in docs/memory.md): micro-batches beat recompute and the whole batch in speed at
     a fraction of the whole batch's memory. The `1b` preset (its trunk twice SmolLM2's) keeps recompute
     and its memory goal. A base whose trunk is large lets micro-batches take more (micro_batch_budget).
@@ -79,10 +91,13 @@ def plan_activations(cfg, batch_size: int) -> tuple[bool, int]:
     if not wants_recompute(cfg, batch_size):
         return False, batch_size
     budget = micro_batch_budget(cfg)
-    fits = [d for d in range(2, batch_size) if batch_size % d == 0 and activation_bytes(cfg, d) <= budget]
+    fits = [d for d in range(2, batch_size) if batch_size % d == 0 and activation_bytes(cfg, d) <= budget
+            and step_bytes(cfg, d) <= EXPERT_STEP_BUDGET]
     if fits:
         return False, max(fits)
     if activation_bytes(cfg, 1) + 2 * cfg.trunk_params() <= ONE_SEQUENCE_BUDGET:
+        return False, 1
+    if budget > ACTIVATION_BUDGET and step_bytes(cfg, 1) <= EXPERT_STEP_BUDGET:  # a large base, one sequence at a time
         return False, 1
     return True, batch_size
 

@@ -90,7 +90,7 @@ def test_micro_batches_take_the_whole_batch_step(tmp_path):
     from mfgguf.config import get_preset
     from mfgguf.model import Transformer
     from mfgguf.train.engine.loop import InMemorySteps
-    from mfgguf.train.whole.trunk import plan_activations
+    from mfgguf.train.whole.trunk import EXPERT_STEP_BUDGET, plan_activations, step_bytes
 
     cfg = get_preset("tiny").model
     tc = TrainConfig(batch_size=8, compile="off")
@@ -117,6 +117,14 @@ def test_micro_batches_take_the_whole_batch_step(tmp_path):
     qwen25 = cfg.__class__(vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, anchor_ff=4256,
                            expert_ff=608, ctx_len=256, seed_expert=True, family="qwen2")
     assert plan_activations(qwen25, 16) == (False, 2)  # a large base: micro-batches of 2 (1.65x recompute's speed)
+    qwen3 = cfg.__class__(vocab_size=151936, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, anchor_ff=2688,
+                          expert_ff=384, ctx_len=256, seed_expert=True, family="qwen3", attn_head_dim=128)
+    assert plan_activations(qwen3, 16) == (False, 2)
+    llama1b = cfg.__class__(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, anchor_ff=7168,
+                            expert_ff=1024, ctx_len=256, seed_expert=True)
+    # two sequences would take the step past EXPERT_STEP_BUDGET (6.6 GB measured): one at a time
+    assert step_bytes(llama1b, 2) > EXPERT_STEP_BUDGET >= step_bytes(llama1b, 1)
+    assert plan_activations(llama1b, 16) == (False, 1)
 
 
 def test_scoring_in_batches_gives_the_per_window_loss(monkeypatch):
