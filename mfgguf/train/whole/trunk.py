@@ -40,7 +40,7 @@ MICRO_BATCH_PER_TRUNK = 1.5  # a large base's micro-batch may hold this many tim
 MICRO_BATCH_CAP = 2 << 30  # bytes: the most activations micro_batch_budget allows a large base (Llama-3.2-1B: 2 sequences)
 # bytes: what one expert step may hold in all, as estimated by step_bytes (the bf16 trunk, the expert's f32 weights,
 # gradients and AdamW moments, one micro-batch's activations): a large base takes smaller micro-batches to stay in it,
-# so an 8 GB laptop keeps room for the rest (Llama-3.2-1B: micro-batches of 1; docs/base-model.md)
+# so a laptop keeps room for the rest (Llama-3.2-1B: micro-batches of 1; docs/base-model.md)
 EXPERT_STEP_BUDGET = 11 << 29
 ONE_SEQUENCE_BUDGET = 11 << 27  # bytes: one sequence's activations + the trunk in bf16, for micro-batches of 1
 #                                 (SmolLM2 at ctx 512 fits and trains so; `1b` does not: recompute; docs/memory.md)
