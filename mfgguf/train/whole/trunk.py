@@ -37,7 +37,7 @@ from mfgguf.train.engine.loop import (check_token_range, heldout_losses, limit_h
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
 MICRO_BATCH_PER_TRUNK = 1.5  # a large base's micro-batch may hold this many times its bf16 trunk in activations
-MICRO_BATCH_CAP = 2 << 30  # bytes: the most activations micro_batch_budget allows a large base (Llama-3.2-1B: 2 sequences)
+MICRO_BATCH_CAP = 2 << 30  # bytes: the most activations micro_batch_budget allows a large base
 # bytes: what one expert step may hold in all, as estimated by step_bytes (the bf16 trunk, the expert's f32 weights,
 # gradients and AdamW moments, one micro-batch's activations): a large base takes smaller micro-batches to stay in it,
 # so a laptop keeps room for the rest (Llama-3.2-1B: micro-batches of 1; docs/base-model.md)
