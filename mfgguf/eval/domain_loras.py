@@ -7,11 +7,15 @@ modular thing a user would build instead of experts. Each trained shard gets a L
 sees more tokens), at the peak LR the LoRA grid chose on validation; eval/baselines/imported.py
 trains them (`train_domain_loras`). Its adapter (OUT/lora.gguf) is applied by llama.cpp to the
 base's own dense GGUF (the trunk alone) and scored on its domain's text; a domain no shard was
-trained on gets the base alone (no adapter is for it).
+trained on gets the base alone (no adapter is for it). With `stream=True` the same adapters are also
+measured where the client does not know the domain: each document served by the candidate (the base
+alone or one adapter) of lowest loss on its first 128 tokens (eval/domain_stream.py).
 
 Example:
     >>> adapters = train_domain_loras(rd, metas, out, lr=3e-3)   # eval/baselines/imported.py
-    >>> r = measure_domain_loras(Path("trunk-f16.gguf"), adapters, rd, ["python", "english"], max_tokens=32768)
+    >>> r = measure_domain_loras(Path("trunk-f16.gguf"), adapters, rd, ["python", "english"], max_tokens=32768,
+    ...                          stream=True)
+    >>> r["overall"]["ppl"], r["stream"]["after_choice"]["ppl"], r["stream"]["own_choice"]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mfgguf.converters.lora_adapter import ADAPTER_FILE
+from mfgguf.eval.domain_stream import CHOOSE_TOKENS, stream_candidates
 from mfgguf.run import RunDir
 
 LABEL = "base + a LoRA r16 per domain (llama.cpp adapters, client picks), FLOP-matched"
@@ -39,14 +44,21 @@ class DomainAdapter:
 
 
 def measure_domain_loras(base_gguf: Path, adapters: list[DomainAdapter], rd: RunDir, domains: list[str], *,
-                         max_tokens: int, ctx: int | None = None, split: str = "test") -> dict:
+                         max_tokens: int, ctx: int | None = None, split: str = "test", stream: bool = False,
+                         choose_tokens: int = CHOOSE_TOKENS) -> dict:
     """Each domain's perplexity with its shard's adapter on the base (the base alone where none trained on it), by
-    eval's measuring process: {"domains": {d: {ppl, nll, n_tokens, adapter}}, "overall": the token-weighted mix}."""
-    from mfgguf.eval.measure import measure
+    eval's measuring process: {"domains": {d: {ppl, nll, n_tokens, adapter}}, "overall": the token-weighted mix};
+    with `stream`, also "stream": the same adapters with the domain unknown (`domain_stream`'s figures, candidates
+    named by their RUN's folder, documents chosen on their first `choose_tokens`), measured in a process of its own."""
+    from mfgguf.eval.measure import measure, measure_stream
 
     by_domain = {d: a for a in adapters for d in a.domains}
-    r = measure(base_gguf, rd, domains, max_tokens=max_tokens, ctx=ctx, decode_tokens=0, split=split,
-                adapters={d: str(a.adapter) for d, a in by_domain.items()})
+    paths = {d: str(a.adapter) for d, a in by_domain.items()}
+    r = measure(base_gguf, rd, domains, max_tokens=max_tokens, ctx=ctx, decode_tokens=0, split=split, adapters=paths)
     for d, v in r["domains"].items():
         v["adapter"] = by_domain[d].run.name if d in by_domain else None
+    if stream:
+        candidates, own = stream_candidates(paths)
+        r["stream"] = measure_stream(base_gguf, rd, domains, max_tokens=max_tokens, ctx=ctx, candidates=candidates,
+                                     own=own, choose_tokens=choose_tokens, split=split)
     return r

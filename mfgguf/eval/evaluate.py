@@ -13,7 +13,10 @@ before validation existed has one held-out split for both, and the report says s
     on an imported base instead, the base itself trained further on the experts' data: continued
     pretraining (FLOP- and wall-clock-matched) and a peft LoRA (FLOP-matched), each with its LR
     from a small grid (eval/baselines/imported.py), and only the experts trained so far;
-  - q8_0 and q4_k against f16 of the assembled MoE with the best router.
+  - q8_0 and q4_k against f16 of the assembled MoE with the best router;
+  - on an imported base with per-domain LoRAs (lora-domain), the same adapters where the client does not
+    know a document's domain (each document served by the candidate of lowest loss on its first 128
+    tokens, eval/domain_stream.py), and the best MoE on the same documents and tokens.
 Plus per-layer routing accuracy (from the PyTorch reference with the same router weights),
 llama.cpp prompt/decode tokens/s and peak RSS per model (each model in its own process), and the
 held-out loss curves of the trunk and every baseline against tokens and training FLOPs.
@@ -34,7 +37,8 @@ from pathlib import Path
 from mfgguf.errors import MfggufError
 from mfgguf.eval.baselines.baseline import SECTIONS, Job, Outcome
 from mfgguf.eval.baselines.sides import side_for
-from mfgguf.eval.measure import measure, mixed, routing_accuracy
+from mfgguf.eval.domain_stream import stream_candidates
+from mfgguf.eval.measure import measure, measure_stream, mixed, routing_accuracy
 from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
 from mfgguf.eval.training_flops import flops_section
@@ -77,11 +81,12 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     validation = _choose_on_validation(ev, models)
     best = min(validation, key=lambda k: validation[k]["overall"]["ppl"])
     quant_rows = _quantized(ev, models, results, best)
+    stream = _domain_stream(ev, models, best)
     _say("routing accuracy")
     routing = {r: routing_accuracy(ev.rd, ev.domains, ev.heldout, ev.gguf(f"moe-{r}-top1-{cfg.base_quant}",
                                                                             quant=cfg.base_quant, router=r, top_k=1))
                for r in cfg.routers}
-    report = _report(ev, models, results, validation, best, quant_rows, routing, baselines)
+    report = _report(ev, models, results, validation, best, quant_rows, routing, baselines, stream)
     report["wall_s"] = round(time.perf_counter() - t_start, 1)
     write_json(ev.out / "report.json", report)
     eval_plots(report, ev.out)
@@ -213,8 +218,24 @@ def _quantized(ev: Evaluation, models: dict, results: dict, best: str) -> dict[s
     return rows
 
 
+def _domain_stream(ev: Evaluation, models: dict, best: str) -> dict:
+    """The per-domain LoRAs with the domain unknown (eval/domain_stream.py), and the best MoE, which needs no choice,
+    on the same documents and tokens of the test split: {"lora": label, "moe": best, "results": {label: figures}};
+    {} without per-domain LoRAs."""
+    lora = next((k for k, m in models.items() if m.get("adapters")), None)
+    if lora is None:
+        return {}
+    candidates, own = stream_candidates(models[lora]["adapters"])
+    results = {}
+    for name, cands, mine in ((lora, candidates, own), (best, {best: None}, None)):
+        _say(f"measure {name} on the unknown-domain stream")
+        results[name] = measure_stream(models[name]["path"], ev.rd, ev.domains, max_tokens=ev.cfg.max_tokens_per_domain,
+                                       ctx=ev.cfg.ctx, candidates=cands, own=mine)
+    return {"lora": lora, "moe": best, "results": results}
+
+
 def _report(ev: Evaluation, models: dict, results: dict, validation: dict, best: str, quant_rows: dict,
-            routing: dict, baselines: Outcome) -> dict:
+            routing: dict, baselines: Outcome, stream: dict) -> dict:
     """report.json's content (all but its wall time): every figure measured, the choices and what they read."""
     cfg, metas, domains = ev.cfg, ev.metas, ev.domains
     oracle_experts = _best_expert_per_domain(metas, domains)
@@ -238,7 +259,8 @@ def _report(ev: Evaluation, models: dict, results: dict, validation: dict, best:
         "quant": {q: r["overall"]["ppl"] for q, r in quant_rows.items()},
         "routing": routing,
         "goals": goals(results, best, best_stats, oracle_mixed, quant_rows, cfg.base_quant, cfg.quants, domains,
-                       baselines.trained),
+                       baselines.trained, stream),
+        **({"domain_stream": stream} if stream else {}),
         "flops": flops_section(metas, baselines.trained),
         **{**SECTIONS, **baselines.sections},
         "curves": curves(metas[0], baselines.curves),

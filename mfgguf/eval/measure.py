@@ -3,6 +3,8 @@
 `measure`: a GGUF's perplexity per domain on the test split (or, for a choice among models, the
 validation split) by llama.cpp, prompt and decode tokens/s, and peak RSS, in a process of its own
 (`python -m mfgguf.eval.measure`) so that its RSS is its own.
+`measure_stream`: the same process scoring document by document, each by the candidate (the GGUF
+alone or with one of its adapters) of lowest loss on its opening (eval/domain_stream.py).
 `routing_accuracy`: per layer, how much of each domain's text the MoE's top-1 router sends to
 the experts trained mostly on that domain (the PyTorch reference with the GGUF's router rows).
 """
@@ -38,13 +40,34 @@ def measure(path: Path, rd: RunDir, domains: list[str], *, max_tokens: int, ctx:
     return m
 
 
-def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, split: str, adapters: str = "{}") -> None:
-    """The measuring process: prints one JSON line (see `measure`)."""
+def measure_stream(path: Path, rd: RunDir, domains: list[str], *, max_tokens: int, ctx: int | None,
+                   candidates: dict[str, str | None], own: dict[str, str] | None = None, choose_tokens: int | None = None,
+                   split: str = "test") -> dict:
+    """`domain_stream` (eval/domain_stream.py) of one GGUF and its `candidates` on `split`, in a process of its own:
+    its figures without the per-document list, and peak RSS."""
+    from mfgguf.eval.domain_stream import CHOOSE_TOKENS
+
+    assert split in SPLITS, split
+    spec = {"candidates": candidates, "own": own, "choose_tokens": choose_tokens or CHOOSE_TOKENS}
+    args = [sys.executable, "-m", "mfgguf.eval.measure", str(path), str(rd.root), ",".join(domains),
+            str(max_tokens), str(ctx or 0), "0", split, "{}", json.dumps(spec)]
+    res, text = run_stage(f"measure {path.name} (unknown-domain stream)", args, capture=True)
+    m = json.loads(text.strip().splitlines()[-1])["stream"]
+    m["peak_rss_mb"] = res.peak_rss_mb
+    return m
+
+
+def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, split: str, adapters: str = "{}",
+          stream: str = "") -> None:
+    """The measuring process: prints one JSON line (see `measure`; with a `stream` spec, `measure_stream`)."""
     from mfgguf.runtime.perplexity import perplexity_by_domain
 
     rd = RunDir(Path(run))
     held = rd.heldout_tokens(int(cap)) if split == "test" else rd.validation_tokens(int(cap))
     toks = {d: np.asarray(held[d]) for d in domains.split(",") if d in held}
+    if stream:
+        _stream(Path(path), rd, toks, json.loads(stream), int(ctx) or None, split)
+        return
     adapter_of = json.loads(adapters)
     by_adapter: dict[str | None, dict] = {}
     for d, t in toks.items():  # one load of the model per adapter
@@ -66,6 +89,21 @@ def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, sp
         n_dec, t_dec = c["usage"]["completion_tokens"], time.perf_counter() - t0
     print(json.dumps({"domains": per, "overall": overall, "split": split, "prompt_tps": prompt_tps,
                       "decode_tps": n_dec / t_dec if n_dec else float("nan")}))
+
+
+def _stream(path: Path, rd: RunDir, toks: dict, spec: dict, ctx: int | None, split: str) -> None:
+    """The measuring process for `measure_stream`: prints {"stream": figures, "split"}."""
+    from mfgguf.errors import MfggufError
+    from mfgguf.eval.domain_stream import domain_stream
+
+    eos = rd.run_info().eos_id
+    if eos is None:
+        raise MfggufError(f"{rd.run_json} records no eos_id, which splits its documents; re-create the run with"
+                          " `mfgguf prepare`")
+    r = domain_stream(path, toks, spec["candidates"], eos=int(eos), own=spec.get("own"),
+                      choose_tokens=int(spec["choose_tokens"]), ctx=ctx)
+    del r["documents"]  # report.json keeps the counts (r["choice"]), not a line per document
+    print(json.dumps({"stream": r, "split": split}))
 
 
 def mixed(per: dict) -> dict:
@@ -113,7 +151,7 @@ def routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) 
     return {"accuracy": acc, "confusion": share.mean(1).tolist(), "expert_domain": home}
 
 
-__all__ = ["measure", "mixed", "routing_accuracy"]
+__all__ = ["measure", "measure_stream", "mixed", "routing_accuracy"]
 
 if __name__ == "__main__":  # the per-model measuring process (see measure)
     _main(*sys.argv[1:])

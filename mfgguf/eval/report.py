@@ -28,11 +28,16 @@ class Goals:
     router_vs_oracle: float = 1.02  # best statistics-only router at most this x oracle routing (within 2%)
     quants: tuple[tuple[str, float], ...] = (("q8_0", 1.005), ("q4_k", 1.05))  # quantized copy of the best MoE at
     #                                                                           most this x the base type
+    lora_domain_stream: float = 0.97  # MoE at most this x the per-domain LoRAs when a document's domain is unknown
+    #                                   (each document picks its adapter by its opening; eval/domain_stream.py)
 
 
 def goals(results: dict, best: str, best_stats: str | None, oracle_mixed: dict, quant_rows: dict, base_quant: str,
-          quants: tuple[str, ...], domains: list[str], plans: list) -> dict:
-    """report.json's `goals`: ratios of mixed held-out perplexity (lower is better for the MoE), no thresholds."""
+          quants: tuple[str, ...], domains: list[str], plans: list, stream: dict | None = None) -> dict:
+    """report.json's `goals`: ratios of mixed held-out perplexity (lower is better for the MoE), no thresholds.
+
+    `stream` (evaluate.py `_domain_stream`) adds the MoE over the per-domain LoRAs with the domain unknown, on the
+    tokens after each document's choice (the goal) and on whole documents (the choice's own tokens included)."""
     trunk, moe = results["trunk alone"], results[best]
     worst = max(moe["domains"][d]["ppl"] / trunk["domains"][d]["ppl"] for d in domains)
     g = {"moe_beats_trunk_every_domain": worst < 1, "moe_over_trunk_worst_domain": worst}
@@ -43,6 +48,11 @@ def goals(results: dict, best: str, best_stats: str | None, oracle_mixed: dict, 
         g["best_router_vs_oracle"] = results[best_stats]["overall"]["ppl"] / oracle_mixed["ppl"]
     for p in plans:
         g[f"moe_over_{p.key}_dense_mixed"] = moe["overall"]["ppl"] / results[p.label]["overall"]["ppl"]
+    if stream:
+        lora, moe_s = stream["results"][stream["lora"]], stream["results"][stream["moe"]]
+        for key, part in (("after_choice", "after_choice"), ("whole_documents", "overall")):
+            if lora[part]["ppl"] is not None:  # None: every document was no longer than the opening chosen on
+                g[f"moe_over_lora-domain_stream_{key}"] = moe_s[part]["ppl"] / lora[part]["ppl"]
     base = quant_rows[base_quant]["overall"]["ppl"]
     for q in quants:
         g[f"{q}_over_{base_quant}"] = quant_rows[q]["overall"]["ppl"] / base
@@ -134,6 +144,13 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
         row("MoE at most 1x the base + LoRA with the same FLOPs", "moe_over_lora_dense_mixed", 1.0)
     if "moe_over_lora-domain_dense_mixed" in g:
         row("MoE at most 1x a LoRA per domain with the same FLOPs (client picks)", "moe_over_lora-domain_dense_mixed", 1.0)
+    if "domain_stream" in r:
+        k = r["domain_stream"]["results"][r["domain_stream"]["lora"]]["choose_tokens"]
+        row(f"MoE at most {_x(t.lora_domain_stream)}x a LoRA per domain, domain unknown (each document picks by its"
+            f" first {k} tokens; the tokens after them)", "moe_over_lora-domain_stream_after_choice", t.lora_domain_stream)
+        if "moe_over_lora-domain_stream_whole_documents" in g:
+            L.append(f"| (no goal) the same on whole documents, the {k} tokens chosen on included"
+                     f" | {g['moe_over_lora-domain_stream_whole_documents']:.4f} | |")
     if "moe_over_total_dense_mixed" in g:
         L.append(f"| (no goal) MoE / dense with the MoE's total parameters, FLOP-matched"
                  f" | {g['moe_over_total_dense_mixed']:.4f} | |")
@@ -141,6 +158,7 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
         key = f"{q}_over_{r['config']['base_quant']}"
         if key in g:
             L.append(f"| {q} within {100 * (lim - 1):.1f}% of {r['config']['base_quant']} | {g[key]:.4f} | {_yes(g[key] <= lim)} |")
+    L += _stream_markdown(r.get("domain_stream") or {}, ds)
     L += _flops_markdown(r["flops"])
     L += _schedules_markdown(r.get("dense_schedules") or {})
     L += ["", "## Routing accuracy (share of a domain's tokens routed to that domain's experts, top-1)", ""]
@@ -154,6 +172,31 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
           "![held-out loss curves](curves.png)", "",
           f"Wall time of this evaluation: {r['wall_s']:.0f} s. Raw figures: report.json."]
     return "\n".join(L) + "\n"
+
+
+def _stream_markdown(st: dict, ds: list[str]) -> list[str]:
+    """The per-domain LoRAs with the domain unknown against the MoE on the same documents (eval/domain_stream.py)."""
+    if not st:
+        return []
+    res = st["results"]
+    lora = res[st["lora"]]
+    k = lora["choose_tokens"]
+    ppl = lambda f: f"{f['ppl']:.3f}" if f["ppl"] is not None else ""  # noqa: E731
+    L = ["", "## Per-domain LoRAs with the domain unknown", "",
+         f"Each test document (its tokens and its EOS, from an empty KV cache, windows of {lora['ctx']} overlapping by"
+         f" half) is served by the candidate -- the base alone or the base with one adapter -- of lowest loss on its"
+         f" first {k} tokens; the MoE scores the same documents with no choice. Perplexity on the tokens after the"
+         f" first {k} of each document (the choice never read them), then on whole documents.", "",
+         "| model | " + " | ".join(ds) + " | mixed | mixed, whole documents |", "|---|" + "---:|" * (len(ds) + 2)]
+    for name in (st["lora"], st["moe"]):
+        m = res[name]
+        cells = [ppl(m["domains"][d]["after_choice"]) if d in m["domains"] else "" for d in ds]
+        L.append(f"| {name} | " + " | ".join(cells) + f" | {ppl(m['after_choice'])} | {ppl(m['overall'])} |")
+    own = lora.get("own_choice") or {}
+    if own:
+        L += ["", "Share of a domain's documents that picked its own candidate (its adapter; the base where none is"
+                  " for it): " + ", ".join(f"{d} {own[d]:.2f}" for d in ds if d in own) + "."]
+    return L
 
 
 def _flops_markdown(f: dict) -> list[str]:

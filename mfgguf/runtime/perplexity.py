@@ -9,6 +9,9 @@ positions' logits are asked of llama.cpp, one batch of at most 512 at a time, so
 the model's own size at any window (a long window at a large vocabulary would otherwise hold gigabytes
 of logits).
 
+`document_nll` scores documents one by one instead (a choice per document: eval/domain_stream.py): each
+from an empty KV cache, every token after its first, in windows of ctx that overlap by half.
+
 Example:
     >>> from mfgguf.runtime.perplexity import perplexity
     >>> perplexity("model.gguf", tokens)["ppl"]
@@ -57,9 +60,12 @@ def _as_tokens(tokens, n_vocab: int, what: str) -> np.ndarray:
     return t.astype(np.int64)
 
 
-def _nll_of_window(llm, window: np.ndarray, bos: int | None) -> tuple[float, int]:
-    """Sum of -log p over the scored half of one window, and how many tokens that is.
+def _nll_of_window(llm, window: np.ndarray, bos: int | None, span: tuple[int, int] | None = None,
+                   out: np.ndarray | None = None) -> tuple[float, int]:
+    """Sum of -log p over the scored positions of one window, and how many tokens that is.
 
+    `span` is [first, last) of the window's positions whose logits are scored (default `scored_span`, the
+    second half); `out`, where given, receives each scored token's NLL in order (last - first of them).
     The window goes through llama.cpp in batches of the context's n_batch tokens, and each batch asks
     for the logits of its scored positions only; they are reduced to NLL before the next batch runs.
     So at most n_batch x n_vocab logits exist at a time, whatever the window (all logits of one
@@ -68,7 +74,7 @@ def _nll_of_window(llm, window: np.ndarray, bos: int | None) -> tuple[float, int
     ids = window.tolist()
     if bos is not None:
         ids[0] = bos  # what llama-perplexity does when the vocab adds a BOS
-    first, last = scored_span(len(ids))
+    first, last = span or scored_span(len(ids))
     ctx, batch, V = llm._ctx, llm._batch, llm.n_vocab()
     llm.reset()
     ctx.kv_cache_clear()  # the window starts from an empty KV cache
@@ -88,7 +94,10 @@ def _nll_of_window(llm, window: np.ndarray, bos: int | None) -> tuple[float, int
             x, t = logits[r : r + ROWS], targets[r : r + ROWS]  # (rows, V), (rows,)
             m = x.max(axis=1, keepdims=True)  # (rows, 1)
             logz = m[:, 0].astype(np.float64) + np.log(np.exp(x - m).sum(axis=1, dtype=np.float64))  # (rows,)
-            nll += float((logz - x[np.arange(len(t)), t]).sum())
+            tok = logz - x[np.arange(len(t)), t]  # (rows,) float64
+            if out is not None:
+                out[b0 + lo + r - first : b0 + lo + r - first + len(t)] = tok
+            nll += float(tok.sum())
         n += hi - lo
     llm.reset()
     return nll, n
@@ -183,6 +192,56 @@ def _by_domain_llm(llm, domains: dict, ctx: int, progress: bool) -> dict:
         "tokens_per_s": n_windows * ctx / secs if secs else None,
     }
     return {"domains": out, "overall": overall}
+
+
+def document_windows(n_tokens: int, ctx: int) -> list[tuple[int, int, int]]:
+    """(start, end, first) of each window over one document of `n_tokens`, scoring every token after its first.
+
+    The positions [first, end - 1) are scored, each predicting the next token. The first window is the
+    document's first `ctx` tokens, every position scored: a token sees its document's whole prefix and
+    nothing before it. Each later window starts ctx/2 positions before its first scored one, so (as in
+    `windows`, llama-perplexity's) every token it scores sees at least ctx/2 + 1 tokens, and it scores
+    the ctx - 1 - ctx/2 tokens after the previous window's. A document's windows depend only on ctx, so a
+    document's prefix gets the prefix of its windows: its first tokens score the same alone as inside it.
+    """
+    if ctx - 1 - ctx // 2 < 1:
+        raise MfggufError(f"--ctx {ctx} is too small to score documents window by window; pass --ctx 3 or more")
+    if n_tokens < 2:
+        return []
+    spans = [(0, min(n_tokens, ctx), 0)]
+    while spans[-1][1] < n_tokens:
+        first = spans[-1][1] - 1  # predicts the first token the last window did not
+        start = first - ctx // 2
+        spans.append((start, min(start + ctx, n_tokens), first))
+    return spans
+
+
+def document_nll(model, documents: list, *, ctx: int | None = None, batch: int | None = None,
+                 threads: int | None = None, lora: Path | None = None, first: int | None = None
+                 ) -> tuple[list[np.ndarray], int]:
+    """Each document's per-token NLL under MODEL (with `lora` applied), every document from an empty KV cache.
+
+    A document is scored from its second token on: its first token is its only context (a separator such
+    as the previous document's EOS, replaced by BOS where the vocab adds one, as every window's first
+    token is here), and its windows are `document_windows`. `first` scores only the first `first` tokens
+    after it (what a choice made on a document's opening reads). One load of the model for all of them.
+    Returns ([(len(doc) - 1,) float64 nats per scored token, per document], the ctx used).
+
+    Example:
+        >>> nll, ctx = document_nll("base.gguf", [np.array([eos, 17, 4, 99, eos])], ctx=64, lora=Path("lora.gguf"))
+    """
+    cm, ctx = _open(model, ctx, batch, threads, lora)
+    out = []
+    with cm as llm:
+        bos = llm.token_bos() if llm._model.add_bos_token() else None
+        for i, doc in enumerate(documents):
+            t = _as_tokens(doc, llm.n_vocab(), f"document {i}")
+            t = t[: first + 1] if first is not None else t
+            nll = np.zeros(max(len(t) - 1, 0))  # (n - 1,) one per predicted token
+            for s, e, f in document_windows(len(t), ctx):
+                _nll_of_window(llm, t[s:e], bos, span=(f - s, e - 1 - s), out=nll[f : e - 1])
+            out.append(nll)
+    return out, ctx
 
 
 def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path | None = None, ctx: int | None = None,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from mfgguf.eval.report import Goals, report_markdown
+import math
+
+from mfgguf.eval.report import Goals, goals, report_markdown
 
 
 def _report() -> dict:
@@ -38,3 +40,27 @@ def test_goals_come_from_the_configuration():
     assert _met(md, "MoE at most 0.96x the FLOP") == "no" and _met(md, "stretch: MoE at most 0.98x") == "yes"
     assert _met(md, "best statistics-only router (moe ridge top-1) within 0.5%") == "no"
     assert _met(md, "q8_0 within 0.5% of f16") == "yes"
+
+
+def _stream(ppl: float, after: float, **extra) -> dict:
+    fig = lambda p, n: {"ppl": p, "nll": math.log(p), "n_tokens": n}  # noqa: E731
+    return {"overall": fig(ppl, 300), "after_choice": fig(after, 200), "choose_tokens": 128, "ctx": 1024,
+            "domains": {"python": {**fig(ppl, 300), "documents": 3, "after_choice": fig(after, 200)}}, **extra}
+
+
+def test_the_unknown_domain_stream_is_a_goal_on_the_tokens_after_the_choice():
+    r = _report()
+    st = {"lora": "loras", "moe": r["best"], "results": {
+        "loras": _stream(10.0, 10.5, choice={"python": {"base": 1, "lora-shard1": 2}}, own_choice={"python": 2 / 3}),
+        r["best"]: _stream(9.0, 9.5)}}
+    quant = {"f16": r["results"][r["best"]]}
+    g = goals(r["results"], r["best"], None, r["oracle"]["mixed"], quant, "f16", (), r["domains"], [], st)
+    assert g["moe_over_lora-domain_stream_after_choice"] == 9.5 / 10.5
+    assert g["moe_over_lora-domain_stream_whole_documents"] == 9.0 / 10.0
+    r = {**r, "goals": g, "domain_stream": st}
+    goal = "MoE at most 0.97x a LoRA per domain, domain unknown"
+    assert _met(report_markdown(r), goal) == "yes"
+    md = report_markdown(r, Goals(lora_domain_stream=0.9))
+    assert _met(md, "MoE at most 0.9x a LoRA per domain, domain unknown") == "no"
+    assert "| loras | 10.500 | 10.500 | 10.000 |" in md and "python 0.67" in md
+    assert "domain unknown" not in report_markdown(_report())  # no per-domain LoRAs: neither row nor section

@@ -134,6 +134,16 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
     res = rep["results"]
     for d in set(res["trunk alone"]["domains"]) - set(own):  # no adapter is for it: the base alone, exactly
         assert res[LORA_DOMAIN_LABEL]["domains"][d]["ppl"] == res["trunk alone"]["domains"][d]["ppl"]
+    # the same adapters with the domain unknown (each document picks by its opening), and the MoE on those documents
+    st = rep["domain_stream"]
+    assert (st["lora"], st["moe"]) == (LORA_DOMAIN_LABEL, rep["best"])
+    lora_s, moe_s = st["results"][st["lora"]], st["results"][st["moe"]]
+    assert lora_s["candidates"] == ["base", "lora-shard1"] and moe_s["candidates"] == [rep["best"]]
+    for part in ("overall", "after_choice"):
+        assert lora_s[part]["n_tokens"] == moe_s[part]["n_tokens"] > 0
+    assert sum(sum(c.values()) for c in lora_s["choice"].values()) == sum(v["documents"] for v in lora_s["domains"].values())
+    assert rep["goals"]["moe_over_lora-domain_stream_after_choice"] > 0
+    assert "domain unknown" in (run / "eval" / "report.md").read_text()
     plans = plans[:2]
     expert_flops = module_flops(read_module_meta(RunDir(run), 1))
     step = 16 * 256
