@@ -79,6 +79,38 @@ def apply_rope(x, cos, sin):  # x: (B, H, T, hd); rotate adjacent pairs like lla
     return torch.view_as_real(xc * torch.complex(cos, sin)).flatten(-2).type_as(x)  # (B, H, T, hd)
 
 
+class HeadEmbedding(nn.Module):
+    """The token embedding read from the frozen output head's weight and returned in f32: a tied base whose values
+    the head's bf16 holds exactly gets the same lookup as from its f32 table, which it no longer keeps (vocab x dim x
+    4 bytes: a gigabyte at Llama-3.2-1B's shape). The head is held out of the module tree (not a second parameter)."""
+
+    def __init__(self, head: nn.Linear):
+        super().__init__()
+        self._head = (head,)
+
+    @property
+    def weight(self) -> torch.Tensor:  # (V, C) bf16, the head's own
+        return self._head[0].weight
+
+    def forward(self, idx):  # idx: (B, T) int64 -> (B, T, C) f32
+        return F.embedding(idx, self.weight).float()
+
+
+def share_tied_embedding(model: "Transformer", rows: int = 8192) -> bool:
+    """Make the embedding a HeadEmbedding where that computes the same: both frozen, the head bf16, the table f32,
+    and every row of the table equal to the head's row in bf16 and back (checked `rows` rows at a time). Returns
+    whether it did; a base whose embedding is not exactly its bf16 head (untied, or values bf16 rounds) keeps it."""
+    emb, head = model.tok_embd.weight, model.output.weight
+    if (emb.requires_grad or head.requires_grad or emb.dtype != torch.float32 or head.dtype != torch.bfloat16
+            or emb.shape != head.shape):
+        return False
+    for r in range(0, emb.shape[0], rows):
+        if not torch.equal(head[r: r + rows].float(), emb[r: r + rows]):  # (rows, C) f32
+            return False
+    model.tok_embd = HeadEmbedding(model.output)
+    return True
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, n_experts: int):
         super().__init__()

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from mfgguf.config import EXPERT_INITS, ModelConfig, expert_layers, get_preset
 from mfgguf.errors import MfggufError
-from mfgguf.model import SEED_FFN, Transformer, trunk_name_map
+from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name_map
 from mfgguf.options import TrainOptions
 from mfgguf.plots import loss_curve
 from mfgguf.run.records import ModuleMeta
@@ -123,6 +123,7 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     left = [n for n, p in model.named_parameters() if p.is_meta]
     if left:
         raise MfggufError(f"trunk file lacks {len(left)} tensor(s), e.g. {left[0]}; retrain the trunk")
+    share_tied_embedding(model)  # a tied bf16 base keeps one table, not an f32 one beside its head
     return model
 
 
