@@ -37,6 +37,7 @@ from mfgguf.base.gguf_source import GGUFBase
 from mfgguf.base.hf_source import HFBase
 from mfgguf.base.known import resolve_base
 from mfgguf.base.runbase import BASE_FORMAT, BaseFiles
+from mfgguf.base.source import BaseShape
 
 SEED_SHARE = 8  # default seed width: the base's FFN width / this, rounded down to a multiple of 32
 
@@ -88,17 +89,7 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MfggufError(f"{out} already exists and is not empty; choose another --out or pass --force to replace it")
     p = get_preset(preset)
-    e = default_expert_ff(s.ff) if expert_ff is None else int(expert_ff)
-    if seed and not 0 < e < s.ff:
-        raise MfggufError(f"--expert-ff {e} must be between 1 and the base's FFN width {s.ff} - 1 (the seed is a slice of it)")
-    if e < 1:
-        raise MfggufError(f"--expert-ff {e} must be at least 1")
-    ctx = min(s.ctx_len, ctx_len or p.model.ctx_len)
-    cfg = ModelConfig(vocab_size=s.vocab_size, dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
-                      anchor_ff=s.ff - e if seed else s.ff, expert_ff=e, n_experts=0, ctx_len=ctx,
-                      rope_theta=s.rope_theta, norm_eps=s.norm_eps, seed_expert=seed, family=s.family,
-                      rope_freq_factors=s.rope_freq_factors, attn_head_dim=s.head_dim)
-    cfg.validate()
+    cfg = trunk_config(s, expert_ff=expert_ff, seed=seed, preset=preset, ctx_len=ctx_len)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -129,6 +120,23 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def trunk_config(s: BaseShape, *, expert_ff: int | None = None, seed: bool = True, preset: str = "small",
+                 ctx_len: int | None = None) -> ModelConfig:
+    """The trunk's ModelConfig that `import_base` gives a base of shape `s` (what a plan can read without importing)."""
+    e = default_expert_ff(s.ff) if expert_ff is None else int(expert_ff)
+    if seed and not 0 < e < s.ff:
+        raise MfggufError(f"--expert-ff {e} must be between 1 and the base's FFN width {s.ff} - 1 (the seed is a slice of it)")
+    if e < 1:
+        raise MfggufError(f"--expert-ff {e} must be at least 1")
+    ctx = min(s.ctx_len, ctx_len or get_preset(preset).model.ctx_len)
+    cfg = ModelConfig(vocab_size=s.vocab_size, dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads,
+                      anchor_ff=s.ff - e if seed else s.ff, expert_ff=e, n_experts=0, ctx_len=ctx,
+                      rope_theta=s.rope_theta, norm_eps=s.norm_eps, seed_expert=seed, family=s.family,
+                      rope_freq_factors=s.rope_freq_factors, attn_head_dim=s.head_dim)
+    cfg.validate()
+    return cfg
 
 
 def _reader(base, cfg: ModelConfig):

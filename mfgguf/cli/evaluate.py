@@ -52,7 +52,11 @@ def eval_cmd(
                                   " parameters, FLOP-matched); auto = flop,wallclock (+ total while the MoE's"
                                   " FFN width is at most 4x the anchor's); none. On an imported base they are the"
                                   " base trained further on the experts' data instead: flop and wallclock"
-                                  " (continued pretraining), lora (peft LoRA, FLOP-matched); auto = all three."),
+                                  " (continued pretraining), lora (one peft LoRA on every trained domain,"
+                                  " FLOP-matched), lora-domain (a LoRA per expert's shard for that expert's FLOPs,"
+                                  " served as llama.cpp adapters: each domain through its own, and a stream of"
+                                  " documents whose domain is unknown, each through the one its opening picks);"
+                                  " auto = all four."),
     no_dense: bool = typer.Option(False, "--no-dense", help="Train no dense baseline (same as --baselines none)."),
     dense_schedules: str = typer.Option(",".join(EvalConfig.dense_schedules), "--dense-schedules",
                                         help="LR schedules each dense baseline trains with, comma-separated (cosine,"
@@ -63,11 +67,15 @@ def eval_cmd(
     max_tokens: int = typer.Option(EvalConfig.max_tokens_per_domain, help="Held-out tokens scored per domain."),
     ctx: int = typer.Option(None, help="Perplexity window (default 1024, or the model's context where shorter)."),
     force: bool = typer.Option(False, "--force", help="Rebuild every model and retrain the dense baselines."),
+    seed: int = typer.Option(None, "--seed", help="Seed of every baseline's training (its data order; a LoRA's or a"
+                             " dense model's initialisation); a baseline trained with another is trained again."
+                             " Default: the trunk's seed (from scratch), train-base's default (an imported base)."
+                             " The experts' seed is train-expert's --seed."),
 ):
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
                      quants=tuple(q for q in quants.split(",") if q), dense=not no_dense,
                      baselines=parse_baselines(baselines), max_tokens_per_domain=max_tokens, ctx=ctx,
-                     dense_schedules=tuple(s.strip() for s in dense_schedules.split(",") if s.strip()))
+                     dense_schedules=tuple(s.strip() for s in dense_schedules.split(",") if s.strip()), seed=seed)
     r = evaluate(run, out, cfg, force=force)
     out = Path(out) if out else Path(run) / "eval"
     from rich.console import Console

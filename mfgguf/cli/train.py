@@ -108,6 +108,8 @@ def train_base_cmd(
     lr: float = typer.Option(..., "--lr", help="Peak learning rate."),
     shards: str = typer.Option(None, "--shards", help="Shards whose union it trains on, e.g. 1,2,4 (default: all)."),
     rank: int = typer.Option(16, "--rank", help="LoRA rank (alpha = 2 x rank)."),
+    seed: int = typer.Option(None, "--seed", help="Data order and LoRA initialisation seed (default: the preset's"
+                             " data order; the LoRA's initialisation as torch's generator stands)."),
     compile: str = typer.Option("off", "--compile", help="torch.compile the step: on, off, or auto (as train-expert)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
@@ -121,7 +123,7 @@ def train_base_cmd(
     ids = parse_experts(shards) or list(range(1, int(rd.info()["n_experts"]) + 1))  # 1,2,4 or 1-3 (train_continued checks them)
     if Path(out).exists() and not force:
         raise MfggufError(f"{out} already exists; pass --force to replace it")
-    view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, device=device,
+    view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, seed=seed, device=device,
                            precision=precision, compile=compile, progress=progress)
     from mfgguf.run import read_module_meta
 

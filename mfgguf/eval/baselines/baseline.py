@@ -46,6 +46,7 @@ class Job:
     which: tuple[str, ...] | None  # the keys asked for (a side ignores the other side's); None: its default set
     force: bool  # retrain even where a matching baseline exists
     schedules: tuple[str, ...] | None  # LR schedules a dense model trains with; None: no dense training asked for
+    seed: int | None = None  # every baseline training's seed; None: each side's default (the trunk's, the preset's)
 
 
 @dataclass(frozen=True)

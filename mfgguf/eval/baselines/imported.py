@@ -18,7 +18,9 @@ The peak LR of each kind is chosen by the same small grid (GRID) run at the budg
 each value trains for the experts' whole FLOPs, the lowest validation loss on the trained domains
 (PyTorch, 4,096 tokens a domain) wins, and that run is the baseline (no second run); the grid's
 losses are reported. The wall-clock-matched run reuses the full grid's LR, chosen at the FLOP
-budget (the larger one when experts run side by side). Tokens are whole optimizer steps.
+budget (the larger one when experts run side by side). Tokens are whole optimizer steps. Every
+training takes eval's --seed (the data order and a LoRA's initialisation), so seeds vary the
+baselines as they vary the experts.
 
 Example:
     >>> plans, grid = plan_and_train(rd, metas, out)
@@ -62,9 +64,10 @@ class BasePlan:
 
 
 def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | None = None,
-                   force: bool = False) -> tuple[list[BasePlan], dict]:
+                   force: bool = False, seed: int | None = None) -> tuple[list[BasePlan], dict]:
     """Train (or reuse) the LR grid and the baselines `which` (default all) against the trained experts in `metas`
-    ({0: the imported trunk, i: expert i}); return the plans and {mode: {lr: held-out loss on the trained domains}}."""
+    ({0: the imported trunk, i: expert i}), every training with `seed` (train-base's --seed; None: its default);
+    return the plans and {mode: {lr: held-out loss on the trained domains}}."""
     which = keys(IMPORTED) if which is None else which
     kinds = [k for k in IMPORTED if k.key in which]
     experts = {i: m for i, m in metas.items() if i > 0}
@@ -77,7 +80,7 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
 
     def train(name: str, mode: str, tokens: int, lr: float) -> dict:
         return train_base(rd, out / name, mode=mode, tokens=tokens, lr=lr, shards=shards,
-                          trunk_sha256=metas[0]["sha256"], force=force)
+                          trunk_sha256=metas[0]["sha256"], force=force, seed=seed)
 
     def held(m: dict) -> float:
         return sum(m["heldout_loss"][d] for d in trained) / len(trained)
@@ -97,7 +100,7 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
         mode = kind.trains
         lr = best[mode]
         if kind.key == "lora-domain":  # each shard's own LoRA at its expert's FLOPs, the union grid's LR
-            ads = tuple(train_domain_loras(rd, metas, out, lr, force))
+            ads = tuple(train_domain_loras(rd, metas, out, lr, force, seed))
             plans.append(BasePlan(kind.key, kind.label, mode, sum(a.tokens for a in ads), lr, flops, rd.root, ads))
             continue
         if kind.budget == "seconds":
@@ -117,21 +120,24 @@ def matched_tokens(flops: float, per_token: float, step: int) -> int:
 
 
 def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shards: list[int], trunk_sha256: str,
-               force: bool = False, needs: tuple[str, ...] = ()) -> dict:
+               force: bool = False, needs: tuple[str, ...] = (), seed: int | None = None) -> dict:
     """`mfgguf train-base` into `run`, unless `run` already holds this very training (and the files `needs` names);
     its module record either way."""
     view = RunDir(run)
-    want = {"mode": mode, "lr": lr, "shards": shards, "from_trunk_sha256": trunk_sha256}
+    # a record without a seed was trained without --seed, as seed None trains
+    want = {"mode": mode, "lr": lr, "shards": shards, "from_trunk_sha256": trunk_sha256, "seed": seed}
     if not force and view.module_meta(0).is_file() and all((run / n).is_file() for n in needs):
         m = read_module_meta(view, 0)
         if m.get("tokens_seen") == tokens and all(m["continued"].get(k) == v for k, v in want.items()):
             return m
     run_stage(f"train-base {run.name}", ["train-base", rd.root, "-o", run, "--mode", mode, "--tokens", tokens, "--lr", lr,
-                                         "--shards", ",".join(map(str, shards)), "--no-progress", "--force"])
+                                         "--shards", ",".join(map(str, shards)), "--no-progress", "--force",
+                                         *(["--seed", seed] if seed is not None else [])])
     return read_module_meta(view, 0)
 
 
-def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: bool = False) -> list[DomainAdapter]:
+def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: bool = False,
+                       seed: int | None = None) -> list[DomainAdapter]:
     """Train (or reuse) one LoRA per trained expert's shard, each for that expert's FLOPs; metas: {0: trunk, i: expert}."""
     cfg = ModelConfig.from_dict(metas[0]["config"])
     per_step = continued_step_flops(cfg, "lora").total
@@ -141,7 +147,7 @@ def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: boo
         tokens = matched_tokens(module_flops(m), per_step, step)
         shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
         train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=metas[0]["sha256"],
-                   force=force, needs=(ADAPTER_FILE,))
+                   force=force, needs=(ADAPTER_FILE,), seed=seed)
         adapters.append(DomainAdapter(shard, tuple(m.get("shard_domains") or ()), tokens, lr, run))
     return adapters
 
@@ -157,7 +163,7 @@ class Imported:
             _say("the trunk is an imported base: its baselines are the base trained further on the experts' data"
                  " (continued pretraining, LoRA), not dense models from scratch")
             which = tuple(k for k in job.which if k in keys(IMPORTED)) if job.which is not None else None
-            plans, grid = plan_and_train(job.rd, job.metas, job.out, which, job.force)
+            plans, grid = plan_and_train(job.rd, job.metas, job.out, which, job.force, job.seed)
         trained = sorted({d for i, m in job.metas.items() if i for d in m.get("shard_domains") or []})
         section = {"grid": grid, "plans": [_plan_json(p) for p in plans], "trained_domains": trained}
         return Outcome(trained=[_trained(p) for p in plans], sections={"base_baselines": section})
@@ -184,17 +190,24 @@ def _trained(p: BasePlan) -> Trained:
 
 
 def critical_path_s(rd: RunDir, experts: dict) -> float:
-    """Seconds of the MoE's critical path with a machine per expert: the slowest expert's walls summed over its rounds
-    (each round's record is kept under rounds/sync_k/before/), plus the wall of every sync (recorded in its plan)."""
+    """Seconds of the MoE's critical path with a machine per expert: the slowest expert's walls summed over its rounds,
+    plus the wall of every sync."""
+    walls, syncs = expert_walls(rd, experts)
+    return max(walls.values()) + syncs
+
+
+def expert_walls(rd: RunDir, experts: dict) -> tuple[dict[int, float], float]:
+    """({i: expert i's walls summed over its rounds}, the walls of every sync summed); experts: {i: expert i's meta}.
+    Each round's record is kept under rounds/sync_k/before/, each sync's wall in its plan."""
     plans = sorted(rd.rounds.glob("sync_*/sync.json")) if rd.rounds.is_dir() else []
-    walls = []
+    walls = {}
     for i, m in experts.items():
         rounds = [read_json(f, "a round's expert record") for p in plans if (f := p.parent / "before" / rd.module_meta(i).name).is_file()]
         if int(m.get("round") or 1) > max((int(r.get("round") or 1) for r in rounds), default=0):
             rounds.append(m)  # a round trained since the last sync (or no sync at all); a restat keeps its round
-        walls.append(sum(float(r.get("wall_s") or r["train_s"]) for r in rounds))
+        walls[i] = sum(float(r.get("wall_s") or r["train_s"]) for r in rounds)
     syncs = sum(float(read_json(p, "a sync plan").get("wall_s") or 0.0) for p in plans)
-    return max(walls) + syncs
+    return walls, syncs
 
 
 def _say(msg: str) -> None:
@@ -203,5 +216,5 @@ def _say(msg: str) -> None:
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
 
 
-__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s", "matched_tokens",
+__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s", "expert_walls", "matched_tokens",
            "train_base", "train_domain_loras"]

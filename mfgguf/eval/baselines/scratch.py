@@ -61,7 +61,8 @@ class Scratch:
         schedules = check_schedules(job.schedules) if job.schedules is not None else ()
         outcome = Outcome(sections={"dense_schedules": {}})
         for b in plan_baselines(job.metas, job.which):
-            runs = {s: train_baseline(job.rd, job.metas[0], b, job.out, job.force, schedule=s) for s in schedules}
+            runs = {s: train_baseline(job.rd, job.metas[0], b, job.out, job.force, schedule=s, seed=job.seed)
+                    for s in schedules}
             chosen, m = pick_schedule({s: read_module_meta(d, 0) for s, d in runs.items()})
             outcome.sections["dense_schedules"][b.label] = {
                 "chosen": chosen, "heldout_loss": {s: read_module_meta(d, 0)["heldout_loss_mean"] for s, d in runs.items()}}
@@ -111,24 +112,25 @@ def plan_baselines(metas: dict, which: tuple[str, ...] | None = None) -> list[Ba
 
 
 def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool = False,
-                   schedule: str = "cosine") -> RunDir:
+                   schedule: str = "cosine", seed: int | None = None) -> RunDir:
     """Train (once) baseline `b` with LR `schedule` in out/dense-<key> (cosine) or out/dense-<key>-<schedule>,
-    a copy of RUN sharing its data; return that RUN.
+    a copy of RUN sharing its data; return that RUN. `seed`: its init and data order (None: the trunk's).
 
-    Reused when its recorded shape, tokens and schedule match the plan; retrained (its directory
+    Reused when its recorded shape, tokens, schedule and seed match the plan; retrained (its directory
     replaced) when they do not, e.g. after the experts were retrained, or with `force`.
     """
     dense = RunDir(out / (f"dense-{b.key}" if schedule == "cosine" else f"dense-{b.key}-{schedule}"))
+    tc = trunk["train"]
+    seed = tc["seed"] if seed is None else int(seed)
     if dense.module_meta(0).is_file() and not force:
         m = read_module_meta(dense, 0)
         if (m["config"]["anchor_ff"] == b.anchor_ff and m["tokens_seen"] == b.tokens
-                and m["train"].get("schedule", "cosine") == schedule):
+                and m["train"].get("schedule", "cosine") == schedule and m["train"].get("seed") == seed):
             return dense
         _say(f"{b.label}: the plan changed (anchor_ff {m['config']['anchor_ff']} -> {b.anchor_ff},"
-             f" tokens {m['tokens_seen']:,} -> {b.tokens:,}); retraining")
+             f" tokens {m['tokens_seen']:,} -> {b.tokens:,}, seed {m['train'].get('seed')} -> {seed}); retraining")
     dense = data_view(rd, dense.root)  # our own output, not user work: a stale baseline or an interrupted one goes
-    tc = trunk["train"]
-    same = {"--batch-size": tc["batch_size"], "--lr": tc["lr"], "--seed": tc["seed"], "--eval-tokens": tc["eval_tokens"],
+    same = {"--batch-size": tc["batch_size"], "--lr": tc["lr"], "--seed": seed, "--eval-tokens": tc["eval_tokens"],
             "--eval-every": tc.get("eval_every"), "--curve-tokens": tc.get("curve_tokens"),
             "--ckpt-every": tc.get("ckpt_every")}  # None: older trunk
     args = [a for k, v in same.items() if v is not None for a in (k, v)]

@@ -51,7 +51,8 @@ def union_tokens(rd: RunDir, shards: list[int]) -> np.ndarray:
 
 
 def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float, shards: list[int], rank: int = 16,
-                    device: str = "cpu", precision: str = "auto", compile: str = "off", progress: bool = False) -> RunDir:
+                    seed: int | None = None, device: str = "cpu", precision: str = "auto", compile: str = "off",
+                    progress: bool = False) -> RunDir:
     """Train the imported base of RUN on its experts' data as a practitioner would instead of experts: continued
     pretraining of every parameter (--mode full) or a peft LoRA on every linear layer (--mode lora, merged at the
     end), on the union of the shards (each cut to the shortest), with an expert's batch, context and precision.
@@ -59,6 +60,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     --mode lora also writes OUT/lora.gguf, the same LoRA unmerged as a llama.cpp adapter of the base's own
     dense GGUF (`mfgguf assemble RUN --experts none`), to serve one adapter per domain (`--lora`).
     `mfgguf eval` trains these itself on an imported run (FLOP- and wall-clock-matched, LR from a small grid).
+    --seed sets the data order and the LoRA's initialisation (default: the preset's data order).
 
     Example:
         mfgguf train-base RUN -o RUN/lora --mode lora --tokens 65536 --lr 1e-3 --shards 1,2"""
@@ -77,10 +79,14 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     expert_tc = get_preset(trunk.get("preset", "small")).expert
     tc = replace(expert_tc, tokens=int(tokens), lr=float(lr), eval_every=0, eval_tokens=4096, ckpt_every=10**9,
                  compile=compile, shared="none", rounds=1, complement=False)
+    if seed is not None:
+        tc = replace(tc, seed=int(seed))
     data = union_tokens(rd, shards)
     view = data_view(rd, out)
     model, route = trunk_alone(rd.module_file(0), cfg, dev)  # f32 master weights; bf16 autocast in the loop
     if mode == "lora":
+        if seed is not None:  # without one, peft draws from torch's generator as it stands, as before --seed existed
+            torch.manual_seed(int(seed))
         named = _inject_lora(model, rank)
     else:
         named = {n: p for n, p in model.named_parameters()}
@@ -89,7 +95,8 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     rec, micro = plan_activations(cfg, tc.batch_size)
     if rec:
         limit_heap_retention()
-    ckpt_meta = {"module": "continued", "kind": mode, "tokens": tc.tokens, "lr": tc.lr, "shards": list(shards)}
+    ckpt_meta = {"module": "continued", "kind": mode, "tokens": tc.tokens, "lr": tc.lr, "shards": list(shards),
+                 "seed": tc.seed}
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=view.checkpoint_dir(0),
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=f"base, {mode}", micro=micro)
     adapter = None
@@ -105,6 +112,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
             "heldout_loss": held, "heldout_loss_mean": mean(held), "history": res.history,
             "wall_s": time.perf_counter() - t_start,
             "continued": {"mode": mode, "from_trunk_sha256": trunk["sha256"], "shards": list(shards), "lr": lr,
+                          "seed": seed,
                           "rank": rank if mode == "lora" else None, "micro_batch": micro,
                           "adapter": adapter.name if adapter else None,
                           "trained_params": sum(p.numel() for p in named.values())}}

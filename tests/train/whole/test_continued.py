@@ -90,6 +90,23 @@ def test_train_base_writes_a_trunk_llama_cpp_runs(base_run, tmp_path, mode):
     assert np.isfinite(perplexity(gguf, held, ctx=64)["ppl"])
 
 
+def test_train_base_seed_sets_the_data_order_and_the_loras_start(base_run, tmp_path):
+    from mfgguf.config import get_preset
+
+    def train(name: str, *seed) -> tuple[dict, dict]:
+        out = tmp_path / name
+        r = cli("train-base", base_run, "-o", out, "--mode", "lora", "--tokens", 4096, "--lr", 1e-2, "--rank", 4,
+                "--no-progress", *seed)
+        assert r.exit_code == 0, r.output
+        return read_module_meta(RunDir(out), 0), load_file(str(RunDir(out).module_file(0)))
+
+    (m5, w5), (m6, w6) = train("s5", "--seed", 5), train("s6", "--seed", 6)
+    assert (m5["continued"]["seed"], m5["train"]["seed"], m6["train"]["seed"]) == (5, 5, 6)
+    assert any(not np.array_equal(w5[k], w6[k]) for k in w5)
+    m, _ = train("default")  # as before the option: the preset's data order, recorded as no seed given
+    assert m["continued"]["seed"] is None and m["train"]["seed"] == get_preset(m["preset"]).expert.seed
+
+
 def test_train_base_refuses_in_one_line(base_run, tmp_path):
     (tmp_path / "taken").mkdir()
     r = cli("train-base", base_run, "-o", tmp_path / "taken", "--tokens", 4096, "--lr", 1e-3)

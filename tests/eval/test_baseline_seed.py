@@ -1,0 +1,89 @@
+"""`mfgguf eval --seed`: the seed reaches every baseline's training, and a baseline trained with another seed is
+trained again rather than reused. No training runs here: the stage that would train is recorded instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from mfgguf.cli.app import app
+from mfgguf.errors import MfggufError
+from mfgguf.eval import evaluate as ev_mod
+from mfgguf.eval.baselines import imported
+from mfgguf.eval.baselines.baseline import Job, Outcome
+from mfgguf.run import RunDir
+
+
+def test_eval_cli_seed_reaches_the_config(monkeypatch, tmp_path):
+    def fake(run, out, cfg, force=False):
+        raise MfggufError(f"seed {cfg.seed} baselines {cfg.baselines}")
+
+    import mfgguf.cli.evaluate as cli_eval
+
+    monkeypatch.setattr(cli_eval, "evaluate", fake)
+    r = CliRunner().invoke(app, ["eval", str(tmp_path), "--seed", "3", "--baselines", "lora-domain"])
+    assert r.exit_code == 1 and "seed 3 baselines ('lora-domain',)" in r.output
+    r = CliRunner().invoke(app, ["eval", str(tmp_path)])
+    assert "seed None baselines None" in r.output
+
+
+def test_the_config_seed_reaches_the_imported_side(monkeypatch, tmp_path):
+    seen = {}
+
+    class Side:
+        def train(self, job: Job) -> Outcome:
+            seen["job"] = job
+            return Outcome()
+
+    monkeypatch.setattr(ev_mod, "side_for", lambda trunk: Side())
+    ev = ev_mod.Evaluation(RunDir(tmp_path), ev_mod.EvalConfig(seed=5), False, {0: {"source": "base"}}, None, {}, tmp_path)
+    ev_mod._train_baselines(ev)
+    assert seen["job"].seed == 5
+
+    monkeypatch.setattr(imported, "plan_and_train", lambda rd, metas, out, which, force, seed: seen.update(seed=seed)
+                        or ([], {}))
+    imported.Imported().train(Job(RunDir(tmp_path), {0: {}}, tmp_path, None, False, ("cosine",), seed=5))
+    assert seen["seed"] == 5
+
+
+def test_train_base_passes_the_seed_and_retrains_for_another(monkeypatch, tmp_path):
+    run = tmp_path / "grid-lora-lr0.001"
+    (run / "modules").mkdir(parents=True)
+    (run / "modules" / "trunk.json").write_text("{}")
+    record = {"tokens_seen": 4096, "continued": {"mode": "lora", "lr": 1e-3, "shards": [1, 2],
+                                                 "from_trunk_sha256": "abc", "seed": 7}}
+    calls = []
+    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i: json.loads(json.dumps(record)))
+    monkeypatch.setattr(imported, "run_stage", lambda name, args: calls.append([str(a) for a in args]))
+    kw = dict(mode="lora", tokens=4096, lr=1e-3, shards=[1, 2], trunk_sha256="abc")
+    rd = RunDir(tmp_path)
+    assert imported.train_base(rd, run, seed=7, **kw) == record and calls == []  # this very training: reused
+    imported.train_base(rd, run, seed=8, **kw)
+    assert len(calls) == 1 and calls[0][-2:] == ["--seed", "8"]
+    imported.train_base(rd, run, **kw)  # no seed: one trained with seed 7 is not what no seed trains
+    assert len(calls) == 2 and "--seed" not in calls[1]
+    del record["continued"]["seed"]  # a record from before --seed existed: what no seed trains, reused
+    imported.train_base(rd, run, **kw)
+    assert len(calls) == 2
+    assert Path(calls[0][1]) == tmp_path and calls[0][0] == "train-base"
+
+
+def test_a_dense_baseline_is_trained_with_the_seed_and_again_for_another(monkeypatch, tmp_path):
+    from mfgguf.eval.baselines import scratch
+
+    trunk = {"preset": "tiny", "train": {"batch_size": 8, "lr": 1e-3, "seed": 1234, "eval_tokens": 512}}
+    plan = scratch.Baseline("flop", "dense, FLOP-matched", 64, 1e12, 8192, 1e6)
+    (tmp_path / "dense-flop" / "modules").mkdir(parents=True)
+    (tmp_path / "dense-flop" / "modules" / "trunk.json").write_text("{}")
+    record = {"config": {"anchor_ff": 64}, "tokens_seen": 8192, "train": {"schedule": "cosine", "seed": 1234}}
+    calls = []
+    monkeypatch.setattr(scratch, "read_module_meta", lambda rd, i: record)
+    monkeypatch.setattr(scratch, "data_view", lambda rd, out: RunDir(out))
+    monkeypatch.setattr(scratch, "run_stage", lambda name, args: calls.append([str(a) for a in args]))
+    scratch.train_baseline(RunDir(tmp_path), trunk, plan, tmp_path)  # the trunk's seed, as recorded: reused
+    assert calls == []
+    scratch.train_baseline(RunDir(tmp_path), trunk, plan, tmp_path, seed=2)
+    assert len(calls) == 1 and calls[0][calls[0].index("--seed") + 1] == "2"
