@@ -217,6 +217,8 @@ def main() -> None:
                                      "--no-progress"])
         run_stage("train-expert (more)", ["train-expert", more.root, "--expert", 1, "--tokens", a.expert_tokens,
                                           "--eval-tokens", 1024, "--no-progress"])
+    if not more.router_stats_meta.is_file():  # its pooled G, as the first RUN's: what `extend` adds as a new source
+        run_stage("router-stats (more)", ["router-stats", more.root, "--source", "trunk", "--tokens", 8192, "--no-progress"])
     src, dst = out / "moe-q8_0.gguf", out / f"moe{a.experts + 1}-q8_0.gguf"
     if "extend" in only:
         code = (f"import json; from pathlib import Path; from mfgguf.converters.extend import extend; "

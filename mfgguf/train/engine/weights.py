@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 
 from mfgguf.config import ModelConfig
+from mfgguf.errors import MfggufError
 from mfgguf.model import Transformer, seed_name_map, trunk_model, trunk_name_map
 
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}  # safetensors dtype -> torch
@@ -43,8 +44,22 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def trunk_alone(trunk_path: Path, cfg: ModelConfig, dev) -> tuple[Transformer, str]:
-    """(the trunk as it runs alone: anchor, + its seed FFN if it has one, read from `trunk_path`, its route)."""
-    model, route = trunk_model(cfg)
+    """(the trunk as it runs alone: anchor, + its seed FFN if it has one, read from `trunk_path`, its route).
+
+    Built on the meta device and filled a tensor at a time as the file is read, so the f32 trunk is held once:
+    a randomly initialised model beside a whole state dict held it three times over at the peak."""
+    with torch.device("meta"):
+        model, route = trunk_model(cfg)
     by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers, cfg.family) | seed_name_map(cfg.n_layers)).items()}
-    model.load_state_dict({by_gguf[g]: t for g, t in read_safetensors(trunk_path) if g in by_gguf}, strict=False)
-    return model.to(dev), route
+    for g, t in read_safetensors(trunk_path):
+        if g in by_gguf:
+            mod, _, name = by_gguf[g].rpartition(".")
+            model.get_submodule(mod)._parameters[name] = torch.nn.Parameter(t.to(dev, torch.float32))
+    for n, p in model.named_parameters():
+        if p.is_meta:  # the seed's router row (one expert: its weight is 1 whatever the row) is in no file
+            if not n.endswith(".router"):
+                raise MfggufError(f"trunk file {trunk_path} lacks tensor {n}; retrain or re-import the trunk")
+            mod, _, name = n.rpartition(".")
+            model.get_submodule(mod)._parameters[name] = torch.nn.Parameter(torch.zeros(p.shape, device=dev),
+                                                                         requires_grad=False)
+    return model, route
