@@ -4,8 +4,9 @@ A family's module-scoped fixture is a `case`: (HF directory, llama.cpp's f32 con
 transformers' logits, token ids), built by `family_case` from the family's own `save_hf_*`. The
 helpers below assert what holds for every family (transformers against the imported PyTorch trunk
 and against llama.cpp; the GGUF import is the converter's file bit for bit; an MoE whose experts
-equal the seed computes the base; a refusal is one line that writes nothing) and hand back what
-they built, so that a family's test adds only the assertions that are its own.
+equal the seed computes the base; experts synced over rounds assemble as their reference computes; a
+refusal is one line that writes nothing) and hand back what they built, so that a family's test adds
+only the assertions that are its own.
 """
 
 from __future__ import annotations
@@ -155,3 +156,62 @@ def import_refused(src: Path, out: Path, what: str) -> None:
     """import-base refuses `src` in one line saying `what`, and writes nothing."""
     one_line(cli("import-base", src, "--out", out), what)
     assert not out.exists()
+
+
+def synced_moe_computes(tmp_path: Path, case: Case, layout: str,
+                        marker: str) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    """Two experts with private attention copies over two sync rounds (`train-expert --shared attn --rounds 2`,
+    `sync` after each), assembled at f32 in the family's MoE `layout`: llama.cpp computes the reference forward
+    of that file (merged trunk + experts, top-2 so that both experts' FFNs count), and the file holds the synced
+    trunk: the merged attention, and the family's tensors `--shared attn` leaves out (Qwen2's Q/K/V biases,
+    Qwen3's Q/K norms; `marker` among them) as imported. `eval` then reports the run's MoE in that layout beside
+    the trunk before and after the syncs. (run, MoE GGUF, the file's tensors) back."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from mfgguf.config import ModelConfig, shared_tensor_names
+    from mfgguf.run import RunDir
+
+    _, _, ref, ids = case
+    run = tmp_path / "run"
+    r = cli("import-base", case[0], "--out", run, "--expert-ff", "32", "--preset", "tiny")
+    assert r.exit_code == 0, r.output
+    # more text than `prepared`'s: every domain's test split needs one 64-token window for eval
+    r = cli("prepare", "builtin", "--out", run, "--experts", "2", "--max-chars-per-domain", "150000", "--no-progress")
+    assert r.exit_code == 0, r.output
+    rd = RunDir(run)
+    imported = load_file(str(rd.module_file(0)))
+    for _ in range(2):
+        for i in (1, 2):
+            r = cli("train-expert", run, "--expert", i, "--tokens", 4096, "--eval-tokens", 256, "--shared", "attn",
+                    "--rounds", 2, "--no-progress")
+            assert r.exit_code == 0, r.output
+        r = cli("sync", run)
+        assert r.exit_code == 0, r.output
+    synced = load_file(str(rd.module_file(0)))
+    moe = tmp_path / "moe.gguf"
+    r = cli("assemble", run, "-o", moe, "--quant", "f32", "--top-k", "2", "-q")
+    assert r.exit_code == 0, r.output
+    assert arch(moe) == layout
+    got, (want, _) = llama_logits(moe, ids, 128), reference_logits(run, moe, ids)
+    assert max_rel(got, want) <= 1e-3 < max_rel(got, ref), (max_rel(got, want), max_rel(got, ref))
+    tensors = {t.name: np.array(t.data) for t in gguf.GGUFReader(moe).tensors}
+    shared = set(shared_tensor_names(ModelConfig.from_dict(json.loads(rd.module_meta(0).read_text())["config"]), "attn"))
+    for name in ("blk.0.attn_q.weight", "blk.1.attn_output.weight", "output_norm.weight"):
+        assert name in shared and not np.array_equal(synced[name], imported[name]), name  # the syncs merged something
+        assert np.array_equal(tensors[name], synced[name]), name  # and the file holds that merge, not the imported one
+    kept = [n for n in imported if n.startswith("blk.") and n not in shared and ".attn_" in n]
+    assert marker in kept, kept
+    for name in kept:  # what no expert trained a copy of stays the base's
+        assert np.array_equal(synced[name], imported[name]) and np.array_equal(tensors[name], imported[name]), name
+
+    out = tmp_path / "eval"
+    r = cli("eval", run, "--baselines", "none", "--routers", "ridge", "--top-k", "1", "--quants", "", "--max-tokens",
+            512, "--ctx", 64, "--out", out)
+    assert r.exit_code == 0, r.output
+    rep = json.loads((out / "report.json").read_text())
+    best = rep["best"]
+    assert best == "moe ridge top-1" and arch(out / "models" / rep["models"][best]["file"]) == layout
+    before, after = (rep["results"][k]["overall"]["ppl"] for k in ("trunk as trained (before sync)", "trunk alone"))
+    assert np.isfinite(rep["results"][best]["overall"]["ppl"]) and before != after, rep["results"]
+    return run, moe, tensors

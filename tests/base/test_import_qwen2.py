@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.base.family_cases import (arch, family_case, gguf_import_matches, hf_import_computes, import_refused,
-                                     save_random, untrained_moe_computes, with_config)
+                                     save_random, synced_moe_computes, untrained_moe_computes, with_config)
 from tests.base.test_import_base import cli, max_rel, prepared, tokenizer_json, trunk_gguf  # noqa: F401
 from tests.converters import llama_logits, llama_tokenize, reference_logits, text_sample
 
@@ -142,3 +142,16 @@ def test_extend_and_calibrate_work_on_qwen2moe(tmp_path, qwen2):
                     tokens=512, progress=False)
     top1 = {c["temperature"]: c["ppl"] for c in cal["candidates"] if c["top_k"] == 1}
     assert {0.5, 2.0} <= set(top1) and top1[0.5] != top1[2.0], cal["candidates"]
+
+
+def test_sync_rounds_work_on_qwen2moe(tmp_path, qwen2):
+    """Experts with private attention copies over two sync rounds: the qwen2moe file of the synced run is its
+    reference forward, with the merged Q/K/V beside the imported biases they were trained with (`--shared attn`
+    copies no bias), and the anchor, which no expert copies, still the shared expert behind its 0.5 gate."""
+    from safetensors.numpy import load_file
+
+    from mfgguf.run import RunDir
+
+    run, _, tensors = synced_moe_computes(tmp_path, qwen2, "qwen2moe", "blk.0.attn_q.bias")
+    trunk = load_file(str(RunDir(run).module_file(0)))
+    assert np.array_equal(tensors["blk.1.ffn_down_shexp.weight"], 2 * trunk["blk.1.ffn_down_shexp.weight"])

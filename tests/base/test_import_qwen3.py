@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.base.family_cases import (arch, family_case, gguf_import_matches, hf_import_computes, import_refused,
-                                     one_line, save_random, untrained_moe_computes, with_config)
+                                     one_line, save_random, synced_moe_computes, untrained_moe_computes,
+                                     with_config)
 from tests.base.test_import_base import cli, prepared, tokenizer_json  # noqa: F401
 
 
@@ -73,3 +74,10 @@ def test_extend_works_on_qwen3moe(tmp_path, tokenizer_json):
     r = cli("extend", ext, "--remove", "2", "-o", back)
     assert r.exit_code == 0, r.output
     assert back.read_bytes() == one.read_bytes()
+
+
+def test_sync_rounds_work_on_qwen3moe(tmp_path, qwen3):
+    """Experts with private attention copies over two sync rounds: the qwen3moe file of the synced run (the anchor
+    folded into every expert) is its reference forward, with the merged Q/K beside the per-head Q/K norms they were
+    trained with, as imported (`--shared attn` copies no Q/K norm)."""
+    synced_moe_computes(tmp_path, qwen3, "qwen3moe", "blk.1.attn_k_norm.weight")
