@@ -215,3 +215,22 @@ def synced_moe_computes(tmp_path: Path, case: Case, layout: str,
     before, after = (rep["results"][k]["overall"]["ppl"] for k in ("trunk as trained (before sync)", "trunk alone"))
     assert np.isfinite(rep["results"][best]["overall"]["ppl"]) and before != after, rep["results"]
     return run, moe, tensors
+
+
+def extends_as_assembled(tmp_path: Path, hf: Path, moe_arch: str) -> tuple[Path, Path, Path]:
+    """Two experts against the imported `hf`, one pooled G (as for experts trained together); the file of expert 1
+    extended with expert 2 is byte for byte the file `assemble` writes for both. Returns (run, the file of 1, of both)."""
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "32", "--preset", "tiny")
+    for e in ("1", "2"):
+        r = cli("train-expert", run, "--expert", e, "--no-progress")
+        assert r.exit_code == 0, r.output
+    r = cli("router-stats", run, "--no-progress")
+    assert r.exit_code == 0, r.output
+    one, both, ext = (tmp_path / f"{n}.gguf" for n in ("1", "12", "x"))
+    for out, ids in ((one, "1"), (both, "1,2")):
+        r = cli("assemble", run, "-o", out, "--experts", ids, "--quant", "q8_0", "-q")
+        assert r.exit_code == 0, r.output
+    r = cli("extend", one, "--add", run, "--experts", "2", "-o", ext)
+    assert r.exit_code == 0, r.output
+    assert arch(ext) == moe_arch and ext.read_bytes() == both.read_bytes()
+    return run, one, both

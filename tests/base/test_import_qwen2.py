@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.base.family_cases import (arch, family_case, gguf_import_matches, hf_import_computes, import_refused,
-                                     save_random, synced_moe_computes, untrained_moe_computes, with_config)
+from tests.base.family_cases import (arch, extends_as_assembled, family_case, gguf_import_matches, hf_import_computes,
+                                     import_refused, save_random, synced_moe_computes, untrained_moe_computes,
+                                     with_config)
 from tests.base.test_import_base import cli, max_rel, prepared, tokenizer_json, trunk_gguf  # noqa: F401
 from tests.converters import llama_logits, llama_tokenize, reference_logits, text_sample
 
@@ -124,20 +125,7 @@ def test_extend_and_calibrate_work_on_qwen2moe(tmp_path, qwen2):
     temperature changes the output, where a graph that renormalises makes it idle."""
     from mfgguf.converters.routing.calibrate import CalibrationGrid, calibrate
 
-    hf = qwen2[0]
-    run = prepared(hf, tmp_path / "run", "--expert-ff", "32", "--preset", "tiny")
-    for e in ("1", "2"):
-        r = cli("train-expert", run, "--expert", e, "--no-progress")
-        assert r.exit_code == 0, r.output
-    r = cli("router-stats", run, "--no-progress")  # one pooled G for both files, as for experts trained together
-    assert r.exit_code == 0, r.output
-    one, both, ext = (tmp_path / f"{n}.gguf" for n in ("1", "12", "x"))
-    for out, ids in ((one, "1"), (both, "1,2")):
-        r = cli("assemble", run, "-o", out, "--experts", ids, "--quant", "q8_0", "-q")
-        assert r.exit_code == 0, r.output
-    r = cli("extend", one, "--add", run, "--experts", "2", "-o", ext)
-    assert r.exit_code == 0, r.output
-    assert arch(ext) == "qwen2moe" and ext.read_bytes() == both.read_bytes()
+    run, _, both = extends_as_assembled(tmp_path, qwen2[0], "qwen2moe")
     cal = calibrate(both, run, tmp_path / "cal.gguf", grid=CalibrationGrid(top_k=(1,), temperature=(0.5, 2.0)),
                     tokens=512, progress=False)
     top1 = {c["temperature"]: c["ppl"] for c in cal["candidates"] if c["top_k"] == 1}

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.base.family_cases import (arch, family_case, gguf_import_matches, hf_import_computes, import_refused,
-                                     one_line, save_random, synced_moe_computes, untrained_moe_computes,
-                                     with_config)
+from tests.base.family_cases import (arch, extends_as_assembled, family_case, gguf_import_matches, hf_import_computes,
+                                     import_refused, one_line, save_random, synced_moe_computes,
+                                     untrained_moe_computes, with_config)
 from tests.base.test_import_base import cli, prepared, tokenizer_json  # noqa: F401
 
 
@@ -57,21 +57,9 @@ def test_unsupported_is_one_line(tmp_path, tokenizer_json):
 def test_extend_works_on_qwen3moe(tmp_path, tokenizer_json):
     """qwen3moe, Qwen3's only MoE layout, folds the anchor into every expert; `extend` rebuilds a later expert's
     slot with it: the bytes `assemble` writes for both, and removing the expert gives the first file back."""
-    hf = save_hf_qwen3(tmp_path / "hf", tokenizer_json)
-    run = prepared(hf, tmp_path / "run", "--expert-ff", "32", "--preset", "tiny")
-    for e in ("1", "2"):
-        r = cli("train-expert", run, "--expert", e, "--no-progress")
-        assert r.exit_code == 0, r.output
-    r = cli("router-stats", run, "--no-progress")  # one pooled G for both files, as for experts trained together
-    assert r.exit_code == 0, r.output
-    one, both, ext, back = (tmp_path / f"{n}.gguf" for n in ("1", "12", "x", "back"))
-    for out, ids in ((one, "1"), (both, "1,2")):
-        r = cli("assemble", run, "-o", out, "--experts", ids, "--quant", "q8_0", "-q")
-        assert r.exit_code == 0, r.output
-    r = cli("extend", one, "--add", run, "--experts", "2", "-o", ext)
-    assert r.exit_code == 0, r.output
-    assert arch(ext) == "qwen3moe" and ext.read_bytes() == both.read_bytes()
-    r = cli("extend", ext, "--remove", "2", "-o", back)
+    _, one, both = extends_as_assembled(tmp_path, save_hf_qwen3(tmp_path / "hf", tokenizer_json), "qwen3moe")
+    back = tmp_path / "back.gguf"
+    r = cli("extend", both, "--remove", "2", "-o", back)
     assert r.exit_code == 0, r.output
     assert back.read_bytes() == one.read_bytes()
 
