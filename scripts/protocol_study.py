@@ -120,6 +120,20 @@ def short_shards(template: Path, ids: dict[str, int], tokens: int) -> list[str]:
     return [f"{d} ({held[i]:,})" for d, i in ids.items() if i in held and held[i] < tokens]
 
 
+def short_splits(template: Path) -> list[str]:
+    """Domains whose test or validation text cannot fill one of eval's perplexity windows (eval would refuse the run
+    after its experts trained: checked here, before anything trains)."""
+    if not (template / "run.json").is_file():
+        return []
+    from mfgguf.run import RunDir
+    from mfgguf.runtime.perplexity import WINDOW
+
+    rd = RunDir(template)
+    return [f"{d} ({split}: {len(t):,} tokens)" for split, toks in (("test", rd.heldout_tokens()),
+                                                                     ("validation", rd.validation_tokens()))
+            for d, t in toks.items() if len(t) < WINDOW]
+
+
 def shard_ids(template: Path, domains: list[str]) -> dict[str, int]:
     """{domain: its expert}: from the template's run.json once prepared, else the label partition's order."""
     info = read_json(template / "run.json")
@@ -459,6 +473,9 @@ def main(argv=None) -> None:
     check_resumable(a, out / "template", rows)
     template = make_template(a, out, log)
     ids = shard_ids(template, a.domains)
+    if short := short_splits(template):
+        sys.exit(f"protocol_study: {', '.join(short)} cannot fill one perplexity window; prepare with more text a"
+                 " domain (--max-chars-per-domain) or larger --heldout-frac/--valid-frac, in a new --out")
     done = {(r["tokens_per_domain"], r["seed"]) for r in rows}
     cfg, why = plan_config(a, template) if a.dry_run else (None, "")
     total = 0.0

@@ -105,3 +105,14 @@ def test_routing_accuracy_follows_the_files_experts_in_slot_order(trained_run, t
         assert np.isclose(np.mean(ra_sub["accuracy"][d]), want[0])
     assert np.mean(ra_sub["accuracy"][ra_full["expert_domain"][2]]) == 0
     assert min(np.mean(ra_sub["accuracy"][home[e]]) for e in home) > 0.5  # each slot takes its own domain's tokens
+
+
+def test_eval_stops_before_training_when_a_split_is_shorter_than_a_window(trained_run, tmp_path):
+    """A domain whose test or validation text cannot fill one perplexity window is refused at once, in one line,
+    before any baseline trains (eval used to stop there only when it came to score, after training)."""
+    out = tmp_path / "ev"
+    r = CliRunner().invoke(app, ["eval", str(trained_run), "--out", str(out), "--ctx", "100000000"])
+    assert r.exit_code == 1
+    assert "fewer than one perplexity window of 100000000" in r.output and "pass --ctx" in r.output
+    assert "Traceback" not in r.output
+    assert not (out / "models").exists()  # nothing assembled, nothing trained
