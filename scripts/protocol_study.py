@@ -120,18 +120,19 @@ def short_shards(template: Path, ids: dict[str, int], tokens: int) -> list[str]:
     return [f"{d} ({held[i]:,})" for d, i in ids.items() if i in held and held[i] < tokens]
 
 
-def short_splits(template: Path) -> list[str]:
-    """Domains whose test or validation text cannot fill one of eval's perplexity windows (eval would refuse the run
-    after its experts trained: checked here, before anything trains)."""
-    if not (template / "run.json").is_file():
-        return []
+def check_splits(template: Path, max_tokens: int) -> None:
+    """Stop before anything trains where eval would refuse the runs: a domain's test or validation text shorter than
+    one of its perplexity windows (eval's own check, on the template every run copies)."""
+    if not (template / "run.json").is_file():  # a dry run before the template exists
+        return
+    from mfgguf.errors import MfggufError
+    from mfgguf.eval.evaluate import check_windows
     from mfgguf.run import RunDir
-    from mfgguf.runtime.perplexity import WINDOW
 
-    rd = RunDir(template)
-    return [f"{d} ({split}: {len(t):,} tokens)" for split, toks in (("test", rd.heldout_tokens()),
-                                                                     ("validation", rd.validation_tokens()))
-            for d, t in toks.items() if len(t) < WINDOW]
+    try:
+        check_windows(RunDir(template), cap=max_tokens)
+    except MfggufError as e:
+        sys.exit(f"protocol_study: {template}: {e}; with --max-chars-per-domain in a new --out")
 
 
 def shard_ids(template: Path, domains: list[str]) -> dict[str, int]:
@@ -473,9 +474,7 @@ def main(argv=None) -> None:
     check_resumable(a, out / "template", rows)
     template = make_template(a, out, log)
     ids = shard_ids(template, a.domains)
-    if short := short_splits(template):
-        sys.exit(f"protocol_study: {', '.join(short)} cannot fill one perplexity window; prepare with more text a"
-                 " domain (--max-chars-per-domain) or larger --heldout-frac/--valid-frac, in a new --out")
+    check_splits(template, a.max_tokens)
     done = {(r["tokens_per_domain"], r["seed"]) for r in rows}
     cfg, why = plan_config(a, template) if a.dry_run else (None, "")
     total = 0.0

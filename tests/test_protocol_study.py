@@ -213,3 +213,11 @@ def test_every_run_is_the_template_hard_linked(tmp_path):
     assert (run / "data" / "heldout" / "c.npy").stat().st_ino == (t / "data" / "heldout" / "c.npy").stat().st_ino
     assert not (run / "manifest.lock").exists() and not (tmp_path / "t4096-s1.tmp").exists()
     assert ps.split_digest(run) == ps.split_digest(t)
+
+
+def test_a_template_whose_splits_cannot_fill_a_window_stops_before_training(trained_run):
+    """eval's own split check on the template: scoring at most 10 tokens a domain fills no window, so the study
+    stops at once, in one line, instead of after its experts and baselines trained; the real cap passes."""
+    ps.check_splits(trained_run, 4096)
+    with pytest.raises(SystemExit, match="fewer than one perplexity window"):
+        ps.check_splits(trained_run, 10)

@@ -149,21 +149,23 @@ def _open(run: Path, out: Path | None, cfg: EvalConfig, force: bool) -> Evaluati
         _say("router statistics (mfgguf router-stats)")  # the ridge router needs them; stale or missing here
         pool_router_stats(rd.root, progress=False, experts=subset)
     heldout = rd.heldout_tokens(cfg.max_tokens_per_domain)
-    _check_windows(rd, trunk, cfg, heldout)
+    check_windows(rd, cfg.ctx, cfg.max_tokens_per_domain)
     out = Path(out) if out else rd.root / "eval"
     (out / "models").mkdir(parents=True, exist_ok=True)
     return Evaluation(rd, cfg, force, metas, subset, heldout, out)
 
 
-def _check_windows(rd: RunDir, trunk: dict, cfg: EvalConfig, heldout: dict) -> None:
-    """Every domain's validation and test text must fill one perplexity window, checked before anything trains: a
-    split too short stopped eval only when it came to score, after its baselines had trained."""
+def check_windows(rd: RunDir, ctx: int | None = None, cap: int | None = None) -> None:
+    """Every domain's test and validation text (its first `cap` tokens) must fill one perplexity window (`ctx`, else
+    eval's default for this RUN's models), or nothing of it could be scored: one line, before anything trains (a
+    split too short stopped eval only when it came to score, after its baselines had trained)."""
     from mfgguf.base.runbase import imported
     from mfgguf.runtime.perplexity import WINDOW
 
     base = imported(rd.root)  # an imported base's files keep its own context length, as assembly writes it
-    window = cfg.ctx or min(WINDOW, base.gguf_kv()[2] if base else int(trunk["config"]["ctx_len"]))
-    for split, toks in (("test", heldout), ("validation", rd.validation_tokens(cfg.max_tokens_per_domain))):
+    window = ctx or min(WINDOW, base.gguf_kv()[2] if base else int(read_module_meta(rd, 0)["config"]["ctx_len"]))
+    heldout = rd.heldout_tokens(cap)
+    for split, toks in (("test", heldout), ("validation", rd.validation_tokens(cap))):
         short = {d: len(t) for d, t in toks.items() if d in heldout and len(t) < window}
         if short:
             d, n = min(short.items(), key=lambda x: x[1])

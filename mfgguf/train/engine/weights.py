@@ -43,6 +43,12 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, torch.frombuffer(buf, dtype=dtype).reshape(h["shape"])
 
 
+def set_param(model: torch.nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
+    """Parameter `name` of `model` becomes `value` itself (no copy): how a model built on the meta device is filled."""
+    mod, _, pname = name.rpartition(".")
+    model.get_submodule(mod)._parameters[pname] = torch.nn.Parameter(value, requires_grad=requires_grad)
+
+
 def trunk_alone(trunk_path: Path, cfg: ModelConfig, dev) -> tuple[Transformer, str]:
     """(the trunk as it runs alone: anchor, + its seed FFN if it has one, read from `trunk_path`, its route).
 
@@ -53,13 +59,10 @@ def trunk_alone(trunk_path: Path, cfg: ModelConfig, dev) -> tuple[Transformer, s
     by_gguf = {g: n for n, g in (trunk_name_map(cfg.n_layers, cfg.family) | seed_name_map(cfg.n_layers)).items()}
     for g, t in read_safetensors(trunk_path):
         if g in by_gguf:
-            mod, _, name = by_gguf[g].rpartition(".")
-            model.get_submodule(mod)._parameters[name] = torch.nn.Parameter(t.to(dev, torch.float32))
+            set_param(model, by_gguf[g], t.to(dev, torch.float32), requires_grad=True)
     for n, p in model.named_parameters():
         if p.is_meta:  # the seed's router row (one expert: its weight is 1 whatever the row) is in no file
             if not n.endswith(".router"):
                 raise MfggufError(f"trunk file {trunk_path} lacks tensor {n}; retrain or re-import the trunk")
-            mod, _, name = n.rpartition(".")
-            model.get_submodule(mod)._parameters[name] = torch.nn.Parameter(torch.zeros(p.shape, device=dev),
-                                                                         requires_grad=False)
+            set_param(model, n, torch.zeros(p.shape, device=dev), requires_grad=False)
     return model, route

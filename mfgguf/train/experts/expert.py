@@ -33,7 +33,7 @@ from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import smooth
 from mfgguf.train.engine.loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
                                       resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
-from mfgguf.train.engine.weights import read_safetensors
+from mfgguf.train.engine.weights import read_safetensors, set_param
 from mfgguf.train.experts import pieces as pc
 from mfgguf.train.experts.base_score import reference_heldout
 from mfgguf.train.experts.pieces import expert_params  # noqa: F401  (the expert's trainable parameters, as before)
@@ -43,11 +43,6 @@ from mfgguf.train.rounds.ends import round_end
 from mfgguf.train.whole import branch as br
 from mfgguf.train.whole.trunk import plan_activations
 
-
-
-def _set_param(model: nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
-    mod_name, _, pname = name.rpartition(".")
-    model.get_submodule(mod_name)._parameters[pname] = nn.Parameter(value, requires_grad=requires_grad)
 
 
 def load_trunk_meta(rd: RunDir) -> dict:
@@ -100,7 +95,7 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
             raise MfggufError(f"trunk tensor {gname} has shape {tuple(t.shape)}, its config says {want}; retrain the trunk")
         train = name in trainable
         dtype = torch.bfloat16 if bf16_trunk and name in linear and not train else torch.float32  # norms, embedding f32
-        _set_param(model, name, t.to(dev, dtype), requires_grad=train)
+        set_param(model, name, t.to(dev, dtype), requires_grad=train)
     g = torch.Generator().manual_seed(seed)
     for l, layer in enumerate(model.layers):
         e = layer.experts[0]
@@ -109,17 +104,17 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
                 w = seed_ffn.get(SEED_FFN.format(l=l, f=part))
                 if w is None:
                     raise MfggufError(f"the trunk file has no seed tensor {SEED_FFN.format(l=l, f=part)}; retrain the trunk")
-                _set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev, torch.float32).clone(), True)
-            _set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
+                set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev, torch.float32).clone(), True)
+            set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
             continue
         for part in ("gate", "up"):  # random: same init as Transformer.reset_parameters
             w = torch.empty(getattr(e, part).weight.shape).normal_(0.0, 0.02, generator=g)  # (expert_ff, dim)
             if init == "anchor":
                 a = getattr(layer.anchor, part).weight.detach().float().cpu()  # (anchor_ff, dim)
                 w = a.repeat(-(-cfg.expert_ff // cfg.anchor_ff), 1)[: cfg.expert_ff].clone()  # (expert_ff, dim)
-            _set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev), True)
-        _set_param(model, f"layers.{l}.experts.0.down.weight", torch.zeros(e.down.weight.shape, device=dev), True)
-        _set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
+            set_param(model, f"layers.{l}.experts.0.{part}.weight", w.to(dev), True)
+        set_param(model, f"layers.{l}.experts.0.down.weight", torch.zeros(e.down.weight.shape, device=dev), True)
+        set_param(model, f"layers.{l}.router", torch.zeros(layer.router.shape, device=dev), False)
     left = [n for n, p in model.named_parameters() if p.is_meta]
     if left:
         raise MfggufError(f"trunk file lacks {len(left)} tensor(s), e.g. {left[0]}; retrain the trunk")
