@@ -96,7 +96,8 @@ def recipe(a) -> dict:
     """What every row of one study shares: a study.jsonl resumed with another recipe would mix two studies."""
     return {"base": str(a.base), "expert_ff": a.expert_ff, "lr": a.lr, "shared": a.shared,
             "shared_lr_scale": a.shared_lr_scale, "rounds": a.rounds, "domains": a.domains, "held_out": a.held_out,
-            "baselines": a.baselines, "eval_max_tokens": a.max_tokens, "eval_tokens": a.eval_tokens}
+            "baselines": a.baselines, "eval_max_tokens": a.max_tokens, "eval_tokens": a.eval_tokens,
+            **({"seed_gates": a.seed_gates} if a.seed_gates else {})}
 
 
 def check_resumable(a, template: Path, rows: list[dict]) -> None:
@@ -173,7 +174,8 @@ def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Pa
         if a.shared != "none" and int(trunk.get("round") or 0) < k:
             mfgguf("sync", run, "--experts", ",".join(map(str, ids)), "--no-progress", log=log, dry=dry)
     if not (run / "eval" / "report.json").is_file():
-        mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", "--quants", "", "--max-tokens", a.max_tokens,
+        gates = ("--seed-gates", a.seed_gates) if a.seed_gates else ()
+        mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", *gates, "--quants", "", "--max-tokens", a.max_tokens,
                "--baselines", a.baselines, "--seed", seed, log=log, dry=dry)
 
 
@@ -213,7 +215,7 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
     methods, chosen = {}, None
     for name, m in models.items():
         if m["kind"] == "moe" and f"moe top-{m['top_k']}" in MOES:
-            key = f"moe top-{m['top_k']}"
+            key = f"moe top-{m['top_k']}" + (f" seed-gate {m['seed_gate']:g}" if m.get("seed_gate") is not None else "")
             methods[key] = {**figures(name), "flops": flops["moe (trunk + every expert)"]["flops"],
                             "wall_s": sum(walls.values()) + syncs, "critical_path_s": max(walls.values()) + syncs}
             chosen = key if name == rep["best"] else chosen
@@ -313,13 +315,14 @@ def summarize(rows: list[dict]) -> dict:
     sizes = {}
     for t in sorted({r["tokens_per_domain"] for r in rows}):
         rs = [r for r in rows if r["tokens_per_domain"] == t]
-        names = ["moe", *MOES, *[m for m in NAMES if m not in ("moe", *MOES) and any(m in r["methods"] for r in rs)]]
+        gated = sorted({m for r in rs for m in r["methods"] if "seed-gate" in m})  # eval --seed-gates' MoEs
+        names = ["moe", *MOES, *gated, *[m for m in NAMES if m not in ("moe", *MOES) and any(m in r["methods"] for r in rs)]]
         ms = {}
         for m in names:
             vs = [v for r in rs if (v := method_values(r, m)) is not None]
             if vs:
                 ms[m] = {k: spread([v[k] for v in vs]) for k in ("ppl_trained", "ppl_held_out", "flops", "wall_s")}
-        others = [m for m in ms if m != "moe" and m not in MOES]
+        others = [m for m in ms if m != "moe" and m not in MOES and m not in gated]
         ratios = {m: spread([method_values(r, "moe")["ppl_trained"] / r["methods"][m]["ppl_trained"]
                              for r in rs if m in r["methods"]]) for m in others}
         sizes[t] = {"seeds": sorted(r["seed"] for r in rs), "methods": ms, "ratios": ratios,
@@ -357,7 +360,7 @@ def markdown(rows: list[dict], summ: dict) -> str:
         for m, f in s["methods"].items():
             p, rt = f["ppl_trained"], s["ratios"].get(m)
             ratio = f" {rt['mean']:.4f} | {_mm(rt)} | {s['verdicts'][m]} |" if rt else " | | |"
-            L.append(f"| {NAMES[m]} | {p['mean']:.4f} | {_mm(p)} | {f['ppl_held_out']['mean']:.3f} |"
+            L.append(f"| {NAMES.get(m, 'MoE ' + m[4:])} | {p['mean']:.4f} | {_mm(p)} | {f['ppl_held_out']['mean']:.3f} |"
                      f" {f['flops']['mean']:.3e} | {f['wall_s']['mean']:,.0f} |" + ratio)
     L += ["", "## Where the MoE passes each method", "",
           "The smallest size where the MoE's mean is below the method's by more than the seed spread.", "",
@@ -442,6 +445,8 @@ def parse(argv=None):
     ap.add_argument("--domains", type=names, default=["c", "cpp", "man", "python"], help="the trained domains")
     ap.add_argument("--held-out", default="english", help="the domain no training sees (forgetting)")
     ap.add_argument("--baselines", default=IMPORTED_BASELINES, help="eval --baselines")
+    ap.add_argument("--seed-gates", default="", help="eval --seed-gates: the MoE with the base's FFN routable too, at"
+                    " these gates (comma-separated; empty: none); the MoE is then the best of all on validation")
     ap.add_argument("--max-tokens", type=int, default=32768, help="eval --max-tokens: test tokens scored a domain")
     ap.add_argument("--eval-tokens", type=int, default=4096, help="train-expert --eval-tokens")
     ap.add_argument("--max-chars-per-domain", type=int, default=None,

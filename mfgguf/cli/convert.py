@@ -45,6 +45,11 @@ def assemble_cmd(
                               " see docs/studies.md)."),
     merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density",
                                         help="ties: share of each delta row kept (largest magnitudes)."),
+    seed_gate: float = typer.Option(None, "--seed-gate", help="Route the untrained seed FFN too (granitemoe): a token no"
+                                    " expert claims computes the trunk alone, on an imported base the base's own"
+                                    " FFN. The seed wins where no expert's ridge logit reaches this share of the"
+                                    " experts' summed logits (0.5: no expert has a majority); choose it on"
+                                    " validation (`eval --seed-gates`)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     threads: int = typer.Option(None, "--threads", help="Quantizer threads (default: all cores)."),
     fast_quant: bool = typer.Option(False, "--fast-quant", help="q8_0 with ggml's vectorised quantizer: ~8x faster,"
@@ -53,9 +58,11 @@ def assemble_cmd(
 ):
     r = assemble(run, out, quant=quant, top_k=top_k, router=router, layout=layout, experts=parse_experts(experts),
                  merge=merge, merge_density=merge_density, force=force, threads=threads, fast_quant=fast_quant,
-                 progress=not quiet, pool_stats=_pool_router_stats)
+                 progress=not quiet, pool_stats=_pool_router_stats, seed_gate=seed_gate)
     n = len(r["experts"])
     what = f"{n} experts, top-{r['top_k']}, router {r['router']}" if n else "trunk alone (dense)"
+    if r["seed_gate"] is not None:
+        what += f", the seed routed as expert 0 (gate {r['seed_gate']:g})"
     if r["merged_tensors"]:
         what += f", {r['merged_tensors']} trunk tensors merged ({r['merge']})"
     typer.echo(f"wrote {r['path']}: {r['arch']} ({r['layout']}), {what}, {r['quant']}, "

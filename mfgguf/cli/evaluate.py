@@ -10,6 +10,14 @@ from mfgguf.eval.baselines.sides import parse_baselines
 from mfgguf.demo import DemoConfig, check_demo_dir, demo
 from mfgguf.eval.evaluate import EvalConfig, evaluate
 from mfgguf.cli.app import command
+from mfgguf.errors import MfggufError
+
+
+def parse_floats(text: str, what: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise MfggufError(f"{what} takes numbers separated by commas, like 0.4,0.5; got {text!r}") from None
 
 
 @command("demo", demo)
@@ -47,6 +55,9 @@ def eval_cmd(
     out: Path = typer.Option(None, "--out", help="Report directory (default: RUN/eval)."),
     routers: str = typer.Option(",".join(EvalConfig.routers), help="Router methods to compare, comma-separated."),
     top_k: str = typer.Option(",".join(map(str, EvalConfig.top_ks)), "--top-k", help="Top-k values to compare."),
+    seed_gates: str = typer.Option("", "--seed-gates", help="Also the ridge MoE with the base's own FFN routable"
+                                   " (`assemble --seed-gate C`) at each C given, comma-separated, e.g. 0.4,0.5,0.6;"
+                                   " compared like every MoE, the best on validation is the MoE."),
     baselines: str = typer.Option("auto", "--baselines", help="Dense baselines to train, comma-separated: flop"
                                   " (FLOP-matched), wallclock (critical-path FLOPs), total (the MoE's total"
                                   " parameters, FLOP-matched); auto = flop,wallclock (+ total while the MoE's"
@@ -73,6 +84,7 @@ def eval_cmd(
                              " The experts' seed is train-expert's --seed."),
 ):
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
+                     seed_gates=parse_floats(seed_gates, "--seed-gates"),
                      quants=tuple(q for q in quants.split(",") if q), dense=not no_dense,
                      baselines=parse_baselines(baselines), max_tokens_per_domain=max_tokens, ctx=ctx,
                      dense_schedules=tuple(s.strip() for s in dense_schedules.split(",") if s.strip()), seed=seed)

@@ -88,7 +88,8 @@ WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": M
 def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1, router: str = "ridge",
              layout: str = "auto", experts: list[int] | None = None, merge: str = "mean",
              merge_density: float = DEFAULT_DENSITY, force: bool = False, threads: int | None = None,
-             fast_quant: bool = False, progress: bool = True, pool_stats: Pool | None = None) -> dict:
+             fast_quant: bool = False, progress: bool = True, pool_stats: Pool | None = None,
+             seed_gate: float | None = None) -> dict:
     """Assemble the trunk and experts of RUN into one GGUF that stock llama.cpp runs.
 
     Streams one tensor at a time into a preallocated file, quantizing as it goes (ggml's own
@@ -103,6 +104,9 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     pooled statistics, where missing or stale, are computed first by `pool_stats` (`mfgguf router-stats`'s
     pass, which the caller above hands in; None: the planner's error, naming that verb, stands).
     `top_k=None`: 1, or 2 when the experts complement the seed (seed + one expert, as they trained).
+    `seed_gate=C` (granitemoe): the untrained seed FFN beside plain experts as routed expert 0, so a token no
+    expert claims computes the trunk alone (on an imported base: the base's FFN); its router row is C times
+    the sum of the ridge rows (converters/routing/complement.py).
 
     Example:
         mfgguf assemble RUN -o model.gguf --quant q8_0 --top-k 1 --router ridge --merge mean
@@ -116,7 +120,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     prof = Profile()
     with prof.phase("plan"):
         p = plan_with_stats(lambda: plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts,
-                                         merge=merge, density=merge_density), rd, progress=progress, experts=experts,
+                                         merge=merge, density=merge_density, seed_gate=seed_gate), rd, progress=progress,
+                                 experts=experts,
                             pool=pool_stats)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
@@ -135,7 +140,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
         os.chmod(tmp, 0o644 & ~_umask())
     return {
         "path": str(out), "bytes": p.total_size, "arch": p.arch, "layout": p.layout, "quant": p.quant,
-        "top_k": p.top_k, "router": p.router if p.experts else None, "experts": p.experts,
+        "top_k": p.top_k, "router": p.router if p.experts else None, "experts": p.experts, "seed_gate": p.seed_gate,
         "merge": p.merge if p.merged else None, "merged_tensors": len(p.merged),
         "n_tensors": len(p.slots), "input_bytes": p.input_bytes, "quantizer": _quantizer_name(quant, fast_quant),
         "threads": threads,

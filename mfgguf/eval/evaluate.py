@@ -51,6 +51,7 @@ STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' stat
 class EvalConfig:
     routers: tuple[str, ...] = ("ridge", "centroid", "uniform", "random")  # router methods compared
     top_ks: tuple[int, ...] = (1, 2)  # experts per token compared
+    seed_gates: tuple[float, ...] = ()  # ridge MoEs with the seed routed too (`assemble --seed-gate`), at each top-k
     base_quant: str = "f16"  # the reference type every comparison uses
     quants: tuple[str, ...] = ("q8_0", "q4_k")  # compared against base_quant for the best router
     dense: bool = True  # train dense baselines at all (the longest step); False = none (--no-dense)
@@ -190,6 +191,11 @@ def _assembled_models(ev: Evaluation) -> dict[str, dict]:
     models = {f"moe {router} top-{k}": {"path": ev.gguf(f"moe-{router}-top{k}-{q}", quant=q, router=router, top_k=k),
                                        "kind": "moe", "router": router, "top_k": k}
               for router in ev.cfg.routers for k in ev.cfg.top_ks if k <= n}
+    for c in ev.cfg.seed_gates:  # the seed as routed expert 0 beside the experts: one more slot
+        for k in ev.cfg.top_ks:
+            models[f"moe ridge seed-gate {c:g} top-{k}"] = {
+                "path": ev.gguf(f"moe-ridge-seed{c:g}-top{k}-{q}", quant=q, router="ridge", top_k=k, seed_gate=c),
+                "kind": "moe", "router": "ridge", "top_k": k, "seed_gate": c}
     models["trunk alone"] = {"path": ev.gguf(f"trunk-{q}", quant=q, experts=[]), "kind": "trunk"}
     trained = _trained_trunk_run(ev.rd, ev.out)  # after `mfgguf sync` the trunk alone is the merged one
     if trained is not None:
@@ -231,10 +237,11 @@ def _choose_on_validation(ev: Evaluation, models: dict) -> dict[str, dict]:
 
 def _quantized(ev: Evaluation, models: dict, results: dict, best: str) -> dict[str, dict]:
     """The best MoE at each quant type compared (and at base_quant), added to `models` and `results`."""
-    router, k = models[best]["router"], models[best]["top_k"]
+    router, k, c = models[best]["router"], models[best]["top_k"], models[best].get("seed_gate")
     rows = {ev.cfg.base_quant: results[best]}
     for q in ev.cfg.quants:
-        path = ev.gguf(f"moe-{router}-top{k}-{q}", quant=q, router=router, top_k=k)
+        name = f"moe-{router}-top{k}-{q}" if c is None else f"moe-{router}-seed{c:g}-top{k}-{q}"
+        path = ev.gguf(name, quant=q, router=router, top_k=k, seed_gate=c)
         _say(f"measure {best} {q}")
         rows[q] = results[f"{best} {q}"] = _measure(ev, path, ev.domains)
         models[f"{best} {q}"] = {"path": path, "kind": "quant"}

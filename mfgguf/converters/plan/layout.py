@@ -66,7 +66,8 @@ class Plan:
     merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
     density: float = DEFAULT_DENSITY  # ties: share of each delta row kept
     merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
-    complement: bool = False  # the experts complement the seed: it is routed slot 0 (converters/routing/complement.py)
+    complement: bool = False  # the seed is routed slot 0: the experts complement it, or a seed gate (routing/complement.py)
+    seed_gate: float | None = None  # plain experts with the seed routed: its row is this x the ridge rows' sum
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # tensors no module holds, from the config alone
     header: bytes = b""  # header_bytes: key-values and tensor infos, not padded
     data_offset: int = 0
@@ -101,7 +102,7 @@ def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
 
 
 def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str, experts: list[int] | None,
-         merge: str = "mean", density: float = DEFAULT_DENSITY) -> Plan:
+         merge: str = "mean", density: float = DEFAULT_DENSITY, seed_gate: float | None = None) -> Plan:
     """Validate everything and lay the file out; reads metadata and headers only."""
     schema.qtype(quant)
     if quant not in schema.USER_QUANTS:
@@ -125,9 +126,13 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         raise MfggufError(f"expert {dup[0]} is listed twice in --experts; list each expert once")
     mods = _expert_modules(run, ids, manifest, trunk, cfg, stats, router)
     N = len(ids)
-    comp = N > 0 and cp.check(router, layout, cfg.seed_expert, [m.name for m in mods], [cp.is_complement(m.meta) for m in mods])
-    R = N + comp  # routed experts: the seed is one more when the experts complement it
-    top_k = (2 if comp else 1) if top_k is None else top_k  # complementing experts trained as seed + one
+    if seed_gate is not None and not N:
+        raise MfggufError("--seed-gate routes the seed beside experts, and none is selected; drop it or select experts")
+    comp = N > 0 and cp.check(router, layout, cfg.seed_expert, [m.name for m in mods], [cp.is_complement(m.meta) for m in mods],
+                              seed_gate)
+    R = N + comp  # routed experts: the seed is one more when the experts complement it or a gate routes it
+    # complementing experts trained as seed + one; plain experts (seed gate or not) as one
+    top_k = (2 if comp and seed_gate is None else 1) if top_k is None else top_k
     pooled = None
     if N and router in ("ridge", "ridge+learned") and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
         pooled = load_pooled_stats(run, manifest, trunk, mods)  # format-1 experts alone: their own second moments
@@ -153,9 +158,9 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         kv = [(k, t, ctx if k == f"{arch}.context_length" else v) for k, t, v in kv]
     kv += tok_kv
     kv += _mfgguf_kv(cfg, info, trunk, mods, ids, pooled, lay=lay, quant=quant, router=router, top_k=top_k,
-                     comp=comp, merged=merged, merge=merge, density=density)
+                     comp=comp, merged=merged, merge=merge, density=density, seed_gate=seed_gate)
     p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged, comp,
-             constants=_constants(cfg, arch))
+             seed_gate, constants=_constants(cfg, arch))
     _place(p)
     return p
 
@@ -186,7 +191,7 @@ def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, 
 
 def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], ids: list[int], pooled: Module | None, *,
                lay: str, quant: str, router: str, top_k: int, comp: bool, merged: dict, merge: str,
-               density: float) -> list[tuple[str, str, object]]:
+               density: float, seed_gate: float | None = None) -> list[tuple[str, str, object]]:
     """The `mfgguf.*` keys: what the file was assembled from and how, and what `extend` recomputes the router from."""
     N = len(mods)
     kv = [
@@ -215,6 +220,8 @@ def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], 
                                      source_counts=[src_n], ridge=router == "ridge")
     if comp:  # only then: other files stay byte-identical
         kv.append(("mfgguf.complement", "BOOL", True))  # routed slot 0 is the seed, slot p + 1 expert ids[p]
+    if seed_gate is not None:
+        kv.append(("mfgguf.seed_gate", "FLOAT64", float(seed_gate)))  # f64: the exact C given
     if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions
         kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
         if merge == "ties":

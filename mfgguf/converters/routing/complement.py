@@ -24,12 +24,24 @@ Routers (`assemble --router`), rows per layer (N + 1, dim):
   ridge+learned  ridge's rows, plus r_i on expert i's row: ridge selects {seed, i}, and since the
                  two ridge logits are about equal there, their difference is about the trained gate.
 
+The seed gate (`assemble --seed-gate C`): the same file around *plain* experts, so that text no expert
+knows reaches the base's own FFN (FlexOlmo keeps the public model's FFN as an expert for that reason).
+Slot 0 is the untrained seed, so a token routed there computes anchor + seed: the trunk alone, which on
+an imported base is the base's FFN exactly. Its row is C times the sum of the N ridge rows. The ridge
+regresses one-hot domain labels, so on a shard's own text expert i scores about 1 (times the margin
+scale) and the rows' sum about 1 everywhere in the training mix; the seed wins a token exactly where
+no expert's score reaches C times that sum: where the regression is unsure which domain this is, as on
+a domain no expert was trained for. C = 0.5 reads "no expert has a majority"; C is a choice, made on
+validation (`eval --seed-gates`).
+
 Example:
     >>> complement_rows("ridge+learned", ridge=[R], learned=[L])[0].shape  # R, L: (N, dim)
     (N + 1, dim)
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -44,9 +56,20 @@ def is_complement(meta: dict) -> bool:
     return bool(meta.get("complement"))
 
 
-def check(router: str, layout: str, seed_expert: bool, names: list[str], flags: list[bool]) -> bool:
-    """Whether this assembly complements the seed (every selected expert does, or none); raises when the
-    selection or the options do not fit."""
+def check(router: str, layout: str, seed_expert: bool, names: list[str], flags: list[bool],
+          seed_gate: float | None = None) -> bool:
+    """Whether this assembly routes the seed as slot 0 (every selected expert complements it, or a seed gate is
+    given for plain experts); raises when the selection or the options do not fit."""
+    if seed_gate is not None:
+        if any(flags):
+            raise MfggufError("--seed-gate routes the seed beside plain experts; these complement it already (their"
+                              " assembly routes it): drop --seed-gate")
+        if router != "ridge":
+            raise MfggufError(f"--seed-gate sets the seed's row from the ridge router's rows, not {router}'s; use"
+                              " --router ridge")
+        if not math.isfinite(seed_gate):
+            raise MfggufError(f"--seed-gate {seed_gate} is not a number; use a value like 0.5")
+        flags = [True] * len(flags)  # from here on the assembly is laid out as a complementing one
     on = any(flags)
     if on and not all(flags):
         odd = [n for n, f in zip(names, flags) if not f]
@@ -59,11 +82,13 @@ def check(router: str, layout: str, seed_expert: bool, names: list[str], flags: 
     if router not in ROUTERS:
         raise MfggufError(f"--router {router} does not route the seed; with complementing experts use one of"
                           f" {', '.join(ROUTERS)}")
+    what = "a seed gate" if seed_gate is not None else "complementing experts"
     if layout != "granitemoe":
-        raise MfggufError("complementing experts assemble into the granitemoe layout only; pass --layout granitemoe")
+        raise MfggufError(f"{what}: the seed is routed in the granitemoe layout only (a llama trunk); pass --layout"
+                          " granitemoe")
     if not seed_expert:
-        raise MfggufError("complementing experts need the trunk's seed FFN, and this trunk has none; retrain the"
-                          " trunk with --seed-expert")
+        raise MfggufError(f"{what}: the seed is routed, and this trunk has no seed FFN; retrain the trunk with"
+                          " --seed-expert")
     return True
 
 
@@ -71,9 +96,11 @@ def learned_shapes(n_layers: int, dim: int) -> dict[str, tuple[int, ...]]:
     return {LEARNED_ROW.format(l=l): (dim,) for l in range(n_layers)}
 
 
-def complement_rows(router: str, *, ridge: list[np.ndarray] | None, learned: list[np.ndarray]) -> list[np.ndarray]:
+def complement_rows(router: str, *, ridge: list[np.ndarray] | None, learned: list[np.ndarray],
+                    seed_gate: float | None = None) -> list[np.ndarray]:
     """Router rows per layer (N + 1, dim) f32, seed first. `ridge`: per layer (N, dim) rows of router.py's
-    ridge over the N experts (None for `learned`); `learned`: per layer (N, dim) rows the experts trained."""
+    ridge over the N experts (None for `learned`); `learned`: per layer (N, dim) rows the experts trained (zeros
+    for plain experts); `seed_gate`: C, the seed's row C x the ridge rows' sum (1 without)."""
     out = []
     for l, L in enumerate(learned):
         L = np.asarray(L, np.float64)  # (N, dim)
@@ -81,6 +108,7 @@ def complement_rows(router: str, *, ridge: list[np.ndarray] | None, learned: lis
             R = np.concatenate([np.zeros((1, L.shape[1])), L])  # (N + 1, dim)
         else:
             W = np.asarray(ridge[l], np.float64)  # (N, dim)
-            R = np.concatenate([W.sum(0, keepdims=True), W + (L if router == "ridge+learned" else 0.0)])
+            c = 1.0 if seed_gate is None else float(seed_gate)
+            R = np.concatenate([c * W.sum(0, keepdims=True), W + (L if router == "ridge+learned" else 0.0)])
         out.append(R.astype(np.float32))
     return out

@@ -1,4 +1,5 @@
-"""granitemoe with the seed as routed expert 0: the writer of an assembly whose experts complement the seed.
+"""granitemoe with the seed as routed expert 0: the writer of an assembly whose experts complement the seed, or of
+plain experts with a seed gate (`assemble --seed-gate`).
 
 The trunk's seed FFN (`ffn_*_seed`) streams into slot 0 of the stacked `ffn_*_exps`, expert p's FFN
 into slot p + 1; each expert's learned router row (`complement.blk.{l}.router`) is kept as it
@@ -52,7 +53,8 @@ class ComplementWriter(GraniteMoeWriter):
     def router(self) -> None:
         self._enter("router", "fold")
         ridge = self.rb.finish() if self.ridge else None
-        for l, w in enumerate(complement_rows(self.p.router, ridge=ridge, learned=list(self.learned))):  # (N + 1, C)
+        rows = complement_rows(self.p.router, ridge=ridge, learned=list(self.learned), seed_gate=self.p.seed_gate)
+        for l, w in enumerate(rows):  # (N + 1, C)
             s = self.p.slot(blk(l, "ffn_gate_inp"))
             self._put(s, s.offset, w)
         self.rb = None
