@@ -50,7 +50,9 @@ NAMES = {"moe": "MoE (top-k chosen on validation)", "moe top-1": "MoE top-1", "m
 # about 3.5e11 FLOP/s; each training process about 13 s besides its steps; a sync about 16 s, the last one about
 # 120 s (it recomputes the router statistics); eval's assembling and scoring about 3,000 s at --max-tokens 32768
 # (2,062 s for the nine GGUFs of the domain-LoRA study, then four baselines, validation and the domain stream).
-RATE, PROCESS_S, SYNC_S, LAST_SYNC_S, MEASURE_S = 3.5e11, 13.0, 16.0, 120.0, 3000.0
+# Each MoE eval --seed-gates adds (one a gate and top-k) is assembled and scored on test and validation: about a
+# ninth of those 2,062 s at --max-tokens 32768.
+RATE, PROCESS_S, SYNC_S, LAST_SYNC_S, MEASURE_S, MOE_MEASURE_S = 3.5e11, 13.0, 16.0, 120.0, 3000.0, 230.0
 
 
 def mfgguf(*args, log: Path, dry: bool) -> None:
@@ -256,7 +258,7 @@ def plan_config(a, template: Path):
 
 
 def estimate(cfg, tokens: int, n: int, rounds: int, shared: str, baselines: list[str], max_tokens: int,
-             rate: float = RATE) -> dict:
+             rate: float = RATE, gated_moes: int = 0) -> dict:
     """Training FLOPs of one RUN (the MoE, then every baseline training eval runs, LR grid points included) and its
     seconds at `rate` FLOP/s with the fixed costs above."""
     from mfgguf.config import shared_tensor_names
@@ -278,7 +280,7 @@ def estimate(cfg, tokens: int, n: int, rounds: int, shared: str, baselines: list
         grid, procs = grid + critical * rate, procs + 1
     train_s = n * expert_s + sync_s + grid / rate + procs * PROCESS_S
     return {"expert_flops_per_token": per_token, "moe_flops": moe, "baseline_flops": grid,
-            "seconds": train_s + MEASURE_S * max_tokens / 32768}
+            "seconds": train_s + (MEASURE_S + gated_moes * MOE_MEASURE_S) * max_tokens / 32768}
 
 
 # ---- the summary ------------------------------------------------------------------------------------------
@@ -496,7 +498,8 @@ def main(argv=None) -> None:
                 if cfg is None:
                     print(f"# {run.name}: cost unknown ({why})")
                 else:
-                    e = estimate(cfg, tokens, len(ids), a.rounds, a.shared, a.baselines.split(","), a.max_tokens)
+                    e = estimate(cfg, tokens, len(ids), a.rounds, a.shared, a.baselines.split(","), a.max_tokens,
+                                 gated_moes=2 * len([g for g in a.seed_gates.split(",") if g]))  # top-1 and top-2
                     total += e["seconds"]
                     print(f"# {run.name}: MoE {e['moe_flops']:.3e} training FLOPs"
                           f" ({e['expert_flops_per_token'] / 1e6:.1f} MFLOP a token), baselines with their LR grids"

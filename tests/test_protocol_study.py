@@ -123,6 +123,8 @@ def test_dry_run_costs_a_run_from_the_template_trunk(tmp_path):
     e = ps.estimate(cfg, 65536, 4, 4, "attn", ps.IMPORTED_BASELINES.split(","), 32768)
     assert round(e["expert_flops_per_token"] / 1e6, 1) == 697.3 and f"{e['moe_flops']:.3e}" == "1.828e+14"
     assert e["baseline_flops"] > 7 * e["moe_flops"]  # two LR grids of three points, each at the experts' FLOPs
+    gated = ps.estimate(cfg, 65536, 4, 4, "attn", ps.IMPORTED_BASELINES.split(","), 32768, gated_moes=6)
+    assert gated["seconds"] == pytest.approx(e["seconds"] + 6 * ps.MOE_MEASURE_S)  # eval --seed-gates' MoEs scored
     trunk = tmp_path / "study" / "template" / "modules" / "trunk.json"
     trunk.parent.mkdir(parents=True)
     trunk.write_text(json.dumps({"config": cfg.to_dict()}))
@@ -199,6 +201,16 @@ def test_a_finished_runs_line_reads_its_report_and_records(tmp_path):
     assert (m["flop"]["wall_s"], m["lora-domain"]["wall_s"]) == (70.0, 45.0)
     assert r["shard_tokens"] == {"c": 9000, "cpp": 8000} and r["test_tokens"]["english"] == 100
     assert r["goals"] == report["goals"] and len(r["test_split_sha256"]) == 64
+    # eval --seed-gates' MoEs are methods of their own, and one of them may be the MoE validation chose
+    gated = "moe ridge seed-gate 0.6 top-1"
+    report["models"][gated] = {"kind": "moe", "router": "ridge", "top_k": 1, "seed_gate": 0.6}
+    report["results"][gated], report["best"] = res(1.0, 2.0, 2.3), gated
+    (run / "eval" / "report.json").write_text(json.dumps(report))
+    r = ps.result_row(a, run, 4096, 1, {"c": 1, "cpp": 2})
+    assert r["moe_chosen"] == "moe top-1 seed-gate 0.6" and r["methods"]["moe top-1"]["ppl_held_out"] == pytest.approx(math.exp(2.5))
+    assert r["methods"][r["moe_chosen"]]["ppl_held_out"] == pytest.approx(math.exp(2.3))
+    summ = ps.summarize([r])["sizes"][4096]
+    assert "moe top-1 seed-gate 0.6" in summ["methods"] and "moe top-1 seed-gate 0.6" not in summ["verdicts"]
 
 
 def test_every_run_is_the_template_hard_linked(tmp_path):
