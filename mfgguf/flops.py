@@ -151,5 +151,29 @@ def module_flops(meta: dict, *, causal: bool = True) -> float:
     return meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
 
 
+def served_flops(cfg, *, ffns: int = 1, routed: int = 0, rank: int = 0, causal: bool = True) -> float:
+    """Forward FLOPs a token of a served model, by the conventions above (a token at a training window's mean
+    position): the anchor with `ffns` FFNs of expert_ff units beside it (the base, or an MoE at top-1: 1; top-2: 2),
+    a router of `routed` rows a layer, and a LoRA of `rank` on every block linear applied unmerged, as peft runs it
+    and llama.cpp serves an adapter (0: none, or merged into the weights)."""
+    c = _cfg(cfg)
+    c = replace(c, expert_ff=c.expert_ff * ffns, seed_expert=ffns > 0)
+    return _step(c, set(), False, causal, rank=rank).forward + 2 * c.dim * routed * c.n_layers
+
+
+def served_params(cfg, *, ffns: int = 1, routed: int = 0, rank: int = 0, adapters: int = 0) -> int:
+    """Non-embedding parameters of a served model (the embeddings and head are every method's alike): attention,
+    norms, the anchor and `ffns` FFNs of expert_ff units (the base: 1; an MoE: its routed experts), a router of
+    `routed` rows a layer, and `adapters` LoRAs of `rank` on every block linear (the anchor's and the seed's apart,
+    as they train: train/whole/adapter.py)."""
+    c = _cfg(cfg)
+    own = c.non_embedding_params() - (c.expert_params() if c.seed_expert else 0)  # without the seed
+    hd = c.n_heads * c.head_dim
+    kv = c.n_kv_heads * c.head_dim
+    ffn_io = 3 * (c.dim + c.anchor_ff) + 3 * (c.dim + c.expert_ff)  # gate, up, down of the anchor and the seed
+    lora = c.n_layers * rank * (2 * (c.dim + hd) + 2 * (c.dim + kv) + ffn_io)
+    return own + ffns * c.expert_params() + routed * c.dim * c.n_layers + adapters * lora
+
+
 __all__ = ["StepFlops", "trunk_step_flops", "expert_step_flops", "continued_step_flops",
-           "module_step_flops", "module_flops"]
+           "module_step_flops", "module_flops", "served_flops", "served_params"]

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 STUDY_DOMAINS = ("c", "cpp", "english", "man", "python")  # mfgguf/data/study.py's; label shards come in this order
 IMPORTED_BASELINES = "flop,lora,lora-domain,wallclock"  # eval's imported-base set (eval/baselines/imported.py)
 MOES = ("moe top-1", "moe top-2")
+LORA_RANK = 16  # eval's LoRA baselines' rank (eval/baselines/imported.py)
 NAMES = {"moe": "MoE (top-k chosen on validation)", "moe top-1": "MoE top-1", "moe top-2": "MoE top-2",
          "flop": "continued pretraining, FLOP-matched", "wallclock": "continued pretraining, wall-clock-matched",
          "lora": "one LoRA r16 on every domain, FLOP-matched", "lora-domain": "a LoRA per domain, the right adapter",
@@ -230,12 +231,30 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
                                       "wall_s": sum(read_module_meta(RunDir(r), 0)["wall_s"] for r in runs)}
     base = "trunk as trained (before sync)" if "trunk as trained (before sync)" in rep["results"] else "trunk alone"
     methods["base"] = {**figures(base), "flops": 0.0, "wall_s": 0.0}  # its pretraining counts for nobody
+    served = {m: serving(read_json(run / "modules" / "trunk.json")["config"], m, len(ids)) for m in methods}
+    methods = {m: {**v, **served[m]} for m, v in methods.items()}
     info = read_json(run / "run.json")
     shard_tokens = {d: next(s["tokens"] for s in info["shards"] if int(s["id"]) == i) for d, i in ids.items()}
     return {"tokens_per_domain": tokens, "seed": seed, "run": run.name, "trained_domains": trained,
             "held_out": a.held_out, "moe_chosen": chosen, "methods": methods, "goals": rep["goals"],
             "shard_tokens": shard_tokens, "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
             "test_split_sha256": split_digest(run), "eval_wall_s": rep.get("wall_s"), "recipe": recipe(a)}
+
+
+def serving(cfg: dict, method: str, n: int) -> dict:
+    """What a method costs to serve, by mfgguf/flops.py: forward MFLOP a token and non-embedding parameters. An MoE
+    runs its top-k of n experts (+ the seed's slot when gated) and its router; the one LoRA is merged into the base;
+    the per-domain LoRAs are n adapters of rank 16, the request's applied unmerged (as llama.cpp serves them)."""
+    from mfgguf.flops import served_flops, served_params
+
+    if method.startswith("moe top-"):
+        k, routed = int(method.split()[1][4:]), n + ("seed-gate" in method)
+        f, p = served_flops(cfg, ffns=k, routed=routed), served_params(cfg, ffns=routed, routed=routed)
+    elif method == "lora-domain":
+        f, p = served_flops(cfg, rank=LORA_RANK), served_params(cfg, rank=LORA_RANK, adapters=n)
+    else:  # the base, continued pretraining, the one LoRA merged
+        f, p = served_flops(cfg), served_params(cfg)
+    return {"serve_mflop_per_token": f / 1e6, "params": p}
 
 
 # ---- the cost of a run, for --dry-run -----------------------------------------------------------------------
@@ -324,6 +343,7 @@ def summarize(rows: list[dict]) -> dict:
             vs = [v for r in rs if (v := method_values(r, m)) is not None]
             if vs:
                 ms[m] = {k: spread([v[k] for v in vs]) for k in ("ppl_trained", "ppl_held_out", "flops", "wall_s")}
+                ms[m]["served"] = {k: vs[0][k] for k in ("serve_mflop_per_token", "params") if k in vs[0]}
         others = [m for m in ms if m != "moe" and m not in MOES and m not in gated]
         ratios = {m: spread([method_values(r, "moe")["ppl_trained"] / r["methods"][m]["ppl_trained"]
                              for r in rs if m in r["methods"]]) for m in others}
@@ -332,6 +352,11 @@ def summarize(rows: list[dict]) -> dict:
     baselines = sorted({m for s in sizes.values() for m in s["verdicts"]}, key=list(NAMES).index)
     crossover = {m: next((t for t, s in sizes.items() if s["verdicts"].get(m) == "ahead"), None) for m in baselines}
     return {"sizes": sizes, "crossover": crossover}
+
+
+def _served(f: dict, key: str, fmt: str) -> str:
+    v = f.get("served", {}).get(key)
+    return "" if v is None else fmt.format(v)
 
 
 def _cell(v) -> str:
@@ -358,12 +383,14 @@ def markdown(rows: list[dict], summ: dict) -> str:
     for t, s in summ["sizes"].items():
         L += ["", f"## {t:,} tokens a domain (seeds {', '.join(map(str, s['seeds']))})", "",
               f"| method | test ppl, trained mix | min-max | {r0['held_out']} (held out) | training FLOPs | wall s |"
-              " MoE / method | min-max | MoE |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+              " served MFLOP a token | params (non-embedding) | MoE / method | min-max | MoE |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for m, f in s["methods"].items():
             p, rt = f["ppl_trained"], s["ratios"].get(m)
             ratio = f" {rt['mean']:.4f} | {_mm(rt)} | {s['verdicts'][m]} |" if rt else " | | |"
             L.append(f"| {NAMES.get(m, 'MoE ' + m[4:])} | {p['mean']:.4f} | {_mm(p)} | {f['ppl_held_out']['mean']:.3f} |"
-                     f" {f['flops']['mean']:.3e} | {f['wall_s']['mean']:,.0f} |" + ratio)
+                     f" {f['flops']['mean']:.3e} | {f['wall_s']['mean']:,.0f} |"
+                     f" {_served(f, 'serve_mflop_per_token', '{:,.1f}')} | {_served(f, 'params', '{:,}')} |" + ratio)
     L += ["", "## Where the MoE passes each method", "",
           "The smallest size where the MoE's mean is below the method's by more than the seed spread.", "",
           "| method | crossover (tokens a domain) | " + " | ".join(f"{t:,}" for t in summ["sizes"]) + " |",

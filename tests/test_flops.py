@@ -145,3 +145,28 @@ def test_lora_step_matches_torch_count(prepared_run, seed_expert):
     data = load_tokens(RunDir(prepared_run).train_tokens, "train")
     measured = _measured_step(model, named, get_batch(data, 0, 0, 0, 8, cfg.ctx_len), route)
     assert measured == continued_step_flops(cfg, "lora", rank=4, causal=False).total
+
+
+def test_served_model_matches_torch_count():
+    """What a method costs to serve: torch's count of an imported base's forward with a rank-4 LoRA on every block
+    linear (as peft runs it, and llama.cpp an unmerged adapter) and its parameters; an MoE's extra FFN and router
+    rows by hand."""
+    from mfgguf.flops import served_flops, served_params
+    from mfgguf.train.whole.continued import _inject_lora
+
+    cfg = replace(TINY, seed_expert=True)
+    model, route = trunk_model(cfg)  # anchor + seed: the base's FFN split in two
+    # the trunk's one-expert router rows do not run (its route is the anchor and the seed)
+    plain = sum(p.numel() for n, p in model.named_parameters()
+                if n not in ("tok_embd.weight", "output.weight") and not n.endswith(".router"))
+    named = _inject_lora(model, rank=4)
+    x = torch.randint(0, cfg.vocab_size, (1, cfg.ctx_len))
+    fc = FlopCounterMode(display=False)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), fc:
+        model(x, route=route)
+    assert fc.get_total_flops() / x.numel() == served_flops(cfg, rank=4, causal=False)
+    assert plain == served_params(cfg)  # the base: the anchor and one FFN of expert_ff beside it
+    assert sum(p.numel() for p in named.values()) == served_params(cfg, rank=4, adapters=1) - served_params(cfg)
+    C, L, e_w = cfg.dim, cfg.n_layers, 3 * cfg.dim * cfg.expert_ff
+    assert served_flops(cfg, ffns=2, routed=5) - served_flops(cfg) == L * (2 * e_w + 2 * C * 5)  # top-2 of 5
+    assert served_params(cfg, ffns=5, routed=5) - served_params(cfg) == L * (4 * e_w + C * 5)

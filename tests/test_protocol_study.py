@@ -68,7 +68,7 @@ def test_summary_means_spreads_verdicts_and_crossover(study):
     # flop 3.41/3.43: level; lora 3.30/3.34: 0.10 better than the MoE, beyond the 0.04 spread; the base far behind
     flop, lora, base = (cells(md, 65536, m) for m in ("flop", "lora", "base"))
     assert flop[1:3] == ["3.4200", "3.4100-3.4300"] and flop[-1] == "within the spread"
-    assert flop[6:8] == [f"{(3.40 / 3.41 + 3.44 / 3.43) / 2:.4f}", f"{3.40 / 3.41:.4f}-{3.44 / 3.43:.4f}"]
+    assert flop[8:10] == [f"{(3.40 / 3.41 + 3.44 / 3.43) / 2:.4f}", f"{3.40 / 3.41:.4f}-{3.44 / 3.43:.4f}"]
     assert lora[-1] == "behind" and base[-1] == "ahead"
     # at 262,144: flop's mean is 0.14 above the MoE's, beyond the wider range (0.10): ahead; lora's 0.09 is not
     assert cells(md, 262144, "flop")[-1] == "ahead"
@@ -153,6 +153,10 @@ def test_a_finished_runs_line_reads_its_report_and_records(tmp_path):
         (root / "modules" / f"{name}.json").write_text(json.dumps({"format": MODULE_FORMAT, "version": MODULE_VERSION,
                                                                    **meta}))
 
+    from mfgguf.config import ModelConfig
+
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, anchor_ff=96, expert_ff=32, seed_expert=True)
+    module(run, "trunk", kind="trunk", config=cfg.to_dict())
     module(run, "expert_001", kind="expert", round=1, wall_s=30.0)
     module(run, "expert_002", kind="expert", round=1, wall_s=50.0)
     for name, wall in (("grid-full-lr0.0003", 70.0), ("lora-shard1", 20.0), ("lora-shard2", 25.0)):
@@ -201,6 +205,14 @@ def test_a_finished_runs_line_reads_its_report_and_records(tmp_path):
     assert (m["flop"]["wall_s"], m["lora-domain"]["wall_s"]) == (70.0, 45.0)
     assert r["shard_tokens"] == {"c": 9000, "cpp": 8000} and r["test_tokens"]["english"] == 100
     assert r["goals"] == report["goals"] and len(r["test_split_sha256"]) == 64
+    # what each costs to serve: top-2 runs one more expert FFN and both run a router of two rows; the domain
+    # LoRAs add two adapters' parameters and one adapter's arithmetic; the base's figures are continued pretraining's
+    from mfgguf.flops import served_flops, served_params
+
+    assert m["moe top-2"]["serve_mflop_per_token"] * 1e6 == served_flops(cfg, ffns=2, routed=2)
+    assert m["moe top-1"]["params"] == m["moe top-2"]["params"] == served_params(cfg, ffns=2, routed=2)
+    assert m["flop"]["params"] == m["base"]["params"] == served_params(cfg) < m["lora-domain"]["params"]
+    assert m["lora-domain"]["serve_mflop_per_token"] > m["flop"]["serve_mflop_per_token"]
     # eval --seed-gates' MoEs are methods of their own, and one of them may be the MoE validation chose
     gated = "moe ridge seed-gate 0.6 top-1"
     report["models"][gated] = {"kind": "moe", "router": "ridge", "top_k": 1, "seed_gate": 0.6}
