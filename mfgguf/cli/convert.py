@@ -45,7 +45,7 @@ def assemble_cmd(
                               " see docs/studies.md)."),
     merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density",
                                         help="ties: share of each delta row kept (largest magnitudes)."),
-    seed_gate: float = typer.Option(None, "--seed-gate", help="Route the untrained seed FFN too (granitemoe): a token no"
+    seed_gate: float = typer.Option(None, "--seed-gate", help="Route the untrained seed FFN too, as expert 0: a token no"
                                     " expert claims computes the trunk alone, on an imported base the base's own"
                                     " FFN. The seed wins where no expert's ridge logit reaches this share of the"
                                     " experts' summed logits (0.5: no expert has a majority); choose it on"

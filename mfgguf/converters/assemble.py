@@ -74,7 +74,7 @@ from mfgguf.converters.merge import DEFAULT_DENSITY
 from mfgguf.converters.profile import Profile
 from mfgguf.converters.readback import verify
 from mfgguf.converters.writers.base import Writer
-from mfgguf.converters.writers.complement import ComplementWriter
+from mfgguf.converters.writers.complement import SEED_SLOT_WRITERS
 from mfgguf.converters.writers.dense import DenseWriter
 from mfgguf.converters.writers.granitemoe import GraniteMoeWriter
 from mfgguf.converters.writers.mixtral import MixtralWriter
@@ -104,7 +104,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     pooled statistics, where missing or stale, are computed first by `pool_stats` (`mfgguf router-stats`'s
     pass, which the caller above hands in; None: the planner's error, naming that verb, stands).
     `top_k=None`: 1, or 2 when the experts complement the seed (seed + one expert, as they trained).
-    `seed_gate=C` (granitemoe): the untrained seed FFN beside plain experts as routed expert 0, so a token no
+    `seed_gate=C`: the untrained seed FFN beside plain experts as routed expert 0 (any MoE layout), so a token no
     expert claims computes the trunk alone (on an imported base: the base's FFN); its router row is C times
     the sum of the ridge rows (converters/routing/complement.py).
 
@@ -128,7 +128,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     threads = threads or Q.default_threads()
     with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
         kind = p.arch if p.arch in WRITERS and p.layout != "dense" else p.layout
-        w = (ComplementWriter if p.complement else WRITERS[kind])(p, tmp, threads, progress, fast_quant, prof)
+        w = (SEED_SLOT_WRITERS if p.complement else WRITERS)[kind](p, tmp, threads, progress, fast_quant, prof)
         try:
             for phase in (w.header, w.preallocate, w.stream, w.merge, w.fold, w.router, w.finish):
                 with prof.phase(phase.__name__):

@@ -200,6 +200,16 @@ def synced_moe_computes(tmp_path: Path, case: Case, layout: str,
     for name in ("blk.0.attn_q.weight", "blk.1.attn_output.weight", "output_norm.weight"):
         assert name in shared and not np.array_equal(synced[name], imported[name]), name  # the syncs merged something
         assert np.array_equal(tensors[name], synced[name]), name  # and the file holds that merge, not the imported one
+    # the seed routed too (`--seed-gate`) in the family's layout: llama.cpp computes the reference of that file, and
+    # slot 0 holds the seed (after the anchor's rows where the layout folds the anchor into every slot)
+    gated = tmp_path / "gated.gguf"
+    r = cli("assemble", run, "-o", gated, "--quant", "f32", "--seed-gate", "0.5", "-q")
+    assert r.exit_code == 0, r.output
+    got, (want, _) = llama_logits(gated, ids, 128), reference_logits(run, gated, ids)
+    assert arch(gated) == layout and max_rel(got, want) <= 1e-3, max_rel(got, want)
+    up = {t.name: np.array(t.data) for t in gguf.GGUFReader(gated).tensors}["blk.1.ffn_up_exps.weight"]  # (3, ff, C)
+    seed = synced["blk.1.ffn_up_seed.weight"]  # (expert_ff, C)
+    assert len(up) == 3 and np.array_equal(up[0][-len(seed):], seed)
     kept = [n for n in imported if n.startswith("blk.") and n not in shared and ".attn_" in n]
     assert marker in kept, kept
     for name in kept:  # what no expert trained a copy of stays the base's

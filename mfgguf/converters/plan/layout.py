@@ -144,9 +144,12 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     merged = merge_plan(mods, trunk_shapes(cfg), merge, density)
     lay = "dense" if N == 0 else layout
     arch = schema.arch_of(layout, N, cfg.family)
-    if comp and arch != "granitemoe":
+    if comp and seed_gate is None and arch != "granitemoe":
         raise MfggufError(f"experts that complement the seed assemble as granitemoe (a llama trunk) only, not {arch};"
                           " retrain them without --complement")
+    if seed_gate is not None and lay == "mixtral" and any("_shexp." in n for n in merged):  # a merged anchor
+        raise MfggufError("--seed-gate in a folded layout (mixtral, qwen3moe) cannot fold an anchor the experts"
+                          " trained (--shared all) into the seed's slot; pass --merge none or --layout granitemoe")
 
     slots = _slots(cfg, lay, R, quant, arch)
     ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]

@@ -24,15 +24,16 @@ Routers (`assemble --router`), rows per layer (N + 1, dim):
   ridge+learned  ridge's rows, plus r_i on expert i's row: ridge selects {seed, i}, and since the
                  two ridge logits are about equal there, their difference is about the trained gate.
 
-The seed gate (`assemble --seed-gate C`): the same file around *plain* experts, so that text no expert
-knows reaches the base's own FFN (FlexOlmo keeps the public model's FFN as an expert for that reason).
-Slot 0 is the untrained seed, so a token routed there computes anchor + seed: the trunk alone, which on
-an imported base is the base's FFN exactly. Its row is C times the sum of the N ridge rows. The ridge
-regresses one-hot domain labels, so on a shard's own text expert i scores about 1 (times the margin
-scale) and the rows' sum about 1 everywhere in the training mix; the seed wins a token exactly where
-no expert's score reaches C times that sum: where the regression is unsure which domain this is, as on
-a domain no expert was trained for. C = 0.5 reads "no expert has a majority"; C is a choice, made on
-validation (`eval --seed-gates`).
+The seed gate (`assemble --seed-gate C`, any MoE layout): the seed routed the same way beside *plain*
+experts, so that text no expert knows can reach the base's own FFN (FlexOlmo keeps the public model's
+FFN as an expert for that reason). Slot 0 is the untrained seed, so a token routed there at top-1
+computes anchor + seed: the trunk alone, which on an imported base is the base's FFN. Its row is C
+times the sum of the N ridge rows. The ridge regresses one-hot domain labels, so on a shard's own text
+expert i scores about 1 (times the margin scale) and the sum of the scores about 1 in the training mix
+(a least-squares fit, negative for a few tokens); the seed wins a token where no expert's score
+reaches C times that sum: where the regression is unsure which domain this is, as on a domain no
+expert was trained for. C = 0.5 reads "no expert has a majority"; C is chosen on validation
+(`eval --seed-gates`).
 
 Example:
     >>> complement_rows("ridge+learned", ridge=[R], learned=[L])[0].shape  # R, L: (N, dim)
@@ -82,13 +83,11 @@ def check(router: str, layout: str, seed_expert: bool, names: list[str], flags: 
     if router not in ROUTERS:
         raise MfggufError(f"--router {router} does not route the seed; with complementing experts use one of"
                           f" {', '.join(ROUTERS)}")
-    what = "a seed gate" if seed_gate is not None else "complementing experts"
-    if layout != "granitemoe":
-        raise MfggufError(f"{what}: the seed is routed in the granitemoe layout only (a llama trunk); pass --layout"
-                          " granitemoe")
+    if seed_gate is None and layout != "granitemoe":
+        raise MfggufError("complementing experts assemble into the granitemoe layout only; pass --layout granitemoe")
     if not seed_expert:
-        raise MfggufError(f"{what}: the seed is routed, and this trunk has no seed FFN; retrain the trunk with"
-                          " --seed-expert")
+        what = "--seed-gate routes the trunk's seed FFN" if seed_gate is not None else "complementing experts need the trunk's seed FFN"
+        raise MfggufError(f"{what}, and this trunk has none; retrain the trunk with --seed-expert")
     return True
 
 

@@ -1,13 +1,14 @@
-"""granitemoe with the seed as routed expert 0: the writer of an assembly whose experts complement the seed, or of
-plain experts with a seed gate (`assemble --seed-gate`).
+"""The seed as routed expert 0: the writers of an assembly whose experts complement the seed (granitemoe), or of
+plain experts with a seed gate (`assemble --seed-gate`, every MoE layout).
 
-The trunk's seed FFN (`ffn_*_seed`) streams into slot 0 of the stacked `ffn_*_exps`, expert p's FFN
-into slot p + 1; each expert's learned router row (`complement.blk.{l}.router`) is kept as it
-streams, and the router phase writes (N + 1, dim) rows per layer: converters/routing/complement.py says
-which, for --router learned | ridge | ridge+learned.
+The trunk's seed FFN (`ffn_*_seed`) streams into slot 0 of the stacked `ffn_*_exps`, placed as the layout
+places an expert's rows (mixtral and qwen3moe: after the anchor's, which the fold phase writes into every
+slot, the seed's too), expert p's FFN into slot p + 1; each expert's learned router row
+(`complement.blk.{l}.router`) is kept as it streams, and the router phase writes (N + 1, dim) rows per layer:
+converters/routing/complement.py says which, for --router learned | ridge | ridge+learned and the seed gate.
 
 Example:
-    >>> ComplementWriter(p, tmp, threads=2, progress=False)  # p.complement is True
+    >>> SEED_SLOT_WRITERS["granitemoe"](p, tmp, threads=2, progress=False)  # p.complement is True
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import numpy as np
 from mfgguf.converters.routing.complement import LEARNED_ROW, SEED_SLOT, complement_rows
 from mfgguf.converters.routing.router import RouterBuilder
 from mfgguf.gguf.schema import blk
-from mfgguf.converters.writers.base import STATS_RE
+from mfgguf.converters.writers.base import STATS_RE, Writer
 from mfgguf.converters.writers.granitemoe import GraniteMoeWriter
+from mfgguf.converters.writers.mixtral import MixtralWriter
+from mfgguf.converters.writers.qwen2moe import Qwen2MoeWriter
 
 LEARNED_RE = re.compile(re.escape(LEARNED_ROW).replace(r"\{l\}", r"(\d+)"))
 
 
-class ComplementWriter(GraniteMoeWriter):
-    """Seed in slot 0, experts after it, router rows over N + 1 slots."""
+class SeedSlot(Writer):
+    """Seed in slot 0, experts after it, router rows over N + 1 slots: mixed in before a layout's writer."""
 
     def _router_builder(self) -> RouterBuilder:
         # the ridge rows over the N experts (the seed's row derives from them); "learned" needs none
@@ -37,8 +40,11 @@ class ComplementWriter(GraniteMoeWriter):
                              pooled=self._pooled_layer if self.ridge and self.p.pooled is not None else None)
 
     def _seed_chunk(self, l: int, f: str, r0: int, x: np.ndarray) -> None:
+        placed = self._expert_rows(l, f, r0, x)  # where the layout puts an expert's rows (mixtral: after the anchor)
+        assert placed is not None, "a folded layout whose anchor is merged places no seed rows (plan refuses it)"
+        r0, x = placed
         s = self.p.slot(blk(l, f"ffn_{f}_exps"))
-        self._put(s, s.offset + SEED_SLOT * s.expert_bytes + r0 * s.row_bytes, x)
+        self._put(s, s.offset + SEED_SLOT * s.expert_bytes + r0 * s.row_bytes, x, owned=x is not self._chunk)
 
     def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:
         if (m := LEARNED_RE.fullmatch(name)) is not None:
@@ -58,3 +64,19 @@ class ComplementWriter(GraniteMoeWriter):
             s = self.p.slot(blk(l, "ffn_gate_inp"))
             self._put(s, s.offset, w)
         self.rb = None
+
+
+class ComplementWriter(SeedSlot, GraniteMoeWriter):
+    """granitemoe: the anchor as the shared expert, the seed and the experts routed beside it."""
+
+
+class SeedSlotMixtralWriter(SeedSlot, MixtralWriter):
+    """mixtral / qwen3moe: the anchor folded into every slot, the seed's too."""
+
+
+class SeedSlotQwen2MoeWriter(SeedSlot, Qwen2MoeWriter):
+    """qwen2moe: the anchor as the gated shared expert, the seed and the experts routed beside it."""
+
+
+SEED_SLOT_WRITERS: dict[str, type[Writer]] = {"granitemoe": ComplementWriter, "mixtral": SeedSlotMixtralWriter,
+                                             "qwen2moe": SeedSlotQwen2MoeWriter}

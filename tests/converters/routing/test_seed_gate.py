@@ -70,6 +70,23 @@ def test_seed_is_slot_zero_and_its_row_is_the_gate_times_the_rows_sum(gated_run,
     assert rel_diff(got, ref) <= 1e-3, rel_diff(got, ref)
     # and the gate routes something: the file differs from the plain MoE's function
     assert rel_diff(got, llama_logits(plain, ids, 64)) > 1e-4
+    # the mixtral layout folds the anchor into the seed's slot too: the same function as a `llama` file
+    folded = tmp_path / "folded.gguf"
+    assemble(gated_run, folded, quant="f32", router="ridge", layout="mixtral", seed_gate=0.5, progress=False)
+    assert gguf_provenance(folded)["arch"] == "llama"
+    assert rel_diff(llama_logits(folded, ids, 64), ref) <= 1e-3
+
+
+def test_a_folded_layout_refuses_a_merged_anchor(gated_run, tmp_path):
+    """Experts that trained the anchor (--shared all) have it merged; a folded layout would need it in the seed's
+    slot, which is the trunk's: refused in one line, and the granitemoe file still assembles."""
+    run = copy_run(gated_run, tmp_path / "run")
+    train_expert(run, 1, options=TrainOptions(tokens=1024, shared="all"), progress=False, precision="fp32")
+    pool_router_stats(run, progress=False)
+    with pytest.raises(MfggufError, match="--merge none or --layout granitemoe"):
+        assemble(run, tmp_path / "x.gguf", quant="f32", layout="mixtral", seed_gate=0.5, progress=False)
+    assert not (tmp_path / "x.gguf").exists()
+    assemble(run, tmp_path / "g.gguf", quant="f32", seed_gate=0.5, progress=False)
 
 
 def test_the_gate_spans_the_plain_moe_and_the_trunk_alone(gated_run, tmp_path):
@@ -89,8 +106,8 @@ def test_the_gate_spans_the_plain_moe_and_the_trunk_alone(gated_run, tmp_path):
 
 
 def test_bad_gates_are_one_line_and_write_nothing(gated_run, trained_run, tmp_path):
-    for kw, match in ((dict(router="centroid"), "--router ridge"), (dict(layout="mixtral"), "granitemoe"),
-                      (dict(experts=[]), "none is selected"), (dict(seed_gate=float("nan")), "not a number")):
+    for kw, match in ((dict(router="centroid"), "--router ridge"), (dict(experts=[]), "none is selected"),
+                      (dict(seed_gate=float("nan")), "not a number")):
         with pytest.raises(MfggufError, match=match):
             assemble(gated_run, tmp_path / "x.gguf", quant="f32", progress=False, **{"seed_gate": 0.5, **kw})
     with pytest.raises(MfggufError, match="--seed-expert"):  # a trunk trained without a seed FFN
