@@ -55,8 +55,9 @@ class Source:
             raise MfggufError(f"{path} has the {layout} layout ({arch}); extend adds to and removes from the MoE"
                               " layouts mfgguf writes (granitemoe, mixtral): assemble the RUN with the experts instead")
         if v("mfgguf.complement"):
-            raise MfggufError(f"{path} routes the seed as expert 0 (complementing experts); extend supports files of"
-                              " plain experts: re-assemble with the new experts instead")
+            why = "a seed gate" if v("mfgguf.seed_gate") is not None else "complementing experts"
+            raise MfggufError(f"{path} routes the seed as expert 0 ({why}); extend supports files of plain experts:"
+                              " re-assemble with the new experts instead")
         router = v("mfgguf.router")
         if router not in ("ridge", "centroid"):
             raise MfggufError(f"{path}'s router is {router}: there are no router statistics to recompute it from;"

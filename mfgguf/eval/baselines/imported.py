@@ -10,7 +10,7 @@ trained experts' shards (an equal share of each):
                 network and its own weight gradients; a full step is 6x the base's weights);
   - wallclock:  the same for the MoE's critical path when each expert has a machine: the slowest
                 expert's wall over all its rounds (process start, scoring and statistics included) plus
-                every sync's wall, x the FLOP-matched run's own training tokens/s;
+                every sync's wall, x the full grid's training tokens/s (its fastest point: they all run one step);
   - lora:       a peft LoRA (rank 16, every linear layer) for the experts' FLOPs;
   - lora-domain: one such LoRA per expert's shard, each for its expert's FLOPs, served as llama.cpp
                 adapters on the base and picked by domain (eval/domain_loras.py), at the LoRA grid's LR.
@@ -105,7 +105,9 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
             continue
         if kind.budget == "seconds":
             budget = critical_s
-            speed = float(runs[mode][lr]["tokens_per_s"])
+            # every grid point runs the same step at another LR: the fastest is the one least slowed by whatever else
+            # shared the machine, and the speed this kind of training has here
+            speed = max(float(m["tokens_per_s"]) for m in runs[mode].values())
             tokens = max(step, math.floor(speed * budget / step) * step)
             m, name = train(f"base-{kind.key}", mode, tokens, lr), f"base-{kind.key}"
         else:  # the grid's best run is the FLOP-matched baseline itself

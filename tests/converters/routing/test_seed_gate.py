@@ -119,6 +119,10 @@ def test_bad_gates_are_one_line_and_write_nothing(gated_run, trained_run, tmp_pa
     r = CliRunner().invoke(app, ["assemble", str(gated_run), "-o", str(tmp_path / "z.gguf"), "--quant", "f32",
                                  "--seed-gate", "0.5", "-q"])
     assert r.exit_code == 0 and "seed routed as expert 0 (gate 0.5)" in r.output, r.output
+    r = CliRunner().invoke(app, ["extend", str(tmp_path / "z.gguf"), "--add", str(gated_run), "--experts", "1",
+                                 "-o", str(tmp_path / "w.gguf")])
+    assert r.exit_code == 1 and "a seed gate" in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "w.gguf").exists()
 
 
 def test_eval_compares_seed_gates_on_validation(gated_run, tmp_path):
