@@ -212,6 +212,13 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
     syncs = [json.loads(f.read_text()) for f in sorted(rd.rounds.glob("sync_*/sync.json"))]
     assert len(syncs) == 2 and all(s["wall_s"] > 0 for s in syncs)
     assert wall.budget == critical_path_s(rd, {i: metas[i] for i in (1, 2)}) > sum(s["wall_s"] for s in syncs)
+    # its tokens: the critical path at the grid's fastest point's speed (they all run one step), whole steps
+    import math
+
+    speed = max(read_module_meta(RunDir(tmp_path / "baselines" / f"grid-full-lr{lr}"), 0)["tokens_per_s"]
+                for lr in grid["full"]["heldout_loss_trained_domains"])
+    step = metas[1]["train"]["batch_size"] * metas[0]["config"]["ctx_len"]
+    assert wall.tokens == max(step, math.floor(speed * wall.budget / step) * step)
     assert all(metas[i]["restat_tokens"] > 0 for i in (1, 2))  # the final sync's passes, counted in module_flops
 
     shutil.rmtree(rd.heldout_dir)
