@@ -39,6 +39,7 @@ from mfgguf.eval.baselines.baseline import SECTIONS, Job, Outcome
 from mfgguf.eval.baselines.sides import side_for
 from mfgguf.eval.domain_stream import stream_candidates
 from mfgguf.eval.measure import measure, measure_stream, mixed, routing_accuracy
+from mfgguf.eval.measured import file_key, kept
 from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
 from mfgguf.eval.training_flops import flops_section
@@ -259,8 +260,12 @@ def _domain_stream(ev: Evaluation, models: dict, best: str) -> dict:
     results = {}
     for name, cands, mine in ((lora, candidates, own), (best, {best: None}, None)):
         _say(f"measure {name} on the unknown-domain stream")
-        results[name] = measure_stream(models[name]["path"], ev.rd, ev.domains, max_tokens=ev.cfg.max_tokens_per_domain,
-                                       ctx=ev.cfg.ctx, candidates=cands, own=mine)
+        path, cfg = models[name]["path"], ev.cfg
+        settings = {"split": "test", "domains": ev.domains, "max_tokens": cfg.max_tokens_per_domain, "ctx": cfg.ctx,
+                    "candidates": {k: v and file_key(v) for k, v in cands.items()}, "own": mine}
+        results[name] = kept(ev.out, path, settings, lambda: measure_stream(
+            path, ev.rd, ev.domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx, candidates=cands, own=mine),
+            force=ev.force, what="stream")
     return {"lora": lora, "moe": best, "results": results}
 
 
@@ -329,9 +334,14 @@ def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
 
 def _measure(ev: Evaluation, path: Path, domains: list[str], split: str = "test",
              adapters: dict[str, str] | None = None) -> dict:
+    """One GGUF's figures on `split`, or the ones an earlier eval stored for the same file and settings (measured.py)."""
     cfg = ev.cfg
-    return measure(path, ev.rd, domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx,
-                   decode_tokens=cfg.decode_tokens if split == "test" else 0, split=split, adapters=adapters)
+    decode = cfg.decode_tokens if split == "test" else 0
+    settings = {"split": split, "domains": list(domains), "max_tokens": cfg.max_tokens_per_domain, "ctx": cfg.ctx,
+                "decode_tokens": decode, "adapters": {d: file_key(a) for d, a in (adapters or {}).items()}}
+    return kept(ev.out, path, settings, lambda: measure(path, ev.rd, domains, max_tokens=cfg.max_tokens_per_domain,
+                                                        ctx=cfg.ctx, decode_tokens=decode, split=split,
+                                                        adapters=adapters), force=ev.force)
 
 
 def _say(msg: str) -> None:

@@ -125,7 +125,7 @@ def test_bad_gates_are_one_line_and_write_nothing(gated_run, trained_run, tmp_pa
     assert not (tmp_path / "w.gguf").exists()
 
 
-def test_eval_compares_seed_gates_on_validation(gated_run, tmp_path):
+def test_eval_compares_seed_gates_on_validation(gated_run, tmp_path, monkeypatch):
     out = tmp_path / "eval"
     r = CliRunner().invoke(app, ["eval", str(gated_run), "--out", str(out), "--routers", "ridge", "--top-k", "1",
                                  "--seed-gates", "0.5,10000", "--baselines", "none", "--quants", "",
@@ -141,5 +141,23 @@ def test_eval_compares_seed_gates_on_validation(gated_run, tmp_path):
     # far up the gate is nearly the trunk alone, far from the plain MoE
     ppl = {k: rep["results"][k]["overall"]["ppl"] for k in ("trunk alone", "moe ridge top-1", gated[1])}
     assert abs(ppl[gated[1]] / ppl["trunk alone"] - 1) < 0.25 * abs(ppl["moe ridge top-1"] / ppl["trunk alone"] - 1)
+    # an eval run again (as a study resumed after a stop) reuses every measurement stored for the same files and
+    # settings: nothing is scored again, and the report's figures are the same
+    import mfgguf.eval.evaluate as evaluate_mod
+
+    def scored_again(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(evaluate_mod, "measure", scored_again)
+    r = CliRunner().invoke(app, ["eval", str(gated_run), "--out", str(out), "--routers", "ridge", "--top-k", "1",
+                                 "--seed-gates", "0.5,10000", "--baselines", "none", "--quants", "",
+                                 "--max-tokens", "2048"])
+    assert r.exit_code == 0, r.output
+    again = json.loads((out / "report.json").read_text())
+    assert again["results"] == rep["results"] and again["validation"] == rep["validation"]
+    # other settings are measured anew (here: a smaller cap), so a stored figure never stands for another
+    r = CliRunner().invoke(app, ["eval", str(gated_run), "--out", str(out), "--routers", "ridge", "--top-k", "1",
+                                 "--baselines", "none", "--quants", "", "--max-tokens", "1024"])
+    assert r.exit_code != 0 and "measured again" in repr(r.exception)
     bad = CliRunner().invoke(app, ["eval", str(gated_run), "--seed-gates", "half"])
     assert bad.exit_code == 1 and "--seed-gates" in bad.output and "Traceback" not in bad.output
