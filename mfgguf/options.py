@@ -169,5 +169,18 @@ def parse_experts(spec: str | None, n: int | None = None) -> list[int] | None:
     return out
 
 
+def parse_floats(spec: str, what: str) -> tuple[float, ...]:
+    """A comma-separated list of numbers given to option `what`: '0.5,1,2' -> (0.5, 1.0, 2.0); '' -> ().
+
+    Example:
+        >>> parse_floats("0.4,0.6", "--seed-gates")
+        (0.4, 0.6)
+    """
+    try:
+        return tuple(float(x) for x in spec.split(",") if x.strip())
+    except ValueError:
+        raise MfggufError(f"{what} {spec!r} is not a comma-separated list of numbers, e.g. 0.5,1,2") from None
+
+
 __all__ = ["TrainOptions", "JobOptions", "MODEL_OPTIONS", "EXPERT_ONLY", "flag", "field_help", "option_help",
-           "option_types", "parse_experts"]
+           "option_types", "parse_experts", "parse_floats"]

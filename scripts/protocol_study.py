@@ -231,8 +231,8 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
                                       "wall_s": sum(read_module_meta(RunDir(r), 0)["wall_s"] for r in runs)}
     base = "trunk as trained (before sync)" if "trunk as trained (before sync)" in rep["results"] else "trunk alone"
     methods["base"] = {**figures(base), "flops": 0.0, "wall_s": 0.0}  # its pretraining counts for nobody
-    served = {m: serving(read_json(run / "modules" / "trunk.json")["config"], m, len(ids)) for m in methods}
-    methods = {m: {**v, **served[m]} for m, v in methods.items()}
+    cfg = read_json(run / "modules" / "trunk.json")["config"]
+    methods = {m: {**v, **serving(cfg, m, len(ids))} for m, v in methods.items()}
     info = read_json(run / "run.json")
     shard_tokens = {d: next(s["tokens"] for s in info["shards"] if int(s["id"]) == i) for d, i in ids.items()}
     return {"tokens_per_domain": tokens, "seed": seed, "run": run.name, "trained_domains": trained,

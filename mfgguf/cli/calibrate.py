@@ -10,6 +10,7 @@ import typer
 
 from mfgguf.converters.routing.calibrate import CalibrationGrid, calibrate
 from mfgguf.errors import MfggufError
+from mfgguf.options import parse_floats
 from mfgguf.train.whole.router_tune import RouterTuning, tune_router
 from mfgguf.cli.app import command
 
@@ -17,12 +18,7 @@ from mfgguf.cli.app import command
 def _floats(s: str | None, what: str, default: tuple) -> tuple:
     if s is None:
         return default
-    if s.strip().lower() == "none":
-        return ()
-    try:
-        return tuple(float(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise MfggufError(f"{what} {s!r} is not a comma-separated list of numbers, e.g. 0.5,1,2") from None
+    return () if s.strip().lower() == "none" else parse_floats(s, what)
 
 
 @command("calibrate", calibrate)

@@ -10,14 +10,7 @@ from mfgguf.eval.baselines.sides import parse_baselines
 from mfgguf.demo import DemoConfig, check_demo_dir, demo
 from mfgguf.eval.evaluate import EvalConfig, evaluate
 from mfgguf.cli.app import command
-from mfgguf.errors import MfggufError
-
-
-def parse_floats(text: str, what: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise MfggufError(f"{what} takes numbers separated by commas, like 0.4,0.5; got {text!r}") from None
+from mfgguf.options import parse_floats
 
 
 @command("demo", demo)

@@ -86,9 +86,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     quant_rows = _quantized(ev, models, results, best)
     stream = _domain_stream(ev, models, best)
     _say("routing accuracy")
-    routing = {r: routing_accuracy(ev.rd, ev.domains, ev.heldout, ev.gguf(f"moe-{r}-top1-{cfg.base_quant}",
-                                                                            quant=cfg.base_quant, router=r, top_k=1))
-               for r in cfg.routers}
+    routing = {r: routing_accuracy(ev.rd, ev.domains, ev.heldout, _moe_gguf(ev, cfg.base_quant, r, 1)) for r in cfg.routers}
     report = _report(ev, models, results, validation, best, quant_rows, routing, baselines, stream)
     report["wall_s"] = round(time.perf_counter() - t_start, 1)
     write_json(ev.out / "report.json", report)
@@ -189,14 +187,12 @@ def _assembled_models(ev: Evaluation) -> dict[str, dict]:
     """name -> {"path", "kind", ...; "domains" where it is scored on some only}: every MoE compared, the trunk
     alone (and as trained, before a sync merged it) and each domain's oracle."""
     q, n = ev.cfg.base_quant, ev.rd.info()["n_experts"]
-    models = {f"moe {router} top-{k}": {"path": ev.gguf(f"moe-{router}-top{k}-{q}", quant=q, router=router, top_k=k),
-                                       "kind": "moe", "router": router, "top_k": k}
+    models = {f"moe {router} top-{k}": {"path": _moe_gguf(ev, q, router, k), "kind": "moe", "router": router, "top_k": k}
               for router in ev.cfg.routers for k in ev.cfg.top_ks if k <= n}
     for c in ev.cfg.seed_gates:  # the seed as routed expert 0 beside the experts: one more slot
         for k in ev.cfg.top_ks:
-            models[f"moe ridge seed-gate {c:g} top-{k}"] = {
-                "path": ev.gguf(f"moe-ridge-seed{c:g}-top{k}-{q}", quant=q, router="ridge", top_k=k, seed_gate=c),
-                "kind": "moe", "router": "ridge", "top_k": k, "seed_gate": c}
+            models[f"moe ridge seed-gate {c:g} top-{k}"] = {"path": _moe_gguf(ev, q, "ridge", k, c), "kind": "moe",
+                                                           "router": "ridge", "top_k": k, "seed_gate": c}
     models["trunk alone"] = {"path": ev.gguf(f"trunk-{q}", quant=q, experts=[]), "kind": "trunk"}
     trained = _trained_trunk_run(ev.rd, ev.out)  # after `mfgguf sync` the trunk alone is the merged one
     if trained is not None:
@@ -208,6 +204,12 @@ def _assembled_models(ev: Evaluation) -> dict[str, dict]:
         models[f"oracle {d}"] = {"path": ev.gguf(f"oracle-{d}-{q}", quant=q, experts=[e], **oracle),
                                  "kind": "oracle", "domains": [d], "expert": e}
     return models
+
+
+def _moe_gguf(ev: Evaluation, quant: str, router: str, top_k: int, seed_gate: float | None = None) -> Path:
+    """The MoE with this router and top-k (and seed gate) at `quant`, as every phase names and builds it."""
+    gate = "" if seed_gate is None else f"-seed{seed_gate:g}"
+    return ev.gguf(f"moe-{router}{gate}-top{top_k}-{quant}", quant=quant, router=router, top_k=top_k, seed_gate=seed_gate)
 
 
 def _baseline_models(ev: Evaluation, baselines: Outcome) -> dict[str, dict]:
@@ -241,8 +243,7 @@ def _quantized(ev: Evaluation, models: dict, results: dict, best: str) -> dict[s
     router, k, c = models[best]["router"], models[best]["top_k"], models[best].get("seed_gate")
     rows = {ev.cfg.base_quant: results[best]}
     for q in ev.cfg.quants:
-        name = f"moe-{router}-top{k}-{q}" if c is None else f"moe-{router}-seed{c:g}-top{k}-{q}"
-        path = ev.gguf(name, quant=q, router=router, top_k=k, seed_gate=c)
+        path = _moe_gguf(ev, q, router, k, c)
         _say(f"measure {best} {q}")
         rows[q] = results[f"{best} {q}"] = _measure(ev, path, ev.domains)
         models[f"{best} {q}"] = {"path": path, "kind": "quant"}

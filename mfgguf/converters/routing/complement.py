@@ -70,7 +70,10 @@ def check(router: str, layout: str, seed_expert: bool, names: list[str], flags: 
                               " --router ridge")
         if not math.isfinite(seed_gate):
             raise MfggufError(f"--seed-gate {seed_gate} is not a number; use a value like 0.5")
-        flags = [True] * len(flags)  # from here on the assembly is laid out as a complementing one
+        if not seed_expert:
+            raise MfggufError("--seed-gate routes the trunk's seed FFN, and this trunk has none; retrain the trunk"
+                              " with --seed-expert")
+        return True  # any MoE layout holds the seed's slot (writers/complement.py)
     on = any(flags)
     if on and not all(flags):
         odd = [n for n, f in zip(names, flags) if not f]
@@ -83,11 +86,11 @@ def check(router: str, layout: str, seed_expert: bool, names: list[str], flags: 
     if router not in ROUTERS:
         raise MfggufError(f"--router {router} does not route the seed; with complementing experts use one of"
                           f" {', '.join(ROUTERS)}")
-    if seed_gate is None and layout != "granitemoe":
+    if layout != "granitemoe":
         raise MfggufError("complementing experts assemble into the granitemoe layout only; pass --layout granitemoe")
     if not seed_expert:
-        what = "--seed-gate routes the trunk's seed FFN" if seed_gate is not None else "complementing experts need the trunk's seed FFN"
-        raise MfggufError(f"{what}, and this trunk has none; retrain the trunk with --seed-expert")
+        raise MfggufError("complementing experts need the trunk's seed FFN, and this trunk has none; retrain the"
+                          " trunk with --seed-expert")
     return True
 
 
