@@ -178,8 +178,9 @@ def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Pa
             mfgguf("sync", run, "--experts", ",".join(map(str, ids)), "--no-progress", log=log, dry=dry)
     if not (run / "eval" / "report.json").is_file():
         gates = ("--seed-gates", a.seed_gates) if a.seed_gates else ()
+        grids = [x for opt in ("full_lrs", "lora_lrs") if getattr(a, opt) for x in (f"--{opt[:-4]}-lrs", getattr(a, opt))]
         mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", *gates, "--quants", "", "--max-tokens", a.max_tokens,
-               "--baselines", a.baselines, "--seed", seed, log=log, dry=dry)
+               "--baselines", a.baselines, "--seed", seed, *grids, log=log, dry=dry)
 
 
 def prune(run: Path) -> None:
@@ -238,7 +239,8 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
     return {"tokens_per_domain": tokens, "seed": seed, "run": run.name, "trained_domains": trained,
             "held_out": a.held_out, "moe_chosen": chosen, "methods": methods, "goals": rep["goals"],
             "shard_tokens": shard_tokens, "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
-            "test_split_sha256": split_digest(run), "eval_wall_s": rep.get("wall_s"), "recipe": recipe(a)}
+            "test_split_sha256": split_digest(run), "eval_wall_s": rep.get("wall_s"), "recipe": recipe(a),
+            "lr_grid": {mode: g["heldout_loss_trained_domains"] for mode, g in (rep.get("base_baselines") or {}).get("grid", {}).items()}}
 
 
 def serving(cfg: dict, method: str, n: int) -> dict:
@@ -277,9 +279,9 @@ def plan_config(a, template: Path):
 
 
 def estimate(cfg, tokens: int, n: int, rounds: int, shared: str, baselines: list[str], max_tokens: int,
-             rate: float = RATE, gated_moes: int = 0) -> dict:
-    """Training FLOPs of one RUN (the MoE, then every baseline training eval runs, LR grid points included) and its
-    seconds at `rate` FLOP/s with the fixed costs above."""
+             rate: float = RATE, gated_moes: int = 0, grid_points: tuple[int, int] = (3, 3)) -> dict:
+    """Training FLOPs of one RUN (the MoE, then every baseline training eval runs, its `grid_points` LRs of continued
+    pretraining and of the LoRA included) and its seconds at `rate` FLOP/s with the fixed costs above."""
     from mfgguf.config import shared_tensor_names
     from mfgguf.flops import expert_step_flops
 
@@ -290,9 +292,11 @@ def estimate(cfg, tokens: int, n: int, rounds: int, shared: str, baselines: list
     critical = expert_s + sync_s
     grid, procs = 0.0, 0
     if {"flop", "wallclock"} & set(baselines):
-        grid, procs = grid + 3 * moe, procs + 3  # the full grid: three LRs, each for the experts' whole FLOPs
+        g = grid_points[0]  # each LR of the full grid trains for the experts' whole FLOPs
+        grid, procs = grid + g * moe, procs + g
     if {"lora", "lora-domain"} & set(baselines):
-        grid, procs = grid + 3 * moe, procs + 3
+        g = grid_points[1]
+        grid, procs = grid + g * moe, procs + g
     if "lora-domain" in baselines:
         grid, procs = grid + moe, procs + n  # a LoRA per shard, each for its expert's FLOPs
     if "wallclock" in baselines:
@@ -476,6 +480,9 @@ def parse(argv=None):
     ap.add_argument("--baselines", default=IMPORTED_BASELINES, help="eval --baselines")
     ap.add_argument("--seed-gates", default="", help="eval --seed-gates: the MoE with the base's FFN routable too, at"
                     " these gates (comma-separated; empty: none); the MoE is then the best of all on validation")
+    ap.add_argument("--full-lrs", default="", help="eval --full-lrs: continued pretraining's LR grid (empty: eval's"
+                    " three); one value spends a later seed or size on the LR an earlier run chose on validation")
+    ap.add_argument("--lora-lrs", default="", help="eval --lora-lrs: the LoRAs' LR grid (empty: eval's three)")
     ap.add_argument("--max-tokens", type=int, default=32768, help="eval --max-tokens: test tokens scored a domain")
     ap.add_argument("--eval-tokens", type=int, default=4096, help="train-expert --eval-tokens")
     ap.add_argument("--max-chars-per-domain", type=int, default=None,
@@ -526,7 +533,9 @@ def main(argv=None) -> None:
                     print(f"# {run.name}: cost unknown ({why})")
                 else:
                     e = estimate(cfg, tokens, len(ids), a.rounds, a.shared, a.baselines.split(","), a.max_tokens,
-                                 gated_moes=2 * len([g for g in a.seed_gates.split(",") if g]))  # top-1 and top-2
+                                 gated_moes=2 * len([g for g in a.seed_gates.split(",") if g]),  # top-1 and top-2
+                                 grid_points=(len(a.full_lrs.split(",")) if a.full_lrs else 3,
+                                              len(a.lora_lrs.split(",")) if a.lora_lrs else 3))
                     total += e["seconds"]
                     print(f"# {run.name}: MoE {e['moe_flops']:.3e} training FLOPs"
                           f" ({e['expert_flops_per_token'] / 1e6:.1f} MFLOP a token), baselines with their LR grids"

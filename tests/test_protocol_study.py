@@ -133,6 +133,14 @@ def test_dry_run_costs_a_run_from_the_template_trunk(tmp_path):
     assert "mfgguf import-base" not in text and "mfgguf prepare study" in text
     assert text.count("MoE 1.828e+14 training FLOPs (697.3 MFLOP a token)") == 2
     assert f"about {2 * e['seconds'] / 3600:.1f} h in all" in text
+    # a later seed on the LRs chosen before: one point a grid, four of the six grid trainings saved
+    one = ps.estimate(cfg, 65536, 4, 4, "attn", ps.IMPORTED_BASELINES.split(","), 32768, grid_points=(1, 1))
+    assert one["baseline_flops"] == pytest.approx(e["baseline_flops"] - 4 * e["moe_flops"])
+    text = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "study"), "--tokens", "65536",
+                           "--seeds", "2", "--full-lrs", "3e-4", "--lora-lrs", "3e-3", "--dry-run"],
+                          capture_output=True, text=True, check=True).stdout
+    ev = next(l for l in text.splitlines() if l.startswith("mfgguf eval "))
+    assert ev.endswith("--seed 2 --full-lrs 3e-4 --lora-lrs 3e-3") and f"about {one['seconds'] / 3600:.1f} h" in text
     # a study resumed with another recipe would mix two studies in one table: refused in one line
     (tmp_path / "study" / "study.jsonl").write_text(json.dumps({**row(65536, 1), "recipe": {"rounds": 2}}) + "\n")
     r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "study"), "--dry-run"], capture_output=True,

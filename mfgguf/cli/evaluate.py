@@ -10,6 +10,7 @@ from mfgguf.eval.baselines.sides import parse_baselines
 from mfgguf.demo import DemoConfig, check_demo_dir, demo
 from mfgguf.eval.evaluate import EvalConfig, evaluate
 from mfgguf.cli.app import command
+from mfgguf.errors import MfggufError
 from mfgguf.options import parse_floats
 
 
@@ -71,6 +72,11 @@ def eval_cmd(
     max_tokens: int = typer.Option(EvalConfig.max_tokens_per_domain, help="Held-out tokens scored per domain."),
     ctx: int = typer.Option(None, help="Perplexity window (default 1024, or the model's context where shorter)."),
     force: bool = typer.Option(False, "--force", help="Rebuild every model and retrain the dense baselines."),
+    full_lrs: str = typer.Option("", "--full-lrs", help="An imported base's continued-pretraining LR grid,"
+                                 " comma-separated (default 1e-4,3e-4,1e-3); one value trains that LR alone, as"
+                                 " when a later seed reuses what an earlier one chose on validation."),
+    lora_lrs: str = typer.Option("", "--lora-lrs", help="An imported base's LoRA LR grid, comma-separated (default"
+                                 " 1e-3,3e-3,1e-2)."),
     seed: int = typer.Option(None, "--seed", help="Seed of every baseline's training (its data order; a LoRA's or a"
                              " dense model's initialisation); a baseline trained with another is trained again."
                              " Default: the trunk's seed (from scratch), train-base's default (an imported base)."
@@ -80,7 +86,9 @@ def eval_cmd(
                      seed_gates=parse_floats(seed_gates, "--seed-gates"),
                      quants=tuple(q for q in quants.split(",") if q), dense=not no_dense,
                      baselines=parse_baselines(baselines), max_tokens_per_domain=max_tokens, ctx=ctx,
-                     dense_schedules=tuple(s.strip() for s in dense_schedules.split(",") if s.strip()), seed=seed)
+                     dense_schedules=tuple(s.strip() for s in dense_schedules.split(",") if s.strip()), seed=seed,
+                     baseline_lrs=_grid(full=parse_floats(full_lrs, "--full-lrs"),
+                                        lora=parse_floats(lora_lrs, "--lora-lrs")))
     r = evaluate(run, out, cfg, force=force)
     out = Path(out) if out else Path(run) / "eval"
     from rich.console import Console
@@ -89,3 +97,11 @@ def eval_cmd(
     Console().print(Markdown((out / "report.md").read_text().split("## Routing")[0]))
     typer.echo(f"report: {out / 'report.md'} (raw figures: report.json; plots: *.png)")
     return r
+
+
+def _grid(**lrs: tuple[float, ...]) -> dict[str, tuple[float, ...]] | None:
+    """The LR grids given (a mode left empty keeps eval's default); a rate that cannot train is refused here."""
+    bad = next((f"--{mode}-lrs {lr:g}" for mode, v in lrs.items() for lr in v if not 0 < lr < 1), None)
+    if bad:
+        raise MfggufError(f"{bad} is not a learning rate; give peak LRs between 0 and 1, e.g. 1e-4,3e-4")
+    return {mode: v for mode, v in lrs.items() if v} or None

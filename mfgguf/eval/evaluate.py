@@ -64,6 +64,8 @@ class EvalConfig:
     ctx: int | None = None  # perplexity window; None = 1,024 or the model's context where shorter (runtime/perplexity.py)
     decode_tokens: int = 64  # tokens generated to measure decode speed
     seed: int | None = None  # the baselines' training seed (the experts' is train-expert's); None: each side's default
+    baseline_lrs: dict[str, tuple[float, ...]] | None = None  # an imported base's LR grids {"full": ..., "lora": ...}
+    #                                                            where not eval/baselines/imported.py's GRID
 
 
 def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *, force: bool = False,
@@ -179,7 +181,7 @@ def _train_baselines(ev: Evaluation) -> Outcome:
     """The baselines of the trunk's side (from scratch, or an imported base trained further), trained or reused."""
     cfg = ev.cfg
     job = Job(ev.rd, ev.metas, ev.out, which=cfg.baselines if cfg.dense else (), force=ev.force,
-              schedules=cfg.dense_schedules if cfg.dense else None, seed=cfg.seed)
+              schedules=cfg.dense_schedules if cfg.dense else None, seed=cfg.seed, lrs=cfg.baseline_lrs)
     return side_for(ev.metas[0]).train(job)
 
 

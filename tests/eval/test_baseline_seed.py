@@ -1,5 +1,5 @@
-"""`mfgguf eval --seed`: the seed reaches every baseline's training, and a baseline trained with another seed is
-trained again rather than reused. No training runs here: the stage that would train is recorded instead.
+"""`mfgguf eval --seed` and `--full-lrs` / `--lora-lrs`: the seed and the LR grids reach every baseline's training,
+and a baseline trained with another seed is trained again rather than reused. No training runs here: the stage that would train is recorded instead.
 """
 
 from __future__ import annotations
@@ -30,6 +30,20 @@ def test_eval_cli_seed_reaches_the_config(monkeypatch, tmp_path):
     assert "seed None baselines None" in r.output
 
 
+def test_eval_cli_lr_grids_reach_the_config_and_bad_ones_stop(monkeypatch, tmp_path):
+    import mfgguf.cli.evaluate as cli_eval
+
+    monkeypatch.setattr(cli_eval, "evaluate", lambda run, out, cfg, force=False: (_ for _ in ()).throw(
+        MfggufError(f"lrs {cfg.baseline_lrs}")))
+    r = CliRunner().invoke(app, ["eval", str(tmp_path), "--full-lrs", "3e-4", "--lora-lrs", "1e-3,3e-3"])
+    assert r.exit_code == 1 and "lrs {'full': (0.0003,), 'lora': (0.001, 0.003)}" in r.output
+    assert "lrs None" in CliRunner().invoke(app, ["eval", str(tmp_path)]).output  # GRID's, per mode
+    for bad in ("3", "fast", "-1e-3"):
+        r = CliRunner().invoke(app, ["eval", str(tmp_path), "--full-lrs", bad])
+        assert r.exit_code == 1 and "--full-lrs" in r.output and "Traceback" not in r.output
+        assert len(r.output.strip().splitlines()) == 1, r.output
+
+
 def test_the_config_seed_reaches_the_imported_side(monkeypatch, tmp_path):
     seen = {}
 
@@ -43,10 +57,11 @@ def test_the_config_seed_reaches_the_imported_side(monkeypatch, tmp_path):
     ev_mod._train_baselines(ev)
     assert seen["job"].seed == 5
 
-    monkeypatch.setattr(imported, "plan_and_train", lambda rd, metas, out, which, force, seed: seen.update(seed=seed)
-                        or ([], {}))
-    imported.Imported().train(Job(RunDir(tmp_path), {0: {}}, tmp_path, None, False, ("cosine",), seed=5))
-    assert seen["seed"] == 5
+    monkeypatch.setattr(imported, "plan_and_train", lambda rd, metas, out, which, force, seed, lrs:
+                        seen.update(seed=seed, lrs=lrs) or ([], {}))
+    imported.Imported().train(Job(RunDir(tmp_path), {0: {}}, tmp_path, None, False, ("cosine",), seed=5,
+                                  lrs={"lora": (3e-3,)}))
+    assert seen["seed"] == 5 and seen["lrs"] == {"lora": (3e-3,)}
 
 
 def test_train_base_passes_the_seed_and_retrains_for_another(monkeypatch, tmp_path):

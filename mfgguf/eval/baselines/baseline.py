@@ -47,6 +47,7 @@ class Job:
     force: bool  # retrain even where a matching baseline exists
     schedules: tuple[str, ...] | None  # LR schedules a dense model trains with; None: no dense training asked for
     seed: int | None = None  # every baseline training's seed; None: each side's default (the trunk's, the preset's)
+    lrs: dict[str, tuple[float, ...]] | None = None  # an imported base's LR grid per mode (full, lora); None: GRID's
 
 
 @dataclass(frozen=True)

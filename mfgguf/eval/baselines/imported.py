@@ -14,7 +14,8 @@ trained experts' shards (an equal share of each):
   - lora:       a peft LoRA (rank 16, every linear layer) for the experts' FLOPs;
   - lora-domain: one such LoRA per expert's shard, each for its expert's FLOPs, served as llama.cpp
                 adapters on the base and picked by domain (eval/domain_loras.py), at the LoRA grid's LR.
-The peak LR of each kind is chosen by the same small grid (GRID) run at the budget it is used with:
+The peak LR of each kind is chosen by the same small grid (GRID, or eval's --full-lrs / --lora-lrs) run at the
+budget it is used with:
 each value trains for the experts' whole FLOPs, the lowest validation loss on the trained domains
 (PyTorch, 4,096 tokens a domain) wins, and that run is the baseline (no second run); the grid's
 losses are reported. The wall-clock-matched run reuses the full grid's LR, chosen at the FLOP
@@ -64,11 +65,14 @@ class BasePlan:
 
 
 def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | None = None,
-                   force: bool = False, seed: int | None = None) -> tuple[list[BasePlan], dict]:
+                   force: bool = False, seed: int | None = None,
+                   lrs: dict[str, tuple[float, ...]] | None = None) -> tuple[list[BasePlan], dict]:
     """Train (or reuse) the LR grid and the baselines `which` (default all) against the trained experts in `metas`
-    ({0: the imported trunk, i: expert i}), every training with `seed` (train-base's --seed; None: its default);
-    return the plans and {mode: {lr: held-out loss on the trained domains}}."""
+    ({0: the imported trunk, i: expert i}), every training with `seed` (train-base's --seed; None: its default),
+    each kind's grid the peak LRs `lrs` gives it (GRID's where it gives none: {"full": (3e-4,)} spends a later seed
+    on the LR an earlier one chose); return the plans and {mode: {lr: held-out loss on the trained domains}}."""
     which = keys(IMPORTED) if which is None else which
+    lrs = {**GRID, **(lrs or {})}
     kinds = [k for k in IMPORTED if k.key in which]
     experts = {i: m for i, m in metas.items() if i > 0}
     cfg = ModelConfig.from_dict(metas[0]["config"])
@@ -91,7 +95,7 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     grid, best, runs = {}, {}, {}
     for mode in sorted({k.trains for k in kinds}):
         tokens = flop_tokens(mode)
-        runs[mode] = {lr: train(f"grid-{mode}-lr{lr:g}", mode, tokens, lr) for lr in GRID[mode]}
+        runs[mode] = {lr: train(f"grid-{mode}-lr{lr:g}", mode, tokens, lr) for lr in lrs[mode]}
         grid[mode] = {"tokens": tokens, "heldout_loss_trained_domains": {f"{lr:g}": held(m) for lr, m in runs[mode].items()}}
         best[mode] = min(runs[mode], key=lambda lr: held(runs[mode][lr]))
         grid[mode]["chosen_lr"] = best[mode]
@@ -165,7 +169,7 @@ class Imported:
             _say("the trunk is an imported base: its baselines are the base trained further on the experts' data"
                  " (continued pretraining, LoRA), not dense models from scratch")
             which = tuple(k for k in job.which if k in keys(IMPORTED)) if job.which is not None else None
-            plans, grid = plan_and_train(job.rd, job.metas, job.out, which, job.force, job.seed)
+            plans, grid = plan_and_train(job.rd, job.metas, job.out, which, job.force, job.seed, job.lrs)
         trained = sorted({d for i, m in job.metas.items() if i for d in m.get("shard_domains") or []})
         section = {"grid": grid, "plans": [_plan_json(p) for p in plans], "trained_domains": trained}
         return Outcome(trained=[_trained(p) for p in plans], sections={"base_baselines": section})

@@ -220,14 +220,20 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
     step = metas[1]["train"]["batch_size"] * metas[0]["config"]["ctx_len"]
     assert wall.tokens == max(step, math.floor(speed * wall.budget / step) * step)
     assert all(metas[i]["restat_tokens"] > 0 for i in (1, 2))  # the final sync's passes, counted in module_flops
+    # a later seed spends its training on the LR chosen before: a one-point grid, that very run reused here
+    chosen = grid["full"]["chosen_lr"]
+    again, one = plan_and_train(rd, metas, tmp_path / "baselines", ("flop",), lrs={"full": (chosen,)})
+    assert list(one["full"]["heldout_loss_trained_domains"]) == [f"{chosen:g}"] and one["full"]["chosen_lr"] == chosen
+    assert again[0].run == flop.run and again[0].tokens == flop.tokens
 
     shutil.rmtree(rd.heldout_dir)
     shutil.move(test, rd.heldout_dir)
     r = cli("eval", run, "--routers", "ridge,uniform", "--top-k", "1", "--quants", "", "--baselines", "flop",
-            "--max-tokens", 1024, "--ctx", 64, "--out", tmp_path / "baselines")
+            "--max-tokens", 1024, "--ctx", 64, "--out", tmp_path / "baselines", "--full-lrs", f"{chosen:g}")
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "baselines" / "report.json").read_text())
     assert rep["splits"]["validation"] == "valid" and rep["splits"]["test"] == "heldout"
+    assert list(rep["base_baselines"]["grid"]["full"]["heldout_loss_trained_domains"]) == [f"{chosen:g}"]
     assert "trunk as trained (before sync)" in rep["results"]
     assert rep["best"] == min(rep["validation"], key=lambda k: rep["validation"][k]["ppl"])
     assert "(validation)" in (tmp_path / "baselines" / "report.md").read_text()
