@@ -49,11 +49,9 @@ NAMES = {"moe": "MoE (top-k chosen on validation)", "moe top-1": "MoE top-1", "m
 # The cost model of --dry-run, from the 2-core machine of docs/base-model.md: an expert step with attention copies
 # 697 MFLOP a token at about 510 tokens/s, continued pretraining 834 at about 464, a LoRA 599 at about 507, so
 # about 3.5e11 FLOP/s; each training process about 13 s besides its steps; a sync about 16 s, the last one about
-# 120 s (it recomputes the router statistics); eval's assembling and scoring about 3,000 s at --max-tokens 32768
-# (2,062 s for the nine GGUFs of the domain-LoRA study, then four baselines, validation and the domain stream).
-# Each MoE eval --seed-gates adds (one a gate and top-k) is assembled and scored on test and validation: about a
-# ninth of those 2,062 s at --max-tokens 32768.
-RATE, PROCESS_S, SYNC_S, LAST_SYNC_S, MEASURE_S, MOE_MEASURE_S = 3.5e11, 13.0, 16.0, 120.0, 3000.0, 230.0
+# 120 s (it recomputes the router statistics); eval's assembling and scoring as the first run measured it at
+# --max-tokens 16384 (74 minutes with six gated MoEs, each about 6 minutes on test and validation), scaled to 32768.
+RATE, PROCESS_S, SYNC_S, LAST_SYNC_S, MEASURE_S, MOE_MEASURE_S = 3.5e11, 13.0, 16.0, 120.0, 4560.0, 720.0
 
 
 def mfgguf(*args, log: Path, dry: bool) -> None:
