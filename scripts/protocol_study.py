@@ -41,8 +41,12 @@ sys.path.insert(0, str(ROOT))
 STUDY_DOMAINS = ("c", "cpp", "english", "man", "python")  # mfgguf/data/study.py's; label shards come in this order
 IMPORTED_BASELINES = "flop,lora,lora-domain,wallclock"  # eval's imported-base set (eval/baselines/imported.py)
 MOES = ("moe top-1", "moe top-2")
+# the MoE a method is compared with: at top-1 (the dense model's active FFN, the headline) and at any top-k; each the
+# variant (seed gate, top-k) validation chose, seed by seed; (its row's key, the summary's suffix)
+HEADS = {"moe@1": ("moe_chosen_top1", "_top1"), "moe": ("moe_chosen", "")}
 LORA_RANK = 16  # eval's LoRA baselines' rank (eval/baselines/imported.py)
-NAMES = {"moe": "MoE (top-k chosen on validation)", "moe top-1": "MoE top-1", "moe top-2": "MoE top-2",
+NAMES = {"moe@1": "MoE top-1 (gate chosen on validation)", "moe": "MoE (top-k and gate chosen on validation)",
+         "moe top-1": "MoE top-1", "moe top-2": "MoE top-2",
          "flop": "continued pretraining, FLOP-matched", "wallclock": "continued pretraining, wall-clock-matched",
          "lora": "one LoRA r16 on every domain, FLOP-matched", "lora-domain": "a LoRA per domain, the right adapter",
          "base": "the base"}
@@ -214,13 +218,15 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
 
     rd = RunDir(run)
     walls, syncs = expert_walls(rd, {i: read_module_meta(rd, i) for i in ids.values()})
-    methods, chosen = {}, None
+    methods, chosen, top1 = {}, None, {}
     for name, m in models.items():
         if m["kind"] == "moe" and f"moe top-{m['top_k']}" in MOES:
             key = f"moe top-{m['top_k']}" + (f" seed-gate {m['seed_gate']:g}" if m.get("seed_gate") is not None else "")
             methods[key] = {**figures(name), "flops": flops["moe (trunk + every expert)"]["flops"],
                             "wall_s": sum(walls.values()) + syncs, "critical_path_s": max(walls.values()) + syncs}
             chosen = key if name == rep["best"] else chosen
+            if m["top_k"] == 1 and name in rep.get("validation", {}):
+                top1[key] = rep["validation"][name]["ppl"]
     plans = {p["key"]: p for p in (rep.get("base_baselines") or {}).get("plans") or []}
     for name, m in models.items():
         if m["kind"] == "dense" and m["baseline"] in plans:
@@ -235,7 +241,8 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
     info = read_json(run / "run.json")
     shard_tokens = {d: next(s["tokens"] for s in info["shards"] if int(s["id"]) == i) for d, i in ids.items()}
     return {"tokens_per_domain": tokens, "seed": seed, "run": run.name, "trained_domains": trained,
-            "held_out": a.held_out, "moe_chosen": chosen, "methods": methods, "goals": rep["goals"],
+            "held_out": a.held_out, "moe_chosen": chosen, "moe_chosen_top1": min(top1, key=top1.get, default=None),
+            "methods": methods, "goals": rep["goals"],
             "shard_tokens": shard_tokens, "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
             "test_split_sha256": split_digest(run), "eval_wall_s": rep.get("wall_s"), "recipe": recipe(a),
             "lr_grid": {mode: g["heldout_loss_trained_domains"] for mode, g in (rep.get("base_baselines") or {}).get("grid", {}).items()}}
@@ -322,7 +329,7 @@ def spread(vals: list[float]) -> dict:
 
 
 def method_values(r: dict, m: str) -> dict | None:
-    return r["methods"].get(r["moe_chosen"]) if m == "moe" else r["methods"].get(m)
+    return r["methods"].get(r.get(HEADS[m][0])) if m in HEADS else r["methods"].get(m)
 
 
 def verdict(moe: dict, other: dict) -> str:
@@ -334,26 +341,34 @@ def verdict(moe: dict, other: dict) -> str:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """{tokens: {"seeds", "methods": {m: figures}, "ratios": {m: MoE / m}, "verdicts": {m: ...}}}, "crossover"."""
+    """{"sizes": {tokens: {"seeds", "methods": {m: figures}, "ratios<sfx>": {m: MoE / m}, "verdicts<sfx>": {m: ...}}},
+    "crossover<sfx>": {m: tokens or None}}, one <sfx> a head of HEADS (the MoE at top-1, at any top-k)."""
     sizes = {}
     for t in sorted({r["tokens_per_domain"] for r in rows}):
         rs = [r for r in rows if r["tokens_per_domain"] == t]
         gated = sorted({m for r in rs for m in r["methods"] if "seed-gate" in m})  # eval --seed-gates' MoEs
-        names = ["moe", *MOES, *gated, *[m for m in NAMES if m not in ("moe", *MOES) and any(m in r["methods"] for r in rs)]]
+        names = [*HEADS, *MOES, *gated, *[m for m in NAMES if m not in (*HEADS, *MOES) and any(m in r["methods"] for r in rs)]]
         ms = {}
         for m in names:
             vs = [v for r in rs if (v := method_values(r, m)) is not None]
             if vs:
                 ms[m] = {k: spread([v[k] for v in vs]) for k in ("ppl_trained", "ppl_held_out", "flops", "wall_s")}
                 ms[m]["served"] = {k: vs[0][k] for k in ("serve_mflop_per_token", "params") if k in vs[0]}
-        others = [m for m in ms if m != "moe" and m not in MOES and m not in gated]
-        ratios = {m: spread([method_values(r, "moe")["ppl_trained"] / r["methods"][m]["ppl_trained"]
-                             for r in rs if m in r["methods"]]) for m in others}
-        sizes[t] = {"seeds": sorted(r["seed"] for r in rs), "methods": ms, "ratios": ratios,
-                    "verdicts": {m: verdict(ms["moe"]["ppl_trained"], ms[m]["ppl_trained"]) for m in others}}
-    baselines = sorted({m for s in sizes.values() for m in s["verdicts"]}, key=list(NAMES).index)
-    crossover = {m: next((t for t, s in sizes.items() if s["verdicts"].get(m) == "ahead"), None) for m in baselines}
-    return {"sizes": sizes, "crossover": crossover}
+        others = [m for m in ms if m not in HEADS and m not in MOES and m not in gated]
+        sizes[t] = {"seeds": sorted(r["seed"] for r in rs), "methods": ms}
+        for head, (_, sfx) in HEADS.items():
+            if head not in ms:  # rows from before the top-1 choice was recorded
+                continue
+            sizes[t]["ratios" + sfx] = {m: spread([method_values(r, head)["ppl_trained"] / r["methods"][m]["ppl_trained"]
+                                                   for r in rs if m in r["methods"] and method_values(r, head)])
+                                        for m in others}
+            sizes[t]["verdicts" + sfx] = {m: verdict(ms[head]["ppl_trained"], ms[m]["ppl_trained"]) for m in others}
+    out = {"sizes": sizes}
+    for _, sfx in HEADS.values():
+        baselines = sorted({m for s in sizes.values() for m in s.get("verdicts" + sfx, {})}, key=list(NAMES).index)
+        out["crossover" + sfx] = {m: next((t for t, s in sizes.items() if s.get("verdicts" + sfx, {}).get(m) == "ahead"),
+                                          None) for m in baselines}
+    return out
 
 
 def _served(f: dict, key: str, fmt: str) -> str:
@@ -376,8 +391,9 @@ def markdown(rows: list[dict], summ: dict) -> str:
          f"Base {r0['recipe']['base']}; recipe {', '.join(f'{k} {_cell(v)}' for k, v in r0['recipe'].items() if k != 'base')}."
          f" Trained domains {', '.join(r0['trained_domains'])}; {r0['held_out']} held out of all training.",
          "Test perplexity by llama.cpp (f16), scored once per final model; every choice (the MoE's top-k, the baselines'"
-         " LRs) read validation. Mean over seeds, min-max beside it. \"ahead\"/\"behind\": the MoE (its top-k chosen on"
-         " validation) against the method, only where the gap between means exceeds the wider of the two seed ranges."
+         " LRs) read validation. Mean over seeds, min-max beside it. \"ahead\"/\"behind\": the MoE against the method,"
+         " at top-1 (the headline: the dense model's active FFN) and at the top-k validation chose, each with the seed"
+         " gate validation chose, only where the gap between means exceeds the wider of the two seed ranges."
          " Wall s: one machine, every expert and sync in turn (the MoE's critical path with a machine per expert is"
          " in study.jsonl); a baseline's, its chosen training alone (its LR grid's other points not counted).",
          "", ("Every row scored the same test split (sha256 " + next(iter(digests))[:16] + ")." if len(digests) == 1
@@ -385,21 +401,26 @@ def markdown(rows: list[dict], summ: dict) -> str:
     for t, s in summ["sizes"].items():
         L += ["", f"## {t:,} tokens a domain (seeds {', '.join(map(str, s['seeds']))})", "",
               f"| method | test ppl, trained mix | min-max | {r0['held_out']} (held out) | training FLOPs | wall s |"
-              " served MFLOP a token | params (non-embedding) | MoE / method | min-max | MoE |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              " served MFLOP a token | params (non-embedding) | MoE top-1 / method | min-max | MoE top-1 |"
+              " MoE any k / method | min-max | MoE any k |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
         for m, f in s["methods"].items():
-            p, rt = f["ppl_trained"], s["ratios"].get(m)
-            ratio = f" {rt['mean']:.4f} | {_mm(rt)} | {s['verdicts'][m]} |" if rt else " | | |"
+            p, ratio = f["ppl_trained"], ""
+            for _, sfx in HEADS.values():
+                rt = s.get("ratios" + sfx, {}).get(m)
+                ratio += f" {rt['mean']:.4f} | {_mm(rt)} | {s['verdicts' + sfx][m]} |" if rt else " | | |"
             L.append(f"| {NAMES.get(m, 'MoE ' + m[4:])} | {p['mean']:.4f} | {_mm(p)} | {f['ppl_held_out']['mean']:.3f} |"
                      f" {f['flops']['mean']:.3e} | {f['wall_s']['mean']:,.0f} |"
                      f" {_served(f, 'serve_mflop_per_token', '{:,.1f}')} | {_served(f, 'params', '{:,}')} |" + ratio)
     L += ["", "## Where the MoE passes each method", "",
-          "The smallest size where the MoE's mean is below the method's by more than the seed spread.", "",
-          "| method | crossover (tokens a domain) | " + " | ".join(f"{t:,}" for t in summ["sizes"]) + " |",
-          "|---|---:|" + "---|" * len(summ["sizes"])]
-    for m, t in summ["crossover"].items():
-        cells = [s["verdicts"].get(m, "") for s in summ["sizes"].values()]
-        L.append(f"| {NAMES[m]} | {'not reached' if t is None else f'{t:,}'} | " + " | ".join(cells) + " |")
+          "The smallest size where the MoE's mean is below the method's by more than the seed spread.", ""]
+    for head, (_, sfx) in HEADS.items():
+        L += [f"{NAMES[head]}:", "", "| method | crossover (tokens a domain) | " + " | ".join(f"{t:,}" for t in summ["sizes"])
+              + " |", "|---|---:|" + "---|" * len(summ["sizes"])]
+        for m, t in summ["crossover" + sfx].items():
+            cells = [s.get("verdicts" + sfx, {}).get(m, "") for s in summ["sizes"].values()]
+            L.append(f"| {NAMES[m]} | {'not reached' if t is None else f'{t:,}'} | " + " | ".join(cells) + " |")
+        L.append("")
     keys = sorted({k for r in rows for k, v in r["goals"].items() if k.startswith("moe_over_") and isinstance(v, float)})
     if keys:
         L += ["", "## Eval's own ratios (all domains, the held-out one included; the stream on its own tokens)", "",
@@ -420,7 +441,7 @@ def plot(summ: dict, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     sizes = summ["sizes"]
-    for m in [m for m in NAMES if m not in ("moe", "base")]:
+    for m in [m for m in NAMES if m not in ("moe", "moe top-1", "base")]:
         pts = [(s["methods"][m]["flops"]["mean"], s["methods"][m]["ppl_trained"], t) for t, s in sizes.items()
                if m in s["methods"]]
         if not pts:
@@ -429,7 +450,7 @@ def plot(summ: dict, path: Path) -> None:
         err = [[y - p[1]["min"] for y, p in zip(ys, pts)], [p[1]["max"] - y for y, p in zip(ys, pts)]]
         ax.errorbar([p[0] for p in pts], ys, yerr=err, marker="o" if m.startswith("moe") else "s", capsize=3,
                     linestyle="-" if m.startswith("moe") else "--", label=NAMES[m])
-        if m == "moe top-1":
+        if m == "moe@1":
             for x, y, t in zip([p[0] for p in pts], ys, [p[2] for p in pts]):
                 ax.annotate(f"{t:,} tokens a domain", (x, y), textcoords="offset points", xytext=(0, 8), fontsize=7,
                             ha="center")
@@ -454,7 +475,24 @@ def write_summary(out: Path) -> dict:
     (out / "study.md").write_text(markdown(rows, summ))
     plot(summ, out / "study.png")
     return {"rows": len(rows), "table": str(out / "study.md"), "plot": str(out / "study.png"),
-            "crossover": summ["crossover"]}
+            "crossover_top1": summ.get("crossover_top1"), "crossover": summ["crossover"]}
+
+
+def rerow(a, out: Path, ids: dict[str, int]) -> int:
+    """study.jsonl written again, each finished run's line made anew from its eval report and records (a line whose
+    report is gone, after --prune, kept as it was); the number of lines made anew."""
+    rows, n = load_rows(out / "study.jsonl"), 0
+    for i, r in enumerate(rows):
+        run = out / r["run"]
+        if (run / "eval" / "report.json").is_file():
+            if r.get("recipe") != recipe(a):
+                sys.exit(f"protocol_study: {r['run']} was run with another recipe than these options give"
+                         f" ({json.dumps(r.get('recipe'))}); pass the options it was run with")
+            rows[i], n = result_row(a, run, r["tokens_per_domain"], r["seed"], ids), n + 1
+    tmp = out / "study.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(out / "study.jsonl")
+    return n
 
 
 # ---- main ----------------------------------------------------------------------------------------------------
@@ -491,6 +529,8 @@ def parse(argv=None):
                     " baselines' weights (several GB a run)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and each run's cost; run nothing")
     ap.add_argument("--summary-only", action="store_true", help="write study.md and study.png from study.jsonl")
+    ap.add_argument("--rerow", action="store_true", help="with --summary-only: first make every finished run's line"
+                    " again from its eval report (a study begun before a line held what it holds now)")
     a = ap.parse_args(argv)
     bad = [d for d in [*a.domains, a.held_out] if d not in STUDY_DOMAINS]
     if bad or a.held_out in a.domains or not a.domains:
@@ -504,6 +544,8 @@ def main(argv=None) -> None:
     a = parse(argv)
     out = a.out.resolve()
     if a.summary_only:
+        if a.rerow:
+            print(json.dumps({"lines_made_again": rerow(a, out, shard_ids(out / "template", a.domains))}))
         print(json.dumps(write_summary(out)))
         return
     if not a.dry_run:

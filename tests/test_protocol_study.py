@@ -36,7 +36,7 @@ def row(tokens: int, seed: int) -> dict:
     methods = {m: {"label": m, "ppl_trained": p, "ppl_held_out": 11.0 + p / 10, "ppl_all": p + 1, "flops": flops[m],
                    "wall_s": 100.0 * tokens / 65536} for m, p in PPL[tokens][seed].items()}
     return {"tokens_per_domain": tokens, "seed": seed, "run": f"t{tokens}-s{seed}", "trained_domains": ["c", "cpp"],
-            "held_out": "english", "moe_chosen": CHOSEN[seed], "methods": methods,
+            "held_out": "english", "moe_chosen": CHOSEN[seed], "moe_chosen_top1": "moe top-1", "methods": methods,
             "goals": {"moe_over_flop_dense_mixed": 1.01 - tokens / 1e7}, "test_split_sha256": "ab" * 32,
             "recipe": {"base": "smollm2", "expert_ff": 768, "rounds": 4}}
 
@@ -68,8 +68,11 @@ def test_summary_means_spreads_verdicts_and_crossover(study):
     # flop 3.41/3.43: level; lora 3.30/3.34: 0.10 better than the MoE, beyond the 0.04 spread; the base far behind
     flop, lora, base = (cells(md, 65536, m) for m in ("flop", "lora", "base"))
     assert flop[1:3] == ["3.4200", "3.4100-3.4300"] and flop[-1] == "within the spread"
-    assert flop[8:10] == [f"{(3.40 / 3.41 + 3.44 / 3.43) / 2:.4f}", f"{3.40 / 3.41:.4f}-{3.44 / 3.43:.4f}"]
+    assert flop[11:13] == [f"{(3.40 / 3.41 + 3.44 / 3.43) / 2:.4f}", f"{3.40 / 3.41:.4f}-{3.44 / 3.43:.4f}"]
     assert lora[-1] == "behind" and base[-1] == "ahead"
+    # the headline at top-1 (3.45, 3.44): 0.025 behind flop's mean, beyond the wider range (0.02)
+    assert cells(md, 65536, "moe@1")[1:3] == ["3.4450", "3.4400-3.4500"]
+    assert flop[8:11] == [f"{(3.45 / 3.41 + 3.44 / 3.43) / 2:.4f}", f"{3.44 / 3.43:.4f}-{3.45 / 3.41:.4f}", "behind"]
     # at 262,144: flop's mean is 0.14 above the MoE's, beyond the wider range (0.10): ahead; lora's 0.09 is not
     assert cells(md, 262144, "flop")[-1] == "ahead"
     assert cells(md, 262144, "lora")[-1] == "within the spread"
@@ -78,6 +81,7 @@ def test_summary_means_spreads_verdicts_and_crossover(study):
     assert f"| {ps.NAMES['lora']} | not reached | behind | within the spread |" in cross
     assert f"| {ps.NAMES['base']} | 65,536 | ahead | ahead |" in cross
     assert res["crossover"] == {"flop": 262144, "lora": None, "base": 65536}
+    assert res["crossover_top1"] == {"flop": 262144, "lora": None, "base": 65536}  # 3.135 against 3.25 and 3.20
     assert "Every row scored the same test split" in md and "moe_over_flop_dense_mixed" in md
     assert (study / "study.png").stat().st_size > 10_000  # a plot, not an empty figure
 
@@ -228,6 +232,19 @@ def test_a_finished_runs_line_reads_its_report_and_records(tmp_path):
     (run / "eval" / "report.json").write_text(json.dumps(report))
     r = ps.result_row(a, run, 4096, 1, {"c": 1, "cpp": 2})
     assert r["moe_chosen"] == "moe top-1 seed-gate 0.6" and r["methods"]["moe top-1"]["ppl_held_out"] == pytest.approx(math.exp(2.5))
+    assert r["moe_chosen_top1"] is None  # no validation figures in this report: no top-1 choice made
+    report["validation"] = {"moe ridge top-1": {"ppl": 4.0}, "moe ridge top-2": {"ppl": 3.0}, gated: {"ppl": 3.9}}
+    (run / "eval" / "report.json").write_text(json.dumps(report))
+    r = ps.result_row(a, run, 4096, 1, {"c": 1, "cpp": 2})
+    assert r["moe_chosen_top1"] == "moe top-1 seed-gate 0.6"  # the lower validation figure among the top-1 MoEs
+    # a line written before it held the top-1 choice is made again from the same report; one of another recipe stops
+    old = {k: v for k, v in r.items() if k != "moe_chosen_top1"}
+    (tmp_path / "study.jsonl").write_text(json.dumps(old) + "\n")
+    assert ps.rerow(a, tmp_path, {"c": 1, "cpp": 2}) == 1
+    assert ps.load_rows(tmp_path / "study.jsonl") == [json.loads(json.dumps(r))]
+    (tmp_path / "study.jsonl").write_text(json.dumps({**old, "recipe": {"rounds": 2}}) + "\n")
+    with pytest.raises(SystemExit, match="another recipe"):
+        ps.rerow(a, tmp_path, {"c": 1, "cpp": 2})
     assert r["methods"][r["moe_chosen"]]["ppl_held_out"] == pytest.approx(math.exp(2.3))
     summ = ps.summarize([r])["sizes"][4096]
     assert "moe top-1 seed-gate 0.6" in summ["methods"] and "moe top-1 seed-gate 0.6" not in summ["verdicts"]
