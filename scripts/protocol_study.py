@@ -180,7 +180,7 @@ def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Pa
             mfgguf("sync", run, "--experts", ",".join(map(str, ids)), "--no-progress", log=log, dry=dry)
     if not (run / "eval" / "report.json").is_file():
         gates = ("--seed-gates", a.seed_gates) if a.seed_gates else ()
-        grids = [x for opt in ("full_lrs", "lora_lrs") if getattr(a, opt) for x in (f"--{opt[:-4]}-lrs", getattr(a, opt))]
+        grids = [x for opt, v in (("--full-lrs", a.full_lrs), ("--lora-lrs", a.lora_lrs)) if v for x in (opt, v)]
         mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", *gates, "--quants", "", "--max-tokens", a.max_tokens,
                "--baselines", a.baselines, "--seed", seed, *grids, log=log, dry=dry)
 
@@ -284,11 +284,14 @@ def plan_config(a, template: Path):
 
 
 def estimate(cfg, tokens: int, n: int, rounds: int, shared: str, baselines: list[str], max_tokens: int,
-             rate: float = RATE, gated_moes: int = 0, grid_points: tuple[int, int] = (3, 3)) -> dict:
+             rate: float = RATE, gated_moes: int = 0, grid_points: tuple[int | None, int | None] = (None, None)) -> dict:
     """Training FLOPs of one RUN (the MoE, then every baseline training eval runs, its `grid_points` LRs of continued
-    pretraining and of the LoRA included) and its seconds at `rate` FLOP/s with the fixed costs above."""
+    pretraining and of the LoRA included, None for eval's default grid) and its seconds at `rate` FLOP/s with the fixed costs above."""
     from mfgguf.config import shared_tensor_names
+    from mfgguf.eval.baselines.imported import GRID
     from mfgguf.flops import expert_step_flops
+
+    grid_points = tuple(g or len(GRID[mode]) for g, mode in zip(grid_points, ("full", "lora")))  # None: eval's grid
 
     per_token = expert_step_flops(cfg, shared_tensor_names(cfg, shared)).total
     moe = n * tokens * per_token
@@ -574,8 +577,8 @@ def main(argv=None) -> None:
                 else:
                     e = estimate(cfg, tokens, len(ids), a.rounds, a.shared, a.baselines.split(","), a.max_tokens,
                                  gated_moes=2 * len([g for g in a.seed_gates.split(",") if g]),  # top-1 and top-2
-                                 grid_points=(len(a.full_lrs.split(",")) if a.full_lrs else 3,
-                                              len(a.lora_lrs.split(",")) if a.lora_lrs else 3))
+                                 grid_points=(len(a.full_lrs.split(",")) if a.full_lrs else None,
+                                              len(a.lora_lrs.split(",")) if a.lora_lrs else None))
                     total += e["seconds"]
                     print(f"# {run.name}: MoE {e['moe_flops']:.3e} training FLOPs"
                           f" ({e['expert_flops_per_token'] / 1e6:.1f} MFLOP a token), baselines with their LR grids"
