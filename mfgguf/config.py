@@ -140,6 +140,8 @@ class TrainConfig:
     #                           (docs/benchmarks.md, the recipe's wall)
     rounds: int = 1  # experts: sync rounds R (with shared); the schedule is cut into R equal parts, `mfgguf sync`
     #                  between them; 1 = no communication between experts (the original contract)
+    ffn_rounds: int = 0  # experts: the last K of the R rounds train the FFN only, against the merged trunk: the
+    #                      attention the MoE serves, not the expert's own copy of it that the merge averages away
     complement: bool = False  # experts: complement the seed: train as a two-way MoE of (frozen seed FFN, own FFN
     #                           from the seed) with a learned router row; assembly routes the seed as expert 0
     schedule: Schedule = "cosine"  # LR schedule: cosine (warm-up, cosine decay) or wsd (warm-up, stable at lr, then a 1-sqrt

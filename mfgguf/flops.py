@@ -148,7 +148,12 @@ def module_flops(meta: dict, *, causal: bool = True) -> float:
     """Training FLOPs a module spent: tokens_seen * its per-token step FLOPs, plus the forward passes a sync's
     restat ran on it (router statistics and validation scoring on the merged trunk: `restat_tokens`)."""
     step = module_step_flops(meta, causal=causal)
-    return meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
+    total = meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
+    if meta.get("shared_trained"):  # FFN-only last rounds: the rounds before them trained these copies too
+        earlier = meta["shared_trained"]
+        with_copies = module_step_flops({**meta, "shared_tensors": earlier["tensors"]}, causal=causal)
+        total += int(earlier["tokens"]) * (with_copies.total - step.total)
+    return total
 
 
 def served_flops(cfg, *, ffns: int = 1, routed: int = 0, rank: int = 0, causal: bool = True) -> float:

@@ -82,7 +82,7 @@ def train_trunk_cmd(
 
 
 @command("train-expert", help=_doc("experts.expert", "train_expert"))
-@train_options("expert", help=_not_paying("complement", "expert_layers"))
+@train_options("expert", help=_not_paying("complement", "expert_layers", "ffn_rounds"))
 def train_expert_cmd(
     run: Path = _RUN,
     expert: int = typer.Option(..., "--expert", help="Expert index, 1..N."),
@@ -133,7 +133,7 @@ def train_base_cmd(
 @command("train-experts", help=_doc("fanout.schedule", "train_experts"))
 @train_options("expert", help={"rounds": "Sync rounds R: every expert's round, then `sync`, R times (default: what"
                                          " the run's experts were started with, else 1).",
-                               **_not_paying("complement", "expert_layers")})
+                               **_not_paying("complement", "expert_layers", "ffn_rounds")})
 def train_experts_cmd(
     run: Path = _RUN,
     experts: str = typer.Option(None, "--experts", help="Which experts, e.g. 1-40,45 (default: all)."),

@@ -178,7 +178,8 @@ def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, 
         if int(m.meta.get("round", 1)) < int(m.meta.get("rounds", 1)):
             raise MfggufError(f"module {m.name} has trained round {m.meta['round']} of {m.meta['rounds']}; run"
                               f" `mfgguf sync RUN`, then `mfgguf train-expert RUN --expert {i}` for the next round")
-        if trunk.meta.get("final") and m.meta.get("trunk_sha256") == trunk.meta.get("synced_from"):
+        if (trunk.meta.get("final") and m.meta.get("trunk_sha256") == trunk.meta.get("synced_from")
+                and not m.meta.get("shared_merged")):  # an FFN-only last round leaves the trunk's bytes as they were
             raise MfggufError(f"module {m.name}'s router statistics predate the final sync; run"
                               f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
         if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:

@@ -47,6 +47,19 @@ def save(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimi
     write_json(js, state)
 
 
+def _same(key: str, saved, now) -> bool:
+    """A checkpoint's record matches this training's; a TrainConfig field added after the checkpoint was saved
+    matches it at its default (an upgrade does not cost a run in progress its steps)."""
+    if key == "train" and isinstance(saved, dict) and isinstance(now, dict):
+        from dataclasses import fields
+
+        from mfgguf.config import TrainConfig
+
+        defaults = json.loads(json.dumps({f.name: f.default for f in fields(TrainConfig)}))
+        now = {n: v for n, v in now.items() if n in saved or v != defaults.get(n, object())}
+    return saved == now
+
+
 def _restart_hint(d: Path) -> str:
     return f"pass --restart (restart=True) to delete {d} and start over"
 
@@ -91,7 +104,7 @@ def load(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimi
     for k, v in expect.items():
         if k in _VOLATILE:
             continue
-        if state.get(k) != json.loads(json.dumps(v)):  # compare as JSON (tuples -> lists)
+        if not _same(k, state.get(k), json.loads(json.dumps(v))):  # compare as JSON (tuples -> lists)
             raise MfggufError(f"checkpoint {st} is from a different {k} than this training; {_restart_hint(d)}")
     missing = [n for n in named_params if f"param.{n}" not in tensors]
     if missing:

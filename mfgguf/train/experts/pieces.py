@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from mfgguf.config import ModelConfig, TrainConfig
+from mfgguf.config import ModelConfig, TrainConfig, shared_tensor_names
 from mfgguf.errors import MfggufError
 from mfgguf.model import Transformer
 from mfgguf.run.records import ModuleMeta, RunInfo, module_name
@@ -31,6 +31,7 @@ from mfgguf.run import RunDir
 from mfgguf.train.experts import complement as cx
 from mfgguf.train.experts import shared as sh
 from mfgguf.train.experts.stats import stats_tokens
+from mfgguf.train.engine.driver import schedule_steps
 from mfgguf.train.experts.tailstats import TailStats, tail_steps
 from mfgguf.train.rounds.ends import round_end
 from mfgguf.train.whole import branch as br
@@ -111,28 +112,55 @@ class Complement(PlainFfn):
 
 @dataclass(frozen=True)
 class SharedCopies:
-    """`--shared`: the trunk tensors the expert also trains a private copy of (none: nothing)."""
+    """`--shared`: the trunk tensors the expert also trains a private copy of (none: nothing). In the last
+    `--ffn-rounds` rounds (`rnd` past R - K) it trains none: the FFN adapts to the merged trunk it is served with."""
 
     cfg: ModelConfig
     tc: TrainConfig
+    rnd: int = 1  # the round this job trains
+
+    @property
+    def choice(self) -> str:
+        """What this round trains a copy of: --shared, or none in an FFN-only round."""
+        return "none" if self.ffn_only else self.tc.shared
+
+    @property
+    def ffn_only(self) -> bool:
+        return self.tc.shared != "none" and self.rnd > self.tc.rounds - self.tc.ffn_rounds
 
     def check(self) -> None:
         sh.check_shared(self.tc)
+        k, R = self.tc.ffn_rounds, self.tc.rounds
+        if k == 0:
+            return
+        if not (isinstance(k, int) and 0 < k < R and self.tc.shared != "none"):
+            raise MfggufError(f"--ffn-rounds {k}: the last K rounds of --rounds {R} train the FFN only against the"
+                              f" merged trunk, so K must be below R and the rounds before them train shared copies"
+                              f" (--shared norms|attn|all); pass --ffn-rounds 0 to {max(0, R - 1)}")
 
     def names(self) -> dict[str, str]:
-        return sh.shared_names(self.cfg, self.tc.shared)
+        return sh.shared_names(self.cfg, self.choice)
 
     def params(self, model: Transformer) -> dict[str, nn.Parameter]:
-        return sh.shared_params(model, self.tc.shared)
+        return sh.shared_params(model, self.choice)
 
     def lr_scales(self, model: Transformer) -> dict[str, float]:
-        return sh.lr_scales(model, self.tc)
+        return {name: self.tc.shared_lr_scale for name in self.names()}
 
     def tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
-        return sh.shared_module_tensors(model, self.tc.shared)
+        return sh.shared_module_tensors(model, self.choice)
 
-    def record(self) -> dict:
-        return sh.shared_meta(self.cfg, self.tc.shared)
+    def record(self, tokens_per_step: int) -> dict:
+        """The module's record of its copies; an FFN-only round also names what the rounds before it trained
+        (`shared_trained`: the FLOPs of those tokens count the copies, flops.module_flops)."""
+        out = sh.shared_meta(self.cfg, self.choice)
+        if self.ffn_only:
+            steps = schedule_steps(self.tc, self.cfg.ctx_len)
+            out["shared_trained"] = {"shared": self.tc.shared,
+                                     "tensors": shared_tensor_names(self.cfg, self.tc.shared),
+                                     "tokens": round_end(steps, self.tc.rounds, self.tc.rounds - self.tc.ffn_rounds)
+                                     * tokens_per_step}
+        return out
 
 
 class BranchStart:

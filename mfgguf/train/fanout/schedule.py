@@ -228,7 +228,8 @@ def _rounds_in_run(rd: RunDir, ids: list[int]) -> int | None:
 def _needs_sync(rd: RunDir, ids: list[int]) -> bool:
     """A sync follows a round when the experts trained shared copies (R = 1 too: the final sync)."""
     metas = [read_module_meta(rd, i) for i in ids if rd.module_meta(i).is_file()]
-    return any(m.get("shared_tensors") for m in metas) and not any(m.get("shared_merged") for m in metas)
+    return (any(m.get("shared_tensors") or m.get("shared_trained") for m in metas)
+            and not any(m.get("shared_merged") for m in metas))
 
 
 # ---- the live view and the summary -------------------------------------------------------------

@@ -186,7 +186,7 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
     if len(rounds) > 1:
         raise MfggufError(f"the experts were trained with different --rounds ({sorted(rounds)}); retrain them with one value")
     R = rounds.pop()
-    if not any(m.get("shared_tensors") for m in metas.values()):
+    if not any(m.get("shared_tensors") or m.get("shared_trained") for m in metas.values()):
         raise MfggufError("the experts share no trunk tensors, so there is nothing to sync; assemble the run directly,"
                           " or train the experts with --shared norms|attn|all")
     final = k + 1 == R
@@ -213,7 +213,8 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
     outer = {"lr": outer_lr, "momentum": outer_momentum, "from_trunk": trunk["sha256"], "round": k + 1,
              "previous": trunk if outer_momentum else None, "rounds_dir": rd.rounds}
     how = merge if is_plain(outer_lr, outer_momentum) else f"{merge}, outer lr {outer_lr:g} momentum {outer_momentum:g}"
-    _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({how}) from {n} experts")
+    _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({how}) from {n} experts"
+         + ("" if what else " (an FFN-only round: the trunk stays as it is)"))
     new_trunk = after / rd.module_file(0).name
     _merged_trunk(tmod, mods, what, new_trunk, merge, density, outer, {nm: shapes[nm] for nm in what})
     from mfgguf.train.engine.loop import mean

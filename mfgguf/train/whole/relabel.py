@@ -181,7 +181,7 @@ def _check(rd: RunDir, dst: RunDir, ids: list[int], c: Relabelling, force: bool)
 
 def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
     m = trained_expert_meta(rd, trunk["sha256"], i, "mfgguf relabel")
-    if m.get("complement") or m.get("shared_tensors"):
+    if m.get("complement") or m.get("shared_tensors") or m.get("shared_trained"):
         raise MfggufError(f"{module_name(i)} was trained with --complement or --shared; relabelling scores plain"
                           " experts (trunk + one FFN) only")
     return m

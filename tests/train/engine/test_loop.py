@@ -79,6 +79,10 @@ def test_checkpoint_roundtrip_and_rejections(tmp_path):
         ckpt_io.load(tmp_path, q, opt2, {**meta, "trunk_sha256": "bb"})
     with pytest.raises(MfggufError, match="different train"):
         ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 11}})
+    # a TrainConfig field added after the save matches it at its default, and only there
+    assert ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 10, "ffn_rounds": 0}})["step"] == 3
+    with pytest.raises(MfggufError, match="different train"):
+        ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 10, "ffn_rounds": 1}})
     (tmp_path / "state.safetensors").write_bytes(b"\x00garbage" * 10)
     with pytest.raises(MfggufError, match="corrupted or unreadable.*--restart"):
         ckpt_io.load(tmp_path, q, opt2, meta)
