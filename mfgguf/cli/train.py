@@ -111,20 +111,18 @@ def train_base_cmd(
     seed: int = typer.Option(None, "--seed", help="Data order and LoRA initialisation seed (default: the preset's"
                              " data order; the LoRA's initialisation as torch's generator stands)."),
     compile: str = typer.Option("off", "--compile", help="torch.compile the step: on, off, or auto (as train-expert)."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (a checkpoint of this very training"
+                               " there resumes, with or without it)."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
 ):
-    from mfgguf.errors import MfggufError
     from mfgguf.options import parse_experts
     from mfgguf.run import RunDir
     from mfgguf.train.whole.continued import train_continued
 
     rd = RunDir(run)
     ids = parse_experts(shards) or list(range(1, int(rd.info()["n_experts"]) + 1))  # 1,2,4 or 1-3 (train_continued checks them)
-    if Path(out).exists() and not force:
-        raise MfggufError(f"{out} already exists; pass --force to replace it")
     view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, seed=seed, device=device,
-                           precision=precision, compile=compile, progress=progress)
+                           precision=precision, compile=compile, progress=progress, force=force)
     from mfgguf.run import read_module_meta
 
     typer.echo(_line({**read_module_meta(view, 0), "kind": "trunk"}, view.root))

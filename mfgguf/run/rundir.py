@@ -211,12 +211,21 @@ class RunDir:
 # ---- views ---------------------------------------------------------------------------------------
 
 
-def data_view(src: RunDir, out: Path) -> RunDir:
+def data_view(src: RunDir, out: Path, *, keep_checkpoints: bool = False) -> RunDir:
     """A fresh RUN at `out` (whatever was there removed: a caller's own stale output) with `src`'s run.json,
     tokenizer and imported base copied (small) and its data linked, not copied; no modules yet. The dense
-    baselines and a trained-further base train in one each."""
+    baselines and a trained-further base train in one each. `keep_checkpoints` leaves out/checkpoints alone
+    (a killed training of the same run resumes from it)."""
     view = RunDir(out)
-    if view.root.exists():
+    if view.root.exists() and keep_checkpoints:
+        for p in view.root.iterdir():
+            if p.name == "checkpoints":
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+    elif view.root.exists():
         shutil.rmtree(view.root)
     src.copy_vocab_to(view)
     view.data.symlink_to(src.data.resolve())

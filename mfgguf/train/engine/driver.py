@@ -122,7 +122,8 @@ class LoopResult:
     history: list = field(default_factory=list)  # [[step, tokens, loss], ...]
     heldout_history: list = field(default_factory=list)  # [[step, tokens, {domain: loss}], ...]
     eval_s: float = 0.0  # seconds spent on the held-out curve this process (not in train_s)
-    train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load)
+    train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load, not checkpoint saves)
+    ckpt_s: float = 0.0  # seconds spent writing checkpoints this process (not in train_s)
     resumed_from: int = 0
     io_per_step: list | None = None  # streamed: [bytes read, bytes written] by the last step
     compiled: bool = False  # the step ran through torch.compile
@@ -142,7 +143,7 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
     state = impl.resume()
     start, history = (state["step"], state["history"]) if state else (0, [])
     curve = state.get("heldout_history", []) if state else []
-    eval_s = 0.0
+    eval_s = ckpt_s = 0.0
 
     def record(step: int) -> None:  # one held-out curve point after `step` steps
         nonlocal eval_s
@@ -168,8 +169,10 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
                 record(done)  # before the checkpoint, so a resumed run (or the next round) has this point too
             if done == branch_at:
                 impl.branch(done, {"step": done, "tokens": done * per_step, "lr": tc.lr, "steps": steps})
+            t_ck = time.perf_counter()
             impl.checkpoint(done, {"step": done, "history": list(history), "heldout_history": list(curve)},
                             last=done == end)
+            ckpt_s += time.perf_counter() - t_ck  # a whole model's save takes seconds: not a step's speed
             tokens, dt = done * per_step, time.perf_counter() - t0
             if bar:
                 bar.update(tokens, lv, dt, tokens - tok0)
@@ -180,11 +183,11 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
     finally:
         if bar:
             bar.close()
-    train_s = time.perf_counter() - t0 - eval_s
+    train_s = time.perf_counter() - t0 - eval_s - ckpt_s
     if heldout and end == steps and (not curve or curve[-1][0] != end):  # resumed at the very end: nothing ran
         record(end)
     return LoopResult(steps=end, tokens_seen=end * per_step, final_loss=smooth(history), history=history,
-                      heldout_history=curve, eval_s=eval_s, train_s=train_s, resumed_from=start)
+                      heldout_history=curve, eval_s=eval_s, train_s=train_s, ckpt_s=ckpt_s, resumed_from=start)
 
 
 def smooth(history: list, n: int = 10) -> float:

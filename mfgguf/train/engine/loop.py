@@ -245,7 +245,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
              until: int | None = None, keep: frozenset[str] = frozenset(),
              resume_from: dict | None = None, branch_path: Path | None = None,
              start_state: dict[str, dict] | None = None, micro: int | None = None,
-             tail: TailStats | None = None) -> LoopResult:
+             tail: TailStats | None = None, ckpt_seconds: float | None = None) -> LoopResult:
     """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
@@ -259,11 +259,14 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     `start_state` {name: {"exp_avg", "exp_avg_sq", "step"}} gives parameters AdamW moments to start
     from (an expert continuing from the branch point), unless a checkpoint is resumed. `tail` gathers
     router statistics in the steps from its `first_step` on (tailstats.py), kept in the checkpoints.
+    `ckpt_seconds` also checkpoints once that long has passed since the last save (a whole model's
+    state, where a step count would save too often on a short run or too rarely on a long one).
     Returns the loss and held-out histories and token counts.
     """
     impl = InMemorySteps(model, named_params, tc, dev=dev, precision=precision, route=route, recompute=recompute,
                          ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, lr_scale=lr_scale, keep=keep, resume_from=resume_from,
-                         until=until, branch_path=branch_path, start_state=start_state, micro=micro, tail=tail)
+                         until=until, branch_path=branch_path, start_state=start_state, micro=micro, tail=tail,
+                         ckpt_seconds=ckpt_seconds)
     def curve() -> dict:
         out = heldout()
         model.train()  # heldout() leaves the model in eval mode
@@ -284,12 +287,13 @@ class InMemorySteps:
                  precision: str, route: str, recompute: bool, ckpt_dir: Path, ckpt_meta: dict,
                  lr_scale: dict[str, float] | None, keep: frozenset[str], resume_from: dict | None,
                  until: int | None = None, branch_path: Path | None = None, start_state: dict | None = None,
-                 micro: int | None = None, tail: TailStats | None = None):
+                 micro: int | None = None, tail: TailStats | None = None, ckpt_seconds: float | None = None):
         self.model, self.named, self.tc, self.dev, self.prec, self.route = model, named_params, tc, dev, precision, route
         self.micro = micro or tc.batch_size  # sequences per forward/backward; the step accumulates batch_size / micro
         self.recompute, self.ckpt_dir, self.ckpt_meta = recompute, ckpt_dir, ckpt_meta
         self.keep, self.expect = keep, resume_from or ckpt_meta
         self.tail = tail
+        self.ckpt_seconds, self.saved_at = ckpt_seconds, time.perf_counter()
         self.params = list(named_params.values())
         self.opt = make_optimizer(named_params, tc, lr_scale)
         for name, st in (start_state or {}).items():  # a checkpoint, when resumed, replaces these
@@ -362,9 +366,11 @@ class InMemorySteps:
 
     def checkpoint(self, step: int, state: dict, last: bool) -> None:
         # a round that ends before the schedule does keeps its state: the next round resumes from it after `sync`
-        if (last and step < self.steps) or (not last and step % self.tc.ckpt_every == 0):
+        due = self.ckpt_seconds is not None and time.perf_counter() - self.saved_at >= self.ckpt_seconds
+        if (last and step < self.steps) or (not last and (step % self.tc.ckpt_every == 0 or due)):
             ckpt_io.save(self.ckpt_dir, self.named, self.opt, {**self.ckpt_meta, **state},
                          extra=self.tail.state_tensors() if self.tail else None)
+            self.saved_at = time.perf_counter()
 
     def branch(self, step: int, state: dict) -> None:
         if self.branch_path is not None:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import replace
@@ -34,12 +35,15 @@ from mfgguf.families import family
 from mfgguf.converters.lora_adapter import ADAPTER_FILE, write_lora_adapter
 from mfgguf.model import Transformer
 from mfgguf.run import RunDir, data_view, read_module_meta, write_module
+from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.loop import heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
 from mfgguf.train.whole.trunk import plan_activations
 from mfgguf.train.engine.weights import trunk_alone
 from mfgguf.train.whole.adapter import adapter_tensors
 
 MODES = ("full", "lora")
+CKPT_SECONDS = 600.0  # a killed run resumes losing at most this much training; a save of the whole state (SmolLM2:
+#                       1.6 GB of weights and AdamW moments) takes a few seconds, not counted in its tokens/s
 LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "gate", "up", "down")  # every linear of a block
 
 
@@ -50,9 +54,15 @@ def union_tokens(rd: RunDir, shards: list[int]) -> np.ndarray:
     return np.concatenate([np.asarray(p[:n]) for p in parts])
 
 
+def resumable(out: Path, ckpt_meta: dict) -> bool:
+    """OUT holds the checkpoint of this very training (a `train-base` killed part way): it resumes from it."""
+    state = ckpt_io.peek(RunDir(out).checkpoint_dir(0))
+    return bool(state) and all(state.get(k) == json.loads(json.dumps(v)) for k, v in ckpt_meta.items())
+
+
 def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float, shards: list[int], rank: int = 16,
                     seed: int | None = None, device: str = "cpu", precision: str = "auto", compile: str = "off",
-                    progress: bool = False) -> RunDir:
+                    progress: bool = False, force: bool = False) -> RunDir:
     """Train the imported base of RUN on its experts' data as a practitioner would instead of experts: continued
     pretraining of every parameter (--mode full) or a peft LoRA on every linear layer (--mode lora, merged at the
     end), on the union of the shards (each cut to the shortest), with an expert's batch, context and precision.
@@ -60,7 +70,9 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     --mode lora also writes OUT/lora.gguf, the same LoRA unmerged as a llama.cpp adapter of the base's own
     dense GGUF (`mfgguf assemble RUN --experts none`), to serve one adapter per domain (`--lora`).
     `mfgguf eval` trains these itself on an imported run (FLOP- and wall-clock-matched, LR from a small grid).
-    --seed sets the data order and the LoRA's initialisation (default: the preset's data order).
+    --seed sets the data order and the LoRA's initialisation (default: the preset's data order). A run killed
+    part way resumes from its last checkpoint (one every ten minutes) when the same command runs again; an OUT
+    holding anything else is replaced only with --force.
 
     Example:
         mfgguf train-base RUN -o RUN/lora --mode lora --tokens 65536 --lr 1e-3 --shards 1,2"""
@@ -81,8 +93,13 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
                  compile=compile, shared="none", rounds=1, complement=False)
     if seed is not None:
         tc = replace(tc, seed=int(seed))
+    ckpt_meta = {"module": "continued", "kind": mode, "tokens": tc.tokens, "lr": tc.lr, "shards": list(shards),
+                 "seed": tc.seed, "rank": rank if mode == "lora" else None, "from_trunk_sha256": trunk["sha256"]}
+    resume = resumable(out, ckpt_meta)
+    if Path(out).exists() and not (force or resume):
+        raise MfggufError(f"{out} already exists; pass --force to replace it")
     data = union_tokens(rd, shards)
-    view = data_view(rd, out)
+    view = data_view(rd, out, keep_checkpoints=resume)
     model, route = trunk_alone(rd.module_file(0), cfg, dev)  # f32 master weights; bf16 autocast in the loop
     if mode == "lora":
         if seed is not None:  # without one, peft draws from torch's generator as it stands, as before --seed existed
@@ -95,10 +112,10 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     rec, micro = plan_activations(cfg, tc.batch_size)
     if rec:
         limit_heap_retention()
-    ckpt_meta = {"module": "continued", "kind": mode, "tokens": tc.tokens, "lr": tc.lr, "shards": list(shards),
-                 "seed": tc.seed}
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=view.checkpoint_dir(0),
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=f"base, {mode}", micro=micro)
+                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=f"base, {mode}", micro=micro,
+                   ckpt_seconds=CKPT_SECONDS)
+    fresh = res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len  # this process's tokens: its speed
     adapter = None
     if mode == "lora":  # llama.cpp's own form of the same LoRA, for serving it unmerged beside the base
         adapter = write_lora_adapter(view.root / ADAPTER_FILE, family(cfg.family).gguf_arch, adapter_tensors(model),
@@ -108,7 +125,8 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     tensors = {k: v.detach().float().contiguous() for k, v in model.trunk_tensors().items()}
     meta = {**{k: trunk[k] for k in ("kind", "source", "base", "preset", "config")},
             "train": {**tc.__dict__}, "precision": prec, "steps": res.steps, "tokens_seen": res.tokens_seen,
-            "final_loss": res.final_loss, "train_s": res.train_s, "tokens_per_s": res.tokens_seen / max(res.train_s, 1e-9),
+            "final_loss": res.final_loss, "train_s": res.train_s, "tokens_per_s": fresh / max(res.train_s, 1e-9),
+            "resumed_from_step": res.resumed_from, "ckpt_s": round(res.ckpt_s, 2),
             "heldout_loss": held, "heldout_loss_mean": mean(held), "history": res.history,
             "wall_s": time.perf_counter() - t_start,
             "continued": {"mode": mode, "from_trunk_sha256": trunk["sha256"], "shards": list(shards), "lr": lr,

@@ -117,6 +117,52 @@ def test_train_base_refuses_in_one_line(base_run, tmp_path):
     assert r.exit_code == 1 and "--shards 1,7 is out of range" in r.output and not (tmp_path / "x").exists()
 
 
+def test_a_killed_train_base_resumes_to_the_same_bytes(base_run, tmp_path):
+    """SIGKILL after a checkpoint (one after every step here), run the same command again: it resumes, and its
+    trunk is bit for bit the uninterrupted run's; another training in that OUT needs --force and starts over."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    meta = read_module_meta(RunDir(base_run), 0)
+    from mfgguf.config import get_preset
+
+    tc = get_preset(meta.get("preset", "small")).expert
+    tokens = 60 * tc.batch_size * meta["config"]["ctx_len"]  # 60 steps: the kill lands long before the end
+    args = ["train-base", str(base_run), "--mode", "full", "--tokens", str(tokens), "--lr", "1e-3", "--no-progress"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert cli(*args[:2], "-o", whole, *args[2:]).exit_code == 0
+    root = Path(__file__).parents[3]
+    code = "import mfgguf.train.whole.continued as c; c.CKPT_SECONDS = 0.0; from mfgguf.cli.app import main; main()"
+    proc = subprocess.Popen([sys.executable, "-c", code, *args[:2], "-o", str(killed), *args[2:]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    state = RunDir(killed).checkpoint_dir(0) / "state.safetensors"
+    deadline = time.monotonic() + 120
+    try:
+        while not state.exists():
+            assert proc.poll() is None, f"train-base exited before its first checkpoint: {proc.stderr.read()!r}"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.005)
+        time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        assert proc.wait() == -signal.SIGKILL
+    assert not RunDir(killed).module_file(0).exists(), "train-base finished before it was killed"
+    r = cli(*args[:2], "-o", killed, *args[2:])  # the same command again: no --force needed to resume
+    assert r.exit_code == 0, r.output
+    m = read_module_meta(RunDir(killed), 0)
+    assert 0 < m["resumed_from_step"] < 60 and m["tokens_seen"] == tokens
+    a, b = load_file(str(RunDir(whole).module_file(0))), load_file(str(RunDir(killed).module_file(0)))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert not RunDir(killed).checkpoint_dir(0).exists()
+    r = cli(*args[:2], "-o", killed, *args[2:6], "--lr", "3e-3", "--no-progress")  # another training: asked first
+    assert r.exit_code == 1 and "already exists" in r.output and "--force" in r.output
+    assert RunDir(killed).module_file(0).exists()
+
+
 def test_continued_flops_count_what_trains():
     cfg = ModelConfig(vocab_size=400, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, anchor_ff=128, expert_ff=32,
                       ctx_len=64, seed_expert=True)
