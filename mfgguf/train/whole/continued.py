@@ -42,8 +42,8 @@ from mfgguf.train.engine.weights import trunk_alone
 from mfgguf.train.whole.adapter import adapter_tensors
 
 MODES = ("full", "lora")
-CKPT_SECONDS = 600.0  # a killed run resumes losing at most this much training; a save of the whole state (SmolLM2:
-#                       1.6 GB of weights and AdamW moments) takes a few seconds, not counted in its tokens/s
+CKPT_SECONDS = 600.0  # a killed run resumes losing at most this much training; a save of the whole state (weights
+#                       and both AdamW moments, 12 bytes a parameter) takes seconds, not counted in its tokens/s
 LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "gate", "up", "down")  # every linear of a block
 
 
