@@ -58,3 +58,27 @@ def copy_run(src: Path, dst: Path) -> Path:
     """Copy a RUN directory (without checkpoints) so a test may modify it."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoints"))
     return dst
+
+
+def sigkill_at_checkpoint(code: str, args: list[str], state: Path) -> int:
+    """Run `python -c code args...` from the repository (this checkout's mfgguf) and SIGKILL it once the
+    checkpoint file `state` exists; the exit status (-SIGKILL unless it ended first)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    deadline = time.monotonic() + 120
+    try:
+        while not state.exists():
+            assert proc.poll() is None, f"training exited before its first checkpoint: {proc.stderr.read()!r}"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        rc = proc.wait()
+    return rc

@@ -3,11 +3,7 @@ result bit for bit with an uninterrupted run (CPU)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,7 @@ from mfgguf.options import TrainOptions
 from mfgguf.run import RunDir
 from mfgguf.train.experts.expert import train_expert
 from mfgguf.train.whole.trunk import train_trunk
-from tests.conftest import copy_run
+from tests.conftest import copy_run, sigkill_at_checkpoint
 
 TOKENS, CKPT_EVERY, EVAL_EVERY = 60_000, 5, 4  # 117 tiny steps: the kill lands long before the end
 
@@ -27,21 +23,9 @@ TOKENS, CKPT_EVERY, EVAL_EVERY = 60_000, 5, 4  # 117 tiny steps: the kill lands 
 def _kill_after_first_checkpoint(run: Path, index: int, extra: list[str]) -> int:
     verb = (["train-trunk", str(run), "--preset", "tiny", "--eval-every", str(EVAL_EVERY)] if index == 0
             else ["train-expert", str(run), "--expert", str(index)])
-    cmd = [sys.executable, "-c", "from mfgguf.cli.app import main; main()", *verb,
-           "--tokens", str(TOKENS), "--ckpt-every", str(CKPT_EVERY), "--no-progress", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            cwd=Path(__file__).parents[3], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])})
-    state = RunDir(run).checkpoint_dir(index) / "state.safetensors"
-    deadline = time.monotonic() + 120
-    try:
-        while not state.exists():
-            assert proc.poll() is None, f"training exited before its first checkpoint: {proc.stderr.read()!r}"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.005)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        rc = proc.wait()
-    return rc
+    args = [*verb, "--tokens", str(TOKENS), "--ckpt-every", str(CKPT_EVERY), "--no-progress", *extra]
+    return sigkill_at_checkpoint("from mfgguf.cli.app import main; main()", args,
+                                 RunDir(run).checkpoint_dir(index) / "state.safetensors")
 
 
 # expert-tail-stats: the router statistics span every step (tailstats.py), so the kill lands while they gather;

@@ -26,6 +26,7 @@ from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.whole.continued import _inject_lora, _merged
 from mfgguf.train.engine.weights import trunk_alone
 from tests.base.test_import_base import save_hf_llama
+from tests.conftest import sigkill_at_checkpoint
 from tests.converters import text_sample
 
 runner = CliRunner()
@@ -120,11 +121,7 @@ def test_train_base_refuses_in_one_line(base_run, tmp_path):
 def test_a_killed_train_base_resumes_to_the_same_bytes(base_run, tmp_path):
     """SIGKILL after a checkpoint (one after every step here), run the same command again: it resumes, and its
     trunk is bit for bit the uninterrupted run's; another training in that OUT needs --force and starts over."""
-    import os
     import signal
-    import subprocess
-    import sys
-    import time
 
     meta = read_module_meta(RunDir(base_run), 0)
     from mfgguf.config import get_preset
@@ -134,22 +131,9 @@ def test_a_killed_train_base_resumes_to_the_same_bytes(base_run, tmp_path):
     args = ["train-base", str(base_run), "--mode", "full", "--tokens", str(tokens), "--lr", "1e-3", "--no-progress"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert cli(*args[:2], "-o", whole, *args[2:]).exit_code == 0
-    root = Path(__file__).parents[3]
     code = "import mfgguf.train.whole.continued as c; c.CKPT_SECONDS = 0.0; from mfgguf.cli.app import main; main()"
-    proc = subprocess.Popen([sys.executable, "-c", code, *args[:2], "-o", str(killed), *args[2:]],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=root,
-                            env={**os.environ, "PYTHONPATH": str(root)})
     state = RunDir(killed).checkpoint_dir(0) / "state.safetensors"
-    deadline = time.monotonic() + 120
-    try:
-        while not state.exists():
-            assert proc.poll() is None, f"train-base exited before its first checkpoint: {proc.stderr.read()!r}"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.005)
-        time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        assert proc.wait() == -signal.SIGKILL
+    assert sigkill_at_checkpoint(code, [*args[:2], "-o", str(killed), *args[2:]], state) == -signal.SIGKILL
     assert not RunDir(killed).module_file(0).exists(), "train-base finished before it was killed"
     r = cli(*args[:2], "-o", killed, *args[2:])  # the same command again: no --force needed to resume
     assert r.exit_code == 0, r.output
