@@ -393,6 +393,12 @@ def recorded_experts(trunk_meta: ModuleMeta | dict) -> list[int] | None:
     return m.sync_experts
 
 
+def trained_copies(meta: dict) -> bool:
+    """An expert's record says it trained shared copies in some round: in its file (`shared_tensors`), or in the
+    rounds before an FFN-only last one (`shared_trained`, which the syncs merged already)."""
+    return bool(meta.get("shared_tensors") or meta.get("shared_trained"))
+
+
 def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -> str | None:
     """Why pooled router statistics (their JSON `meta`) do not describe this trunk and these experts
     ({name: sha256}), or None when they do."""
@@ -429,5 +435,5 @@ __all__ = ["RUN_FORMAT", "RUN_VERSION", "MODULE_FORMAT", "MODULE_VERSION", "READ
            "atomic_path", "file_digests", "link_or_copy", "read_json", "sha256_file", "swap_dir_into_place",
            "write_json", "write_text", "write_module", "write_module_streamed", "module_meta_for", "read_module",
            "read_module_meta", "update_manifest", "write_router_stats", "finished_against", "untrained",
-           "untrained_reason", "trained_expert", "trained_expert_meta", "recorded_experts", "router_stats_stale",
+           "untrained_reason", "trained_expert", "trained_expert_meta", "recorded_experts", "trained_copies", "router_stats_stale",
            "router_stats_current", "read_manifest"]

@@ -60,6 +60,14 @@ def _same(key: str, saved, now) -> bool:
     return saved == now
 
 
+def mismatch(state: dict, expect: dict) -> str | None:
+    """The first key of `expect` whose value the checkpoint `state` recorded otherwise (None: it is this training's)."""
+    for k, v in expect.items():
+        if k not in _VOLATILE and not _same(k, state.get(k), json.loads(json.dumps(v))):  # as JSON: tuples -> lists
+            return k
+    return None
+
+
 def _restart_hint(d: Path) -> str:
     return f"pass --restart (restart=True) to delete {d} and start over"
 
@@ -101,11 +109,9 @@ def load(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimi
         raise MfggufError(f"checkpoint {st} is corrupted or unreadable ({msg}); {_restart_hint(d)}") from None
     if state.get("format") != CKPT_FORMAT or state.get("version") != CKPT_VERSION:
         raise MfggufError(f"checkpoint {st} was written by an incompatible mfgguf; {_restart_hint(d)}")
-    for k, v in expect.items():
-        if k in _VOLATILE:
-            continue
-        if not _same(k, state.get(k), json.loads(json.dumps(v))):  # compare as JSON (tuples -> lists)
-            raise MfggufError(f"checkpoint {st} is from a different {k} than this training; {_restart_hint(d)}")
+    k = mismatch(state, expect)
+    if k is not None:
+        raise MfggufError(f"checkpoint {st} is from a different {k} than this training; {_restart_hint(d)}")
     missing = [n for n in named_params if f"param.{n}" not in tensors]
     if missing:
         raise MfggufError(f"checkpoint {st} lacks parameter {missing[0]}; {_restart_hint(d)}")

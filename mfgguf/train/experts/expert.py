@@ -259,7 +259,7 @@ def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, 
         "router_stats_from": "pass" if tail is None else f"training steps {tail.first_step + 1}-{res.steps}",
         "wall_breakdown_s": {**{k: round(v, 2) for k, v in clock.items()}, "train": round(res.train_s, 2),
                              "curve": round(res.eval_s, 2)},
-        **shared.record(tc.batch_size * cfg.ctx_len), "round": job.rnd, "rounds": tc.rounds, **pc.BranchStart.record(job),
+        **shared.record(), "round": job.rnd, "rounds": tc.rounds, **pc.BranchStart.record(job),
         **ffn.record(job),
     }
     means = {k: v for k, v in stats.tensors().items() if k.endswith(".mean")}  # the module keeps its means only
@@ -309,7 +309,7 @@ def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCop
                       precision=job.prec, recompute=rec, heldout=heldout, t_start=t_start),
         "index": i, "trunk_sha256": job.trunk.sha256, "shard": i, "shard_domains": job.info.shard_domains(i),
         "trunk_heldout_loss": job.trunk.json.get("heldout_loss", {}), "router_stats_count": 0,
-        **shared.record(tc.batch_size * job.cfg.ctx_len), "round": job.rnd, "rounds": tc.rounds,
+        **shared.record(), "round": job.rnd, "rounds": tc.rounds,
         **pc.BranchStart.record(job),
     }
     return write_module(job.rd, i, {**ffn.tensors(model), **shared.tensors(model)}, meta)

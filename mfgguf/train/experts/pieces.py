@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -145,12 +145,12 @@ class SharedCopies:
         return sh.shared_params(model, self.choice)
 
     def lr_scales(self, model: Transformer) -> dict[str, float]:
-        return {name: self.tc.shared_lr_scale for name in self.names()}
+        return sh.lr_scales(model, replace(self.tc, shared=self.choice))
 
     def tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         return sh.shared_module_tensors(model, self.choice)
 
-    def record(self, tokens_per_step: int) -> dict:
+    def record(self) -> dict:
         """The module's record of its copies; an FFN-only round also names what the rounds before it trained
         (`shared_trained`: the FLOPs of those tokens count the copies, flops.module_flops)."""
         out = sh.shared_meta(self.cfg, self.choice)
@@ -159,7 +159,7 @@ class SharedCopies:
             out["shared_trained"] = {"shared": self.tc.shared,
                                      "tensors": shared_tensor_names(self.cfg, self.tc.shared),
                                      "tokens": round_end(steps, self.tc.rounds, self.tc.rounds - self.tc.ffn_rounds)
-                                     * tokens_per_step}
+                                     * self.tc.batch_size * self.cfg.ctx_len}
         return out
 
 

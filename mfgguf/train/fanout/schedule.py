@@ -35,7 +35,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.machine import mem_available
 from mfgguf.options import JobOptions, parse_experts
 from mfgguf.run import (RunDir, finished_against, module_name, read_module_meta, recorded_experts, router_stats_current,
-                   write_json)
+                   trained_copies, write_json)
 from mfgguf.train.fanout.jobs import Job
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
@@ -228,8 +228,7 @@ def _rounds_in_run(rd: RunDir, ids: list[int]) -> int | None:
 def _needs_sync(rd: RunDir, ids: list[int]) -> bool:
     """A sync follows a round when the experts trained shared copies (R = 1 too: the final sync)."""
     metas = [read_module_meta(rd, i) for i in ids if rd.module_meta(i).is_file()]
-    return (any(m.get("shared_tensors") or m.get("shared_trained") for m in metas)
-            and not any(m.get("shared_merged") for m in metas))
+    return any(trained_copies(m) for m in metas) and not any(m.get("shared_merged") for m in metas)
 
 
 # ---- the live view and the summary -------------------------------------------------------------

@@ -37,7 +37,7 @@ from mfgguf.gguf.fileio import pwrite_all
 from mfgguf.converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
 from mfgguf.errors import MfggufError
 from mfgguf.run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
-                   read_module_meta, recorded_experts, router_stats_current, update_manifest, write_json)
+                   read_module_meta, recorded_experts, router_stats_current, trained_copies, update_manifest, write_json)
 from mfgguf.train.rounds.outer import is_plain
 
 SYNC_FORMAT = "mfgguf-sync"
@@ -186,7 +186,7 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
     if len(rounds) > 1:
         raise MfggufError(f"the experts were trained with different --rounds ({sorted(rounds)}); retrain them with one value")
     R = rounds.pop()
-    if not any(m.get("shared_tensors") or m.get("shared_trained") for m in metas.values()):
+    if not any(trained_copies(m) for m in metas.values()):
         raise MfggufError("the experts share no trunk tensors, so there is nothing to sync; assemble the run directly,"
                           " or train the experts with --shared norms|attn|all")
     final = k + 1 == R

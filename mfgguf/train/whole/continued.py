@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import replace
@@ -57,7 +56,7 @@ def union_tokens(rd: RunDir, shards: list[int]) -> np.ndarray:
 def resumable(out: Path, ckpt_meta: dict) -> bool:
     """OUT holds the checkpoint of this very training (a `train-base` killed part way): it resumes from it."""
     state = ckpt_io.peek(RunDir(out).checkpoint_dir(0))
-    return bool(state) and all(state.get(k) == json.loads(json.dumps(v)) for k, v in ckpt_meta.items())
+    return bool(state) and ckpt_io.mismatch(state, ckpt_meta) is None
 
 
 def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float, shards: list[int], rank: int = 16,

@@ -29,7 +29,8 @@ from mfgguf.data.relabel import assign_balanced, documents
 from mfgguf.errors import MfggufError
 from mfgguf.flops import expert_step_flops
 from mfgguf.options import parse_experts
-from mfgguf.run import RunDir, link_or_copy, module_name, read_json, swap_dir_into_place, trained_expert_meta, write_json
+from mfgguf.run import (RunDir, link_or_copy, module_name, read_json, swap_dir_into_place, trained_copies, trained_expert_meta,
+                        write_json)
 from mfgguf.train.engine.driver import Progress
 from mfgguf.train.experts.expert import build_expert_model, load_trunk_meta
 from mfgguf.train.engine.loop import EVAL_ROWS, autocast, head_loss, load_tokens, resolve_device, scoring_positions
@@ -181,7 +182,7 @@ def _check(rd: RunDir, dst: RunDir, ids: list[int], c: Relabelling, force: bool)
 
 def _expert_meta(rd: RunDir, trunk: dict, i: int) -> dict:
     m = trained_expert_meta(rd, trunk["sha256"], i, "mfgguf relabel")
-    if m.get("complement") or m.get("shared_tensors") or m.get("shared_trained"):
+    if m.get("complement") or trained_copies(m):
         raise MfggufError(f"{module_name(i)} was trained with --complement or --shared; relabelling scores plain"
                           " experts (trunk + one FFN) only")
     return m
