@@ -248,6 +248,16 @@ def test_a_finished_runs_line_reads_its_report_and_records(tmp_path):
     assert r["methods"][r["moe_chosen"]]["ppl_held_out"] == pytest.approx(math.exp(2.3))
     summ = ps.summarize([r])["sizes"][4096]
     assert "moe top-1 seed-gate 0.6" in summ["methods"] and "moe top-1 seed-gate 0.6" not in summ["verdicts"]
+    # a gate validation turned down is assembled and on validation, but test never scored it: no method; and a
+    # variant another seed did not score is no row of the summary (its mean would be over the seeds it won)
+    report["models"]["moe ridge seed-gate 0.4 top-1"] = {"kind": "moe", "router": "ridge", "top_k": 1, "seed_gate": 0.4}
+    report["validation"]["moe ridge seed-gate 0.4 top-1"] = {"ppl": 3.95}
+    (run / "eval" / "report.json").write_text(json.dumps(report))
+    r2 = ps.result_row(a, run, 4096, 2, {"c": 1, "cpp": 2})
+    assert "moe top-1 seed-gate 0.4" not in r2["methods"] and r2["moe_chosen_top1"] == "moe top-1 seed-gate 0.6"
+    r2["methods"].pop("moe top-2")
+    summ = ps.summarize([r, r2])["sizes"][4096]
+    assert "moe top-2" not in summ["methods"] and summ["methods"]["moe top-1"]["ppl_trained"]["n"] == 2
 
 
 def test_every_run_is_the_template_hard_linked(tmp_path):

@@ -4,7 +4,8 @@ Every figure is measured by llama.cpp on a GGUF written by `mfgguf assemble`, on
 no module trained on and no choice looked at (every choice -- the MoE's router and top-k, the
 oracle's experts, the baselines' LRs and schedules -- reads the validation split; a RUN prepared
 before validation existed has one held-out split for both, and the report says so):
-  - the assembled MoE for each router method, top-1 and top-2 (at `base_quant`, f16 by default);
+  - the assembled MoE for each router method, top-1 and top-2 (at `base_quant`, f16 by default), each with the
+    seed gate (`--seed-gates`, or none) validation chose: the gates it turned down are scored on validation only;
   - the trunk alone (anchor only, no experts);
   - oracle routing: each domain's text through a model holding only its best expert;
   - dense baselines trained from scratch with the same code on the union of all shards, budgeted
@@ -82,9 +83,10 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     models = _assembled_models(ev)
     baselines = _train_baselines(ev)
     models.update(_baseline_models(ev, baselines))
-    results = _measure_all(ev, models)
     validation = _choose_on_validation(ev, models)
     best = min(validation, key=lambda k: validation[k]["overall"]["ppl"])
+    scored = finalists(models, validation)
+    results = _measure_all(ev, {k: m for k, m in models.items() if m["kind"] != "moe" or k in scored})
     quant_rows = _quantized(ev, models, results, best)
     stream = _domain_stream(ev, models, best)
     _say("routing accuracy")
@@ -222,8 +224,17 @@ def _baseline_models(ev: Evaluation, baselines: Outcome) -> dict[str, dict]:
             for t in baselines.trained}
 
 
+def finalists(models: dict, validation: dict) -> set[str]:
+    """The MoEs the test split scores: of each router and top-k, the seed gate (or none) of lowest validation
+    perplexity. A gate validation turned down is a choice, not a final model, so test never sees it."""
+    groups: dict[tuple, list[str]] = {}
+    for k in validation:
+        groups.setdefault((models[k]["router"], models[k]["top_k"]), []).append(k)
+    return {min(g, key=lambda k: validation[k]["overall"]["ppl"]) for g in groups.values()}
+
+
 def _measure_all(ev: Evaluation, models: dict) -> dict[str, dict]:
-    """Every model on the test split, each on the domains it is for."""
+    """Every model given on the test split, each on the domains it is for."""
     results = {}
     for name, m in models.items():
         _say(f"measure {name}")
@@ -232,7 +243,8 @@ def _measure_all(ev: Evaluation, models: dict) -> dict[str, dict]:
 
 
 def _choose_on_validation(ev: Evaluation, models: dict) -> dict[str, dict]:
-    """The one choice made among the assembled models (which router and top-k is "the MoE") reads validation."""
+    """The choices made among the assembled models (which router, top-k and seed gate is "the MoE"; which seed gate
+    each router and top-k keeps) read validation, every MoE assembled scored on it."""
     validation = {}
     for k in [k for k, m in models.items() if m["kind"] == "moe"]:
         _say(f"measure {k} on validation")
@@ -353,4 +365,4 @@ def _say(msg: str) -> None:
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
 
 
-__all__ = ["EvalConfig", "Evaluation", "evaluate"]
+__all__ = ["EvalConfig", "Evaluation", "evaluate", "finalists"]

@@ -115,6 +115,7 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
                  f" {m['decode_tps']:.0f} | {m['peak_rss_mb']:.0f} |")
     orc = [f"{r['results'][f'oracle {d}']['domains'][d]['ppl']:.3f} (expert {r['oracle']['experts'][d]})" for d in ds]
     L.append("| oracle routing | " + " | ".join(orc) + f" | {r['oracle']['mixed']['ppl']:.3f} | | | |")
+    L += _validation_markdown(r)
     g = r["goals"]
     R = r["flops"]["rounds"]
     L += ["", "## Goals", "", f"Best MoE (on validation): {r['best']}. Ratios of mixed test perplexity (lower favours the"
@@ -172,6 +173,21 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
           "![held-out loss curves](curves.png)", "",
           f"Wall time of this evaluation: {r['wall_s']:.0f} s. Raw figures: report.json."]
     return "\n".join(L) + "\n"
+
+
+def _validation_markdown(r: dict) -> list[str]:
+    """Every MoE candidate on validation, and which ones test scored (of each router and top-k, the seed gate
+    validation chose; eval/evaluate.py `finalists`)."""
+    val = r.get("validation") or {}
+    if not val:
+        return []
+    L = ["", "## The MoEs on validation", "",
+         "Every MoE assembled, scored on validation, where the choices are made: the best is the MoE of the goals"
+         " below; of each router and top-k the test split scores only the seed gate (or none) chosen here.", "",
+         "| MoE | validation ppl, mixed | on test |", "|---|---:|---|"]
+    for name, v in sorted(val.items(), key=lambda kv: kv[1]["ppl"]):
+        L.append(f"| {name} | {v['ppl']:.4f} | {'best' if name == r['best'] else 'yes' if name in r['results'] else 'no'} |")
+    return L
 
 
 def _stream_markdown(st: dict, ds: list[str]) -> list[str]:

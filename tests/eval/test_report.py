@@ -64,3 +64,24 @@ def test_the_unknown_domain_stream_is_a_goal_on_the_tokens_after_the_choice():
     assert _met(md, "MoE at most 0.9x a LoRA per domain, domain unknown") == "no"
     assert "| loras | 10.500 | 10.500 | 10.000 |" in md and "python 0.67" in md
     assert "domain unknown" not in report_markdown(_report())  # no per-domain LoRAs: neither row nor section
+
+
+def test_test_scores_the_seed_gate_validation_chose_of_each_router_and_top_k():
+    """Of each router and top-k only the gate (or none) of lowest validation perplexity is a final model: test never
+    scores the others, and the report lists every candidate's validation figure and whether test saw it."""
+    from mfgguf.eval.evaluate import finalists
+
+    def moe(k: int, gate: float | None = None, router: str = "ridge") -> dict:
+        return {"kind": "moe", "router": router, "top_k": k, **({} if gate is None else {"seed_gate": gate})}
+
+    models = {"moe ridge top-1": moe(1), "moe ridge top-2": moe(2), "moe ridge seed-gate 0.4 top-1": moe(1, 0.4),
+              "moe ridge seed-gate 0.4 top-2": moe(2, 0.4), "moe uniform top-1": moe(1, router="uniform")}
+    val = dict(zip(models, (4.2, 4.18, 4.19, 4.17, 5.0)))
+    validation = {k: {"overall": {"ppl": v}} for k, v in val.items()}
+    assert finalists(models, validation) == {"moe ridge seed-gate 0.4 top-1", "moe ridge seed-gate 0.4 top-2",
+                                             "moe uniform top-1"}
+    r = {**_report(), "validation": {k: v["overall"] for k, v in validation.items()}}
+    md = report_markdown(r)
+    assert "| moe ridge seed-gate 0.4 top-2 | 4.1700 | no |" in md  # not in this report's results
+    assert "| moe ridge top-1 | 4.2000 | best |" in md
+    assert md.index("| moe ridge seed-gate 0.4 top-2 |") < md.index("| moe uniform top-1 | 5.0000 |")
