@@ -135,12 +135,14 @@ def test_eval_compares_seed_gates_on_validation(gated_run, tmp_path, monkeypatch
 
     rep = json.loads((out / "report.json").read_text())
     gated = ["moe ridge seed-gate 0.5 top-1", "moe ridge seed-gate 10000 top-1"]
-    for name in gated:  # candidates like every MoE: scored on test, and on validation for the choice
-        assert rep["models"][name]["seed_gate"] in (0.5, 10000) and name in rep["results"] and name in rep["validation"]
-    assert rep["best"] in ["moe ridge top-1", *gated]
-    # far up the gate is nearly the trunk alone, far from the plain MoE
-    ppl = {k: rep["results"][k]["overall"]["ppl"] for k in ("trunk alone", "moe ridge top-1", gated[1])}
-    assert abs(ppl[gated[1]] / ppl["trunk alone"] - 1) < 0.25 * abs(ppl["moe ridge top-1"] / ppl["trunk alone"] - 1)
+    moes = ["moe ridge top-1", *gated]
+    for name in gated:  # candidates like every MoE, scored on validation for the choice
+        assert rep["models"][name]["seed_gate"] in (0.5, 10000) and name in rep["validation"]
+    # test scores the one validation chose (of this router and top-k), and no other
+    assert rep["best"] == min(moes, key=lambda k: rep["validation"][k]["ppl"])
+    assert [k for k in moes if k in rep["results"]] == [rep["best"]]
+    md = (out / "report.md").read_text()
+    assert all(f"| {k} | {rep['validation'][k]['ppl']:.4f} | {'best' if k == rep['best'] else 'no'} |" in md for k in moes)
     # an eval run again (as a study resumed after a stop) reuses every measurement stored for the same files and
     # settings: nothing is scored again, and the report's figures are the same
     import mfgguf.eval.evaluate as evaluate_mod
