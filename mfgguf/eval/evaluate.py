@@ -37,6 +37,7 @@ from pathlib import Path
 
 from mfgguf.errors import MfggufError
 from mfgguf.eval.baselines.baseline import SECTIONS, Job, Outcome
+from mfgguf.eval.baselines.imported import first_trunk_view
 from mfgguf.eval.baselines.sides import side_for
 from mfgguf.eval.domain_stream import stream_candidates
 from mfgguf.eval.measure import measure, measure_stream, mixed, routing_accuracy
@@ -44,7 +45,7 @@ from mfgguf.eval.measured import file_key, kept
 from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
 from mfgguf.eval.training_flops import flops_section
-from mfgguf.run import RunDir, link_or_copy, read_module_meta, router_stats_current, update_manifest, write_json, write_text
+from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
 
@@ -198,7 +199,7 @@ def _assembled_models(ev: Evaluation) -> dict[str, dict]:
             models[f"moe ridge seed-gate {c:g} top-{k}"] = {"path": _moe_gguf(ev, q, "ridge", k, c), "kind": "moe",
                                                            "router": "ridge", "top_k": k, "seed_gate": c}
     models["trunk alone"] = {"path": ev.gguf(f"trunk-{q}", quant=q, experts=[]), "kind": "trunk"}
-    trained = _trained_trunk_run(ev.rd, ev.out)  # after `mfgguf sync` the trunk alone is the merged one
+    trained = first_trunk_view(ev.rd, ev.out)  # after `mfgguf sync` the trunk alone is the merged one
     if trained is not None:
         models["trunk as trained (before sync)"] = {"path": ev.gguf(f"trunk-trained-{q}", run=trained.root, quant=q,
                                                                     experts=[]), "kind": "trunk"}
@@ -329,22 +330,6 @@ def _best_expert_per_domain(metas: dict, domains: list[str]) -> dict[str, int]:
             raise MfggufError(f"no expert recorded a held-out loss on domain {d!r}; retrain the experts with this mfgguf")
         best[d] = min(losses, key=losses.get)
     return best
-
-
-def _trained_trunk_run(rd: RunDir, out: Path) -> RunDir | None:
-    """A RUN view (out/trained-trunk) whose trunk is the one `train-trunk` wrote, before the first sync; None if never synced."""
-    before = rd.rounds / "sync_01" / "before"
-    if not (before / "trunk.safetensors").is_file():
-        return None
-    view = RunDir(out / "trained-trunk")
-    view.modules.mkdir(parents=True, exist_ok=True)
-    rd.copy_vocab_to(view)  # an imported base's vocabulary lives in base/, not tokenizer.json
-    for name in ("trunk.safetensors", "trunk.json"):
-        dst = view.modules / name
-        dst.unlink(missing_ok=True)
-        link_or_copy(before / name, dst)
-    update_manifest(view, 0, read_module_meta(view, 0))
-    return view
 
 
 def _measure(ev: Evaluation, path: Path, domains: list[str], split: str = "test",

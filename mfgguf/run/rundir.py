@@ -159,6 +159,16 @@ class RunDir:
     def checkpoint_dir(self, index: int) -> Path:
         return self.root / "checkpoints" / module_name(index)
 
+    @property
+    def first_trunk(self) -> tuple[Path, Path]:
+        """(weights, record) of the trunk as it was before the first `mfgguf sync` (the imported base on an imported
+        RUN), which sync keeps under rounds/sync_01/before/; the trunk in modules/ where the RUN was never synced.
+        After a sync modules/ holds the merged trunk, which carries the experts' training."""
+        before = self.rounds / "sync_01" / "before"
+        if (before / self.module_file(0).name).is_file():
+            return before / self.module_file(0).name, before / self.module_meta(0).name
+        return self.module_file(0), self.module_meta(0)
+
     # ---- run.json ----------------------------------------------------------------------------
 
     def run_info(self) -> RunInfo:

@@ -40,7 +40,7 @@ from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
 from mfgguf.eval.domain_loras import DomainAdapter
 from mfgguf.flops import continued_step_flops, module_flops
-from mfgguf.run import RunDir, read_json, read_module_meta
+from mfgguf.run import RunDir, link_or_copy, read_json, read_module_meta, update_manifest
 from mfgguf.stages import run_stage
 
 GRID = {"full": (1e-4, 3e-4, 1e-3), "lora": (1e-3, 3e-3, 1e-2)}  # peak LRs tried for each kind of training
@@ -84,7 +84,7 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
 
     def train(name: str, mode: str, tokens: int, lr: float) -> dict:
         return train_base(rd, out / name, mode=mode, tokens=tokens, lr=lr, shards=shards,
-                          trunk_sha256=metas[0]["sha256"], force=force, seed=seed)
+                          trunk_sha256=first_trunk_sha256(rd), force=force, seed=seed)
 
     def held(m: dict) -> float:
         return sum(m["heldout_loss"][d] for d in trained) / len(trained)
@@ -105,7 +105,8 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
         lr = best[mode]
         if kind.key == "lora-domain":  # each shard's own LoRA at its expert's FLOPs, the union grid's LR
             ads = tuple(train_domain_loras(rd, metas, out, lr, force, seed))
-            plans.append(BasePlan(kind.key, kind.label, mode, sum(a.tokens for a in ads), lr, flops, rd.root, ads))
+            base = first_trunk_view(rd, out) or rd  # the adapters are served on the base they trained from
+            plans.append(BasePlan(kind.key, kind.label, mode, sum(a.tokens for a in ads), lr, flops, base.root, ads))
             continue
         if kind.budget == "seconds":
             budget = critical_s
@@ -118,6 +119,28 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
             budget, m, name = flops, runs[mode][lr], f"grid-{mode}-lr{lr:g}"
         plans.append(BasePlan(kind.key, kind.label, mode, m["tokens_seen"], lr, budget, out / name))
     return plans, grid
+
+
+def first_trunk_sha256(rd: RunDir) -> str:
+    """The sha256 of the trunk every baseline starts from: the imported base, before any sync merged the experts'
+    attention copies into it (RunDir.first_trunk)."""
+    return read_json(rd.first_trunk[1], "the trunk's record")["sha256"]
+
+
+def first_trunk_view(rd: RunDir, out: Path) -> RunDir | None:
+    """A RUN view (out/trained-trunk) whose trunk is the one before the first sync; None if never synced. The
+    per-domain LoRAs are served on it, the base they trained from, and eval scores it as the trunk as trained."""
+    if rd.first_trunk[0] == rd.module_file(0):
+        return None
+    view = RunDir(out / "trained-trunk")
+    view.modules.mkdir(parents=True, exist_ok=True)
+    rd.copy_vocab_to(view)  # an imported base's vocabulary lives in base/, not tokenizer.json
+    for src in rd.first_trunk:
+        dst = view.modules / src.name
+        dst.unlink(missing_ok=True)
+        link_or_copy(src, dst)
+    update_manifest(view, 0, read_module_meta(view, 0))
+    return view
 
 
 def matched_tokens(flops: float, per_token: float, step: int) -> int:
@@ -152,7 +175,7 @@ def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: boo
         step = int(m["train"]["batch_size"]) * cfg.ctx_len
         tokens = matched_tokens(module_flops(m), per_step, step)
         shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
-        train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=metas[0]["sha256"],
+        train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=first_trunk_sha256(rd),
                    force=force, needs=(ADAPTER_FILE,), seed=seed)
         adapters.append(DomainAdapter(shard, tuple(m.get("shard_domains") or ()), tokens, lr, run))
     return adapters

@@ -1,7 +1,8 @@
 """What a practitioner would do instead of experts: keep training the imported base itself, all of it or a LoRA.
 
 Both start from the base exactly as the experts do (the imported trunk: anchor + seed = the base's
-own FFN) and train on the union of the experts' shards, an equal share of each (every shard cut to
+own FFN; on a synced RUN the trunk before the first sync, not the merged one, which holds the experts' own
+attention training) and train on the union of the experts' shards, an equal share of each (every shard cut to
 the shortest one's length, so no domain weighs more than the experts gave it), with the same
 batch, context, precision and loop as an expert (train/engine/loop.py):
   - full:  continued pretraining: every parameter trains (embedding, attention, norms, FFNs, head);
@@ -33,7 +34,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.families import family
 from mfgguf.converters.lora_adapter import ADAPTER_FILE, write_lora_adapter
 from mfgguf.model import Transformer
-from mfgguf.run import RunDir, data_view, read_module_meta, write_module
+from mfgguf.run import RunDir, data_view, read_json, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.loop import heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
 from mfgguf.train.whole.trunk import plan_activations
@@ -78,7 +79,9 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     if mode not in MODES:
         raise MfggufError(f"unknown baseline mode {mode!r}; choose one of {', '.join(MODES)}")
     t_start = time.perf_counter()
-    trunk = read_module_meta(rd, 0)
+    # the trunk before any sync: a synced RUN's modules/ holds the merged trunk, which carries the experts' training
+    first, first_meta = rd.first_trunk
+    trunk = read_json(first_meta, "the trunk's record")
     if trunk.get("source") != "base":
         raise MfggufError(f"{rd.root}'s trunk was trained here, not imported; continued pretraining starts from a base")
     n = int(rd.info()["n_experts"])
@@ -99,7 +102,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
         raise MfggufError(f"{out} already exists; pass --force to replace it")
     data = union_tokens(rd, shards)
     view = data_view(rd, out, keep_checkpoints=resume)
-    model, route = trunk_alone(rd.module_file(0), cfg, dev)  # f32 master weights; bf16 autocast in the loop
+    model, route = trunk_alone(first, cfg, dev)  # f32 master weights; bf16 autocast in the loop
     if mode == "lora":
         if seed is not None:  # without one, peft draws from torch's generator as it stands, as before --seed existed
             torch.manual_seed(int(seed))

@@ -236,6 +236,15 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
     metas = {i: read_module_meta(rd, i) for i in range(3)}
     plans, grid = plan_and_train(rd, metas, tmp_path / "baselines", ("flop", "wallclock"))
     assert set(grid) == {"full"} and len(grid["full"]["heldout_loss_trained_domains"]) == 3
+    # every baseline starts from the imported base, not from the trunk the syncs merged the experts' attention into
+    first = json.loads((rd.rounds / "sync_01" / "before" / "trunk.json").read_text())["sha256"]
+    assert first != metas[0]["sha256"] and rd.first_trunk[0].parent.name == "before"
+    for p in plans:
+        assert read_module_meta(RunDir(p.run), 0)["continued"]["from_trunk_sha256"] == first, p.key
+    from mfgguf.eval.baselines.imported import first_trunk_view
+
+    served = first_trunk_view(rd, tmp_path / "views")  # where the per-domain LoRAs are served: the base they trained on
+    assert read_module_meta(served, 0)["sha256"] == first
     flop = next(p for p in plans if p.key == "flop")
     assert flop.run.name == f"grid-full-lr{grid['full']['chosen_lr']:g}"  # the grid ran at the budget it is used with
     wall = next(p for p in plans if p.key == "wallclock")
