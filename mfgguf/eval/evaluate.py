@@ -218,10 +218,15 @@ def _moe_gguf(ev: Evaluation, quant: str, router: str, top_k: int, seed_gate: fl
 
 
 def _baseline_models(ev: Evaluation, baselines: Outcome) -> dict[str, dict]:
-    """Each trained baseline's trunk alone, assembled when it was retrained since."""
+    """Each trained baseline's trunk alone, assembled when it (or, for the per-domain LoRAs, an adapter served on it)
+    was trained since: a base GGUF older than its adapters may be of another trunk than the one they trained from."""
     q = ev.cfg.base_quant
-    return {t.label: {"path": ev.gguf(f"{t.gguf}-{q}", run=t.run, since=RunDir(t.run).module_file(0), quant=q,
-                                      experts=[]), **t.row}
+
+    def since(t) -> Path:
+        return max([RunDir(t.run).module_file(0), *map(Path, t.row.get("adapters", {}).values())],
+                   key=lambda f: f.stat().st_mtime)
+
+    return {t.label: {"path": ev.gguf(f"{t.gguf}-{q}", run=t.run, since=since(t), quant=q, experts=[]), **t.row}
             for t in baselines.trained}
 
 

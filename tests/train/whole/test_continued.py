@@ -200,6 +200,17 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
         assert abs(module_flops(meta) - expert_flops) <= per_tok * step / 2 + 1e-6 * expert_flops
     assert set(rep["base_baselines"]["grid"]) == {"full", "lora"}
     assert rep["results"]["moe ridge top-1"]["domains"].keys() == rep["results"][labels[0]]["domains"].keys()
+    # the base GGUF the adapters are served on is assembled again when an adapter is newer: it may hold another trunk
+    # than the one they trained from (a RUN whose baselines once started from its merged trunk)
+    import os
+
+    base = run / "eval" / "models" / "base-lora-domain-f16.gguf"
+    built = base.stat().st_mtime
+    os.utime(next(iter(adapters.values())), (built + 5, built + 5))
+    r = cli("eval", run, "--routers", "ridge", "--top-k", "1", "--quants", "", "--baselines", "flop,lora,lora-domain",
+            "--max-tokens", 1024, "--ctx", 64)
+    assert r.exit_code == 0, r.output
+    assert base.stat().st_mtime > built and "assemble base-lora-domain-f16" in r.output
 
 
 def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(tmp_path, base_run):
