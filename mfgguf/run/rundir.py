@@ -159,15 +159,15 @@ class RunDir:
     def checkpoint_dir(self, index: int) -> Path:
         return self.root / "checkpoints" / module_name(index)
 
+    def sync_dir(self, k: int) -> Path: return self.rounds / f"sync_{k:02d}"  # `mfgguf sync` number k, 1-based
+
     @property
     def first_trunk(self) -> tuple[Path, Path]:
-        """(weights, record) of the trunk as it was before the first `mfgguf sync` (the imported base on an imported
-        RUN), which sync keeps under rounds/sync_01/before/; the trunk in modules/ where the RUN was never synced.
-        After a sync modules/ holds the merged trunk, which carries the experts' training."""
-        before = self.rounds / "sync_01" / "before"
-        if (before / self.module_file(0).name).is_file():
-            return before / self.module_file(0).name, before / self.module_meta(0).name
-        return self.module_file(0), self.module_meta(0)
+        """(weights, record) of the trunk before the first `mfgguf sync` (the imported base, kept in its before/), or
+        modules/' trunk where the RUN was never synced: after a sync modules/ holds the merged one, the experts' training in it."""
+        before = self.sync_dir(1) / "before"
+        at = (before / self.module_file(0).name, before / self.module_meta(0).name)
+        return at if at[0].is_file() else (self.module_file(0), self.module_meta(0))
 
     # ---- run.json ----------------------------------------------------------------------------
 
@@ -289,13 +289,14 @@ def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[i
     }
 
 
-def read_module(run: RunDir, index: int) -> ModuleMeta:
-    """Module `index`'s JSON record, typed; a one-line error naming what to run when it is missing or foreign."""
+def read_module(run: RunDir, index: int, at: tuple[Path, Path] | None = None) -> ModuleMeta:
+    """Module `index`'s JSON record (or the module at (weights, record)), typed; a one-line error if missing or foreign."""
+    weights, record = at or (run.module_file(index), run.module_meta(index))
     name = module_name(index)
-    if not run.module_meta(index).is_file() or not run.module_file(index).is_file():
+    if not record.is_file() or not weights.is_file():
         hint = "mfgguf train-trunk RUN" if index == 0 else f"mfgguf train-expert RUN --expert {index}"
-        raise MfggufError(f"module {name} is missing in {run.modules}; train it with `{hint}`")
-    meta = read_json(run.module_meta(index), f"metadata of module {name}")
+        raise MfggufError(f"module {name} is missing in {weights.parent}; train it with `{hint}`")
+    meta = read_json(record, f"metadata of module {name}")
     if meta.get("format") != MODULE_FORMAT or meta.get("version") not in READABLE_MODULE_VERSIONS:
         raise MfggufError(f"module {name} was written by an incompatible mfgguf; retrain it")
     return ModuleMeta.from_json(meta)

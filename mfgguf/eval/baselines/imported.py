@@ -40,7 +40,7 @@ from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
 from mfgguf.eval.domain_loras import DomainAdapter
 from mfgguf.flops import continued_step_flops, module_flops
-from mfgguf.run import RunDir, link_or_copy, read_json, read_module_meta, update_manifest
+from mfgguf.run import RunDir, link_or_copy, read_json, read_module, read_module_meta, update_manifest
 from mfgguf.stages import run_stage
 
 GRID = {"full": (1e-4, 3e-4, 1e-3), "lora": (1e-3, 3e-3, 1e-2)}  # peak LRs tried for each kind of training
@@ -81,10 +81,11 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     trained = sorted({d for m in experts.values() for d in m.get("shard_domains") or []})
     flops = sum(module_flops(m) for m in experts.values())
     critical_s = critical_path_s(rd, experts)
+    first = first_trunk_sha256(rd)
 
     def train(name: str, mode: str, tokens: int, lr: float) -> dict:
         return train_base(rd, out / name, mode=mode, tokens=tokens, lr=lr, shards=shards,
-                          trunk_sha256=first_trunk_sha256(rd), force=force, seed=seed)
+                          trunk_sha256=first, force=force, seed=seed)
 
     def held(m: dict) -> float:
         return sum(m["heldout_loss"][d] for d in trained) / len(trained)
@@ -124,7 +125,7 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
 def first_trunk_sha256(rd: RunDir) -> str:
     """The sha256 of the trunk every baseline starts from: the imported base, before any sync merged the experts'
     attention copies into it (RunDir.first_trunk)."""
-    return read_json(rd.first_trunk[1], "the trunk's record")["sha256"]
+    return read_module(rd, 0, at=rd.first_trunk).sha256
 
 
 def first_trunk_view(rd: RunDir, out: Path) -> RunDir | None:
@@ -170,12 +171,13 @@ def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: boo
     """Train (or reuse) one LoRA per trained expert's shard, each for that expert's FLOPs; metas: {0: trunk, i: expert}."""
     cfg = ModelConfig.from_dict(metas[0]["config"])
     per_step = continued_step_flops(cfg, "lora").total
+    first = first_trunk_sha256(rd)
     adapters = []
     for i, m in sorted((i, m) for i, m in metas.items() if i > 0):
         step = int(m["train"]["batch_size"]) * cfg.ctx_len
         tokens = matched_tokens(module_flops(m), per_step, step)
         shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
-        train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=first_trunk_sha256(rd),
+        train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=first,
                    force=force, needs=(ADAPTER_FILE,), seed=seed)
         adapters.append(DomainAdapter(shard, tuple(m.get("shard_domains") or ()), tokens, lr, run))
     return adapters

@@ -200,7 +200,7 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
     shapes = trunk_shapes(cfg)
     what = merge_plan(mods, shapes, merge, density)
 
-    d = rd.rounds / f"sync_{k + 1:02d}"
+    d = rd.sync_dir(k + 1)
     if d.exists():  # a sync that died before its plan was written: start it over
         shutil.rmtree(d)
     before, after = d / "before", d / "after"

@@ -34,7 +34,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.families import family
 from mfgguf.converters.lora_adapter import ADAPTER_FILE, write_lora_adapter
 from mfgguf.model import Transformer
-from mfgguf.run import RunDir, data_view, read_json, write_module
+from mfgguf.run import RunDir, data_view, read_module, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.loop import heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
 from mfgguf.train.whole.trunk import plan_activations
@@ -81,7 +81,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     t_start = time.perf_counter()
     # the trunk before any sync: a synced RUN's modules/ holds the merged trunk, which carries the experts' training
     first, first_meta = rd.first_trunk
-    trunk = read_json(first_meta, "the trunk's record")
+    trunk = read_module(rd, 0, at=(first, first_meta)).to_json()
     if trunk.get("source") != "base":
         raise MfggufError(f"{rd.root}'s trunk was trained here, not imported; continued pretraining starts from a base")
     n = int(rd.info()["n_experts"])
