@@ -204,6 +204,16 @@ def split_digest(run: Path) -> str:
     return h.hexdigest()
 
 
+def training_wall(meta: dict) -> tuple[float, bool]:
+    """A baseline training's wall seconds, and whether they are estimated: a training killed and resumed before its
+    record counted the earlier processes (`resumed_train_s`) recorded only its last process's wall, so the tokens the
+    earlier ones trained are priced at the last one's speed."""
+    if not meta.get("resumed_from_step") or "resumed_train_s" in meta:
+        return float(meta["wall_s"]), False
+    fresh = float(meta["tokens_per_s"]) * float(meta["train_s"])  # the last process's tokens
+    return float(meta["wall_s"]) + (int(meta["tokens_seen"]) - fresh) / float(meta["tokens_per_s"]), True
+
+
 def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dict:
     """study.jsonl's line for one finished RUN: per method its test figures, training FLOPs and wall seconds."""
     from mfgguf.eval.baselines.imported import expert_walls
@@ -236,8 +246,9 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
         if m["kind"] == "dense" and m["baseline"] in plans:
             p = plans[m["baseline"]]
             runs = [Path(x["run"]) for x in p.get("adapters") or []] or [Path(p["run"])]
+            bw = [training_wall(read_module_meta(RunDir(r), 0)) for r in runs]
             methods[m["baseline"]] = {**figures(name), "flops": flops[name]["flops"], "lr": p["lr"],
-                                      "wall_s": sum(read_module_meta(RunDir(r), 0)["wall_s"] for r in runs)}
+                                      "wall_s": sum(w for w, _ in bw), "wall_estimated": any(e for _, e in bw)}
     base = "trunk as trained (before sync)" if "trunk as trained (before sync)" in rep["results"] else "trunk alone"
     methods["base"] = {**figures(base), "flops": 0.0, "wall_s": 0.0}  # its pretraining counts for nobody
     cfg = read_json(run / "modules" / "trunk.json")["config"]
@@ -364,6 +375,7 @@ def summarize(rows: list[dict]) -> dict:
             if vs:
                 ms[m] = {k: spread([v[k] for v in vs]) for k in ("ppl_trained", "ppl_held_out", "flops", "wall_s")}
                 ms[m]["served"] = {k: vs[0][k] for k in ("serve_mflop_per_token", "params") if k in vs[0]}
+                ms[m]["wall_estimated"] = any(v.get("wall_estimated") for v in vs)
         others = [m for m in ms if m not in HEADS and m not in MOES and m not in gated]
         sizes[t] = {"seeds": sorted(r["seed"] for r in rs), "methods": ms}
         for head, (_, sfx) in HEADS.items():
@@ -405,7 +417,9 @@ def markdown(rows: list[dict], summ: dict) -> str:
          " at top-1 (the headline: the dense model's active FFN) and at the top-k validation chose, each with the seed"
          " gate validation chose, only where the gap between means exceeds the wider of the two seed ranges."
          " Wall s: one machine, every expert and sync in turn (the MoE's critical path with a machine per expert is"
-         " in study.jsonl); a baseline's, its chosen training alone (its LR grid's other points not counted).",
+         " in study.jsonl); a baseline's, its chosen training alone (its LR grid's other points not counted); ~ where"
+         " a training was killed and resumed before its record counted the earlier processes, its tokens priced at"
+         " the last process's speed.",
          "", ("Every row scored the same test split (sha256 " + next(iter(digests))[:16] + ")." if len(digests) == 1
               else f"WARNING: the rows scored {len(digests)} different test splits; they are not comparable.")]
     for t, s in summ["sizes"].items():
@@ -420,7 +434,7 @@ def markdown(rows: list[dict], summ: dict) -> str:
                 rt = s.get("ratios" + sfx, {}).get(m)
                 ratio += f" {rt['mean']:.4f} | {_mm(rt)} | {s['verdicts' + sfx][m]} |" if rt else " | | |"
             L.append(f"| {NAMES.get(m, 'MoE ' + m[4:])} | {p['mean']:.4f} | {_mm(p)} | {f['ppl_held_out']['mean']:.3f} |"
-                     f" {f['flops']['mean']:.3e} | {f['wall_s']['mean']:,.0f} |"
+                     f" {f['flops']['mean']:.3e} | {'~' * f.get('wall_estimated', False)}{f['wall_s']['mean']:,.0f} |"
                      f" {_served(f, 'serve_mflop_per_token', '{:,.1f}')} | {_served(f, 'params', '{:,}')} |" + ratio)
     L += ["", "## Where the MoE passes each method", "",
           "The smallest size where the MoE's mean is below the method's by more than the seed spread.", ""]

@@ -95,6 +95,16 @@ def test_verdict_needs_two_seeds_and_a_margin_beyond_the_spread():
     assert ps.verdict(moe, ps.spread([2.90, 2.95])) == "behind"
 
 
+def test_a_resumed_baselines_wall_counts_the_killed_process_too():
+    whole = {"wall_s": 100.0, "train_s": 90.0, "tokens_per_s": 1000.0, "tokens_seen": 90_000, "resumed_from_step": 0}
+    assert ps.training_wall(whole) == (100.0, False)
+    # killed after 60,000 tokens; the record, from before the count was kept, saw only the last 30,000
+    old = {**whole, "wall_s": 40.0, "train_s": 30.0, "resumed_from_step": 6}
+    assert ps.training_wall(old) == (pytest.approx(100.0), True)
+    # a record that counted them: its wall as it stands
+    assert ps.training_wall({**old, "wall_s": 100.0, "resumed_train_s": 60.0}) == (100.0, False)
+
+
 def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
     out = tmp_path / "study"
     args = [sys.executable, str(SCRIPT), "--out", str(out), "--base", str(tmp_path / "no-base.gguf"),

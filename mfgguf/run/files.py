@@ -6,6 +6,7 @@ outputs as they were. No pickle anywhere: safetensors, numpy .npy (allow_pickle=
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -54,8 +55,18 @@ def atomic_path(dest: Path, suffix: str = ""):
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, dest)
+    except Exception as e:
+        if _disk_full(e):  # a long training's last write: one line, and the same command resumes it
+            raise MfggufError(f"the disk is full: {dest} could not be written and is as it was; free some space"
+                              " and run the same command again") from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _disk_full(e: BaseException) -> bool:
+    # safetensors' writer raises its own error type, carrying the OS error only in its message
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
 
 
 def swap_dir_into_place(tmp: Path, out: Path) -> None:

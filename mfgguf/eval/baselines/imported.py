@@ -156,7 +156,8 @@ def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shar
     view = RunDir(run)
     # a record without a seed was trained without --seed, as seed None trains
     want = {"mode": mode, "lr": lr, "shards": shards, "from_trunk_sha256": trunk_sha256, "seed": seed}
-    if not force and view.module_meta(0).is_file() and all((run / n).is_file() for n in needs):
+    # a record without its weights (a study pruned them) is trained again rather than read
+    if not force and view.module_file(0).is_file() and all((run / n).is_file() for n in needs):
         m = read_module_meta(view, 0)
         if m.get("tokens_seen") == tokens and all(m["continued"].get(k) == v for k, v in want.items()):
             return m

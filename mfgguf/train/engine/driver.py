@@ -125,6 +125,7 @@ class LoopResult:
     train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load, not checkpoint saves)
     ckpt_s: float = 0.0  # seconds spent writing checkpoints this process (not in train_s)
     resumed_from: int = 0
+    train_s_before: float = 0.0  # training seconds of the processes this one resumed (their checkpoint's count)
     io_per_step: list | None = None  # streamed: [bytes read, bytes written] by the last step
     compiled: bool = False  # the step ran through torch.compile
 
@@ -142,6 +143,7 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
     end = steps if until is None else min(steps, until)
     state = impl.resume()
     start, history = (state["step"], state["history"]) if state else (0, [])
+    before = float(state.get("train_s_total", 0.0)) if state else 0.0  # absent from checkpoints older than the key
     curve = state.get("heldout_history", []) if state else []
     eval_s = ckpt_s = 0.0
 
@@ -170,8 +172,8 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
             if done == branch_at:
                 impl.branch(done, {"step": done, "tokens": done * per_step, "lr": tc.lr, "steps": steps})
             t_ck = time.perf_counter()
-            impl.checkpoint(done, {"step": done, "history": list(history), "heldout_history": list(curve)},
-                            last=done == end)
+            impl.checkpoint(done, {"step": done, "history": list(history), "heldout_history": list(curve),
+                                   "train_s_total": before + t_ck - t0 - eval_s - ckpt_s}, last=done == end)
             ckpt_s += time.perf_counter() - t_ck  # a whole model's save takes seconds: not a step's speed
             tokens, dt = done * per_step, time.perf_counter() - t0
             if bar:
@@ -187,7 +189,8 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
     if heldout and end == steps and (not curve or curve[-1][0] != end):  # resumed at the very end: nothing ran
         record(end)
     return LoopResult(steps=end, tokens_seen=end * per_step, final_loss=smooth(history), history=history,
-                      heldout_history=curve, eval_s=eval_s, train_s=train_s, ckpt_s=ckpt_s, resumed_from=start)
+                      heldout_history=curve, eval_s=eval_s, train_s=train_s, ckpt_s=ckpt_s, resumed_from=start,
+                      train_s_before=before)
 
 
 def smooth(history: list, n: int = 10) -> float:

@@ -139,6 +139,8 @@ def test_a_killed_train_base_resumes_to_the_same_bytes(base_run, tmp_path):
     assert r.exit_code == 0, r.output
     m = read_module_meta(RunDir(killed), 0)
     assert 0 < m["resumed_from_step"] < 60 and m["tokens_seen"] == tokens
+    # its wall is the training's: the killed process's training seconds are in it
+    assert m["resumed_train_s"] > 0 and m["wall_s"] > m["train_s"] + m["resumed_train_s"]
     a, b = load_file(str(RunDir(whole).module_file(0))), load_file(str(RunDir(killed).module_file(0)))
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert not RunDir(killed).checkpoint_dir(0).exists()
@@ -211,6 +213,13 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
             "--max-tokens", 1024, "--ctx", 64)
     assert r.exit_code == 0, r.output
     assert base.stat().st_mtime > built and "assemble base-lora-domain-f16" in r.output
+    # a baseline whose weights were pruned (its record kept) is trained again, not read
+    pruned = RunDir(plans[0]["run"])
+    pruned.module_file(0).unlink()
+    r = cli("eval", run, "--routers", "ridge", "--top-k", "1", "--quants", "", "--baselines", "flop,lora,lora-domain",
+            "--max-tokens", 1024, "--ctx", 64)
+    assert r.exit_code == 0, r.output
+    assert pruned.module_file(0).is_file()
 
 
 def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(tmp_path, base_run):
