@@ -130,8 +130,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
             "final_loss": res.final_loss, "train_s": res.train_s, "tokens_per_s": fresh / max(res.train_s, 1e-9),
             "resumed_from_step": res.resumed_from, "ckpt_s": round(res.ckpt_s, 2),
             "heldout_loss": held, "heldout_loss_mean": mean(held), "history": res.history,
-            # a training killed and resumed: the earlier processes' training seconds too (not their start-up), so a
-            # table's wall is the training's, not its last process's
+            # resumed: the killed processes' training seconds too, so the wall is the training's, not its last process's
             "wall_s": time.perf_counter() - t_start + res.train_s_before, "resumed_train_s": res.train_s_before,
             "continued": {"mode": mode, "from_trunk_sha256": trunk["sha256"], "shards": list(shards), "lr": lr,
                           "seed": seed,
