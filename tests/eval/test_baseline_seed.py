@@ -68,6 +68,7 @@ def test_train_base_passes_the_seed_and_retrains_for_another(monkeypatch, tmp_pa
     run = tmp_path / "grid-lora-lr0.001"
     (run / "modules").mkdir(parents=True)
     (run / "modules" / "trunk.json").write_text("{}")
+    (run / "modules" / "trunk.safetensors").write_bytes(b"")  # its weights: a record without them is trained again
     record = {"tokens_seen": 4096, "continued": {"mode": "lora", "lr": 1e-3, "shards": [1, 2],
                                                  "from_trunk_sha256": "abc", "seed": 7}}
     calls = []
