@@ -5,7 +5,9 @@ Scoring every model on test and validation is most of an eval's time on an impor
 is stored as OUT/measured/<file>.<what>.json with the key it was made under: the GGUF's name, size and mtime
 (every file eval writes is replaced, never edited, so a rebuilt model has a new mtime), the adapters' the same
 way, the split, the domains and every setting of the measurement. A stored result is reused only where the
-key is equal; `eval --force` measures again.
+key is equal, or where only the GGUF's mtime differs and its bytes are those measured (their blake3, stored
+beside the key: a model assembled again from the same modules is the same file, and scoring it again costs
+minutes); `eval --force` measures again.
 
 Example:
     >>> kept(out, path, {"split": "test", "max_tokens": 16384}, lambda: measure(...))
@@ -37,12 +39,27 @@ def kept(out: Path, path: Path, settings: dict, compute: Callable[[], dict], *, 
             old = json.loads(store.read_text())
         except ValueError:  # a store cut short by a stop: measured again
             old = {}
-        if old.get("key") == json.loads(json.dumps(key)):  # compared as stored (tuples become lists)
+        key_json = json.loads(json.dumps(key))  # compared as stored (tuples become lists)
+        if old.get("key") == key_json or (_same_but_mtime(old.get("key"), key_json)
+                                          and old.get("blake3") == blake3_file(path)):
             return old["result"]
     result = compute()
     store.parent.mkdir(parents=True, exist_ok=True)
-    write_json(store, {"key": key, "result": result})
+    write_json(store, {"key": key, "blake3": blake3_file(path), "result": result})
     return result
 
 
-__all__ = ["file_key", "kept"]
+def _same_but_mtime(old: dict | None, new: dict) -> bool:
+    # a file key is [name, size, mtime]; every other setting must be equal
+    return (isinstance(old, dict) and old.keys() == new.keys() and old["file"][:2] == new["file"][:2]
+            and all(old[k] == new[k] for k in new if k != "file"))
+
+
+def blake3_file(path: Path) -> str:
+    """The file's blake3, read through mmap on every core: far cheaper than scoring the model again."""
+    from blake3 import blake3
+
+    return blake3(max_threads=blake3.AUTO).update_mmap(str(path)).hexdigest()
+
+
+__all__ = ["blake3_file", "file_key", "kept"]
