@@ -210,8 +210,8 @@ def training_wall(meta: dict) -> tuple[float, bool]:
     earlier ones trained are priced at the last one's speed."""
     if not meta.get("resumed_from_step") or "resumed_train_s" in meta:
         return float(meta["wall_s"]), False
-    fresh = float(meta["tokens_per_s"]) * float(meta["train_s"])  # the last process's tokens
-    return float(meta["wall_s"]) + (int(meta["tokens_seen"]) - fresh) / float(meta["tokens_per_s"]), True
+    # tokens_per_s is the last process's tokens over its train_s: every token at that speed, less its own seconds
+    return float(meta["wall_s"]) + int(meta["tokens_seen"]) / float(meta["tokens_per_s"]) - float(meta["train_s"]), True
 
 
 def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dict:

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from mfgguf.run import write_json
+from mfgguf.run import blake3_file, write_json
 
 
 def file_key(path: Path | str) -> list:
@@ -32,34 +32,28 @@ def kept(out: Path, path: Path, settings: dict, compute: Callable[[], dict], *, 
          what: str = "") -> dict:
     """`compute()`'s result for the GGUF `path` under `settings`, from OUT/measured/ where it was stored under the
     same key, else computed and stored (`what` tells two measurements of one file and split apart)."""
-    key = {"file": file_key(path), **settings}
+    key, digest = {"file": file_key(path), **settings}, None
     store = out / "measured" / f"{path.stem}.{settings.get('split', '')}{'.' + what if what else ''}.json"
     if not force and store.is_file():
         try:
             old = json.loads(store.read_text())
         except ValueError:  # a store cut short by a stop: measured again
             old = {}
-        key_json = json.loads(json.dumps(key))  # compared as stored (tuples become lists)
-        if old.get("key") == key_json or (_same_but_mtime(old.get("key"), key_json)
-                                          and old.get("blake3") == blake3_file(path)):
+        key_json, was = json.loads(json.dumps(key)), old.get("key")  # compared as stored (tuples become lists)
+        if was == key_json:
             return old["result"]
+        if isinstance(was, dict) and _without_mtime(was) == _without_mtime(key_json):  # the bytes decide
+            digest = blake3_file(path)
+            if old.get("blake3") == digest:
+                return old["result"]
     result = compute()
     store.parent.mkdir(parents=True, exist_ok=True)
-    write_json(store, {"key": key, "blake3": blake3_file(path), "result": result})
+    write_json(store, {"key": key, "blake3": digest or blake3_file(path), "result": result})
     return result
 
 
-def _same_but_mtime(old: dict | None, new: dict) -> bool:
-    # a file key is [name, size, mtime]; every other setting must be equal
-    return (isinstance(old, dict) and old.keys() == new.keys() and old["file"][:2] == new["file"][:2]
-            and all(old[k] == new[k] for k in new if k != "file"))
+def _without_mtime(key: dict) -> dict:
+    return {**key, "file": key["file"][:2]}  # a file key is [name, size, mtime]
 
 
-def blake3_file(path: Path) -> str:
-    """The file's blake3, read through mmap on every core: far cheaper than scoring the model again."""
-    from blake3 import blake3
-
-    return blake3(max_threads=blake3.AUTO).update_mmap(str(path)).hexdigest()
-
-
-__all__ = ["blake3_file", "file_key", "kept"]
+__all__ = ["file_key", "kept"]

@@ -43,7 +43,7 @@ from pathlib import Path
 from mfgguf.errors import MfggufError
 # the file helpers and records live in modules of their own; stages import them from here as before
 from mfgguf.run.files import (atomic_path, file_digests, link_or_copy, read_json, sha256_file, swap_dir_into_place,
-                          write_json, write_text)
+                          write_json, write_text, blake3_file)
 from mfgguf.run.records import ModuleMeta, RunInfo, Untrained, module_name
 from mfgguf.run.safetensors_f32 import save_f32, save_f32_streamed
 
@@ -443,7 +443,7 @@ def read_manifest(run: RunDir) -> dict:
 
 __all__ = ["RUN_FORMAT", "RUN_VERSION", "MODULE_FORMAT", "MODULE_VERSION", "READABLE_MODULE_VERSIONS", "STATS_PREFIX",
            "SHARED_PREFIX", "RunDir", "ModuleMeta", "RunInfo", "Untrained", "module_name", "data_view",
-           "atomic_path", "file_digests", "link_or_copy", "read_json", "sha256_file", "swap_dir_into_place",
+           "atomic_path", "blake3_file", "file_digests", "link_or_copy", "read_json", "sha256_file", "swap_dir_into_place",
            "write_json", "write_text", "write_module", "write_module_streamed", "module_meta_for", "read_module",
            "read_module_meta", "update_manifest", "write_router_stats", "finished_against", "untrained",
            "untrained_reason", "trained_expert", "trained_expert_meta", "recorded_experts", "trained_copies", "router_stats_stale",

@@ -84,6 +84,9 @@ def test_train_base_passes_the_seed_and_retrains_for_another(monkeypatch, tmp_pa
     del record["continued"]["seed"]  # a record from before --seed existed: what no seed trains, reused
     imported.train_base(rd, run, **kw)
     assert len(calls) == 2
+    (run / "modules" / "trunk.json").unlink()  # weights without their record (killed between the two): trained again
+    imported.train_base(rd, run, **kw)
+    assert len(calls) == 3
     assert Path(calls[0][1]) == tmp_path and calls[0][0] == "train-base"
 
 

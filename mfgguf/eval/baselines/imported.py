@@ -157,7 +157,8 @@ def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shar
     # a record without a seed was trained without --seed, as seed None trains
     want = {"mode": mode, "lr": lr, "shards": shards, "from_trunk_sha256": trunk_sha256, "seed": seed}
     # a record without its weights (a study pruned them) is trained again rather than read
-    if not force and view.module_file(0).is_file() and all((run / n).is_file() for n in needs):
+    files = (view.module_meta(0), view.module_file(0), *(run / n for n in needs))
+    if not force and all(f.is_file() for f in files):
         m = read_module_meta(view, 0)
         if m.get("tokens_seen") == tokens and all(m["continued"].get(k) == v for k, v in want.items()):
             return m
