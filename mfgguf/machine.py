@@ -2,11 +2,18 @@
 
 Example:
     >>> mem_available(fallback=8 << 30)  # bytes the kernel could hand out now without swapping
+    >>> cpu()  # {"model": "Intel(R) Xeon(R) Processor", "flags": ["amx_bf16", ...], "cores": 2}
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# The instruction sets training and llama.cpp's speed turn on, named as /proc/cpuinfo names them: a figure is
+# only comparable with one measured on the same model with the same of these.
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "amx_tile", "amx_bf16",
+               "amx_int8", "asimd", "sve", "bf16", "i8mm")
 
 
 def mem_available(fallback: int, meminfo: Path = Path("/proc/meminfo")) -> int:
@@ -22,3 +29,25 @@ def mem_available(fallback: int, meminfo: Path = Path("/proc/meminfo")) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return fallback
+
+
+def cpuinfo_field(keys: tuple[str, ...], cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first value of any of `keys` in /proc/cpuinfo (x86 and Arm name some fields differently); None where
+    there is none (macOS, a sandbox)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in keys:
+            return value.strip()
+    return None
+
+
+def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """The CPU a figure was measured on: its model name, the SPEED_FLAGS it has, and the cores this process sees."""
+    flags = set((cpuinfo_field(("flags", "Features"), cpuinfo) or "").split())
+    return {"model": cpuinfo_field(("model name", "Processor"), cpuinfo) or "unknown",
+            "flags": [f for f in SPEED_FLAGS if f in flags], "cores": len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity") else os.cpu_count()}

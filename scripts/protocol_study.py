@@ -167,6 +167,25 @@ def copy_template(template: Path, run: Path) -> None:
     tmp.rename(run)
 
 
+def note_machine(run: Path) -> None:
+    """Add this CPU to RUN/machines.json where it is new: a run whose sittings ran on different machines says so, and
+    its walls (the MoE's and the baselines', the wall-clock-matched budget) are then not of one machine."""
+    from mfgguf.machine import cpu
+    from mfgguf.run.files import write_json
+
+    seen, here = read_json(run / "machines.json") or [], cpu()
+    if here not in seen:
+        write_json(run / "machines.json", [*seen, here])
+
+
+def machines_line(rows: list[dict]) -> str:
+    """Which CPUs measured these rows, and every row whose stages ran on more than one."""
+    cpus = {f"{m['model']} ({', '.join(m['flags'])}; {m['cores']} cores)" for r in rows for m in r.get("machines", [])}
+    mixed = [r["run"] for r in rows if len(r.get("machines", [])) > 1]
+    return ("CPU: " + ("; ".join(sorted(cpus)) if cpus else "not recorded") + "."
+            + (f" {', '.join(mixed)} ran on more than one: their walls mix machines." if mixed else ""))
+
+
 def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Path) -> None:
     """The experts round by round with a sync after each, then eval: each step only where its output is missing."""
     dry = a.dry_run
@@ -260,6 +279,7 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
             "methods": methods, "goals": rep["goals"],
             "shard_tokens": shard_tokens, "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
             "test_split_sha256": split_digest(run), "eval_wall_s": rep.get("wall_s"), "recipe": recipe(a),
+            "machines": read_json(run / "machines.json") or [],
             "lr_grid": {mode: g["heldout_loss_trained_domains"] for mode, g in (rep.get("base_baselines") or {}).get("grid", {}).items()}}
 
 
@@ -424,6 +444,7 @@ def markdown(rows: list[dict], summ: dict) -> str:
               else f"WARNING: the rows scored {len(digests)} different test splits; they are not comparable.")]
     for t, s in summ["sizes"].items():
         L += ["", f"## {t:,} tokens a domain (seeds {', '.join(map(str, s['seeds']))})", "",
+              machines_line([r for r in rows if r["tokens_per_domain"] == t]), "",
               f"| method | test ppl, trained mix | min-max | {r0['held_out']} (held out) | training FLOPs | wall s |"
               " served MFLOP a token | params (non-embedding) | MoE top-1 / method | min-max | MoE top-1 |"
               " MoE any k / method | min-max | MoE any k |",
@@ -610,6 +631,7 @@ def main(argv=None) -> None:
                     print(f"# copy {template} -> {run} (hard links)")
             else:
                 copy_template(template, run)
+                note_machine(run)
             train_and_eval(a, run, list(ids.values()), tokens, seed, log)
             if a.dry_run:
                 continue

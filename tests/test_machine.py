@@ -15,3 +15,17 @@ def test_mem_available_reads_meminfo_and_falls_back(tmp_path):
     real = mem_available(fallback=-1)
     assert real == -1 or 0 < real < 1 << 50  # the machine's own: a plausible size where Linux gives one
     assert Path("/proc/meminfo").is_file() == (real != -1)
+
+
+def test_cpu_names_the_model_and_the_speed_flags_it_has(tmp_path):
+    from mfgguf.machine import cpu
+
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx2 amx_tile avx512f\n"
+                 "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: fpu avx2 amx_tile avx512f\n")
+    c = cpu(f)
+    assert c["model"] == "Intel(R) Xeon(R) Processor"
+    assert c["flags"] == ["avx2", "avx512f", "amx_tile"]  # SPEED_FLAGS' order; fpu is not one
+    assert c["cores"] >= 1
+    missing = cpu(tmp_path / "missing")
+    assert missing["model"] == "unknown" and missing["flags"] == []

@@ -28,6 +28,10 @@ PPL = {65536: {1: {"moe top-1": 3.45, "moe top-2": 3.40, "flop": 3.41, "lora": 3
        262144: {1: {"moe top-1": 3.15, "moe top-2": 3.10, "flop": 3.20, "lora": 3.15, "base": 4.50},
                 2: {"moe top-1": 3.12, "moe top-2": 3.13, "flop": 3.30, "lora": 3.25, "base": 4.50}}}
 CHOSEN = {1: "moe top-2", 2: "moe top-1"}
+EPYC = {"model": "AMD EPYC", "flags": ["avx2", "fma", "avx512f", "avx512_bf16"], "cores": 2}
+XEON = {"model": "Intel(R) Xeon(R) Processor", "flags": ["avx2", "amx_tile"], "cores": 2}
+# the 262,144-token point's first seed ran its sittings on two machines
+MACHINES = {(65536, 1): [EPYC], (65536, 2): [EPYC], (262144, 1): [XEON, EPYC], (262144, 2): [XEON]}
 
 
 def row(tokens: int, seed: int) -> dict:
@@ -38,7 +42,7 @@ def row(tokens: int, seed: int) -> dict:
     return {"tokens_per_domain": tokens, "seed": seed, "run": f"t{tokens}-s{seed}", "trained_domains": ["c", "cpp"],
             "held_out": "english", "moe_chosen": CHOSEN[seed], "moe_chosen_top1": "moe top-1", "methods": methods,
             "goals": {"moe_over_flop_dense_mixed": 1.01 - tokens / 1e7}, "test_split_sha256": "ab" * 32,
-            "recipe": {"base": "smollm2", "expert_ff": 768, "rounds": 4}}
+            "recipe": {"base": "smollm2", "expert_ff": 768, "rounds": 4}, "machines": MACHINES[tokens, seed]}
 
 
 @pytest.fixture
@@ -83,7 +87,22 @@ def test_summary_means_spreads_verdicts_and_crossover(study):
     assert res["crossover"] == {"flop": 262144, "lora": None, "base": 65536}
     assert res["crossover_top1"] == {"flop": 262144, "lora": None, "base": 65536}  # 3.135 against 3.25 and 3.20
     assert "Every row scored the same test split" in md and "moe_over_flop_dense_mixed" in md
+    small, large = md.split("## 65,536 tokens a domain")[1], md.split("## 262,144 tokens a domain")[1]
+    assert "CPU: AMD EPYC (avx2, fma, avx512f, avx512_bf16; 2 cores)." in small.split("\n|")[0]
+    assert "more than one" not in small.split("## ")[0]
+    assert "t262144-s1 ran on more than one: their walls mix machines." in large.split("\n|")[0]
     assert (study / "study.png").stat().st_size > 10_000  # a plot, not an empty figure
+
+
+def test_a_run_records_each_cpu_that_worked_on_it_once(tmp_path):
+    ps.note_machine(tmp_path)
+    ps.note_machine(tmp_path)  # the same machine again: nothing new
+    here = json.loads((tmp_path / "machines.json").read_text())
+    assert len(here) == 1 and here[0]["cores"] >= 1 and here[0]["model"]
+    (tmp_path / "machines.json").write_text(json.dumps([EPYC] if here[0] != EPYC else [XEON]))
+    ps.note_machine(tmp_path)  # a later sitting on this machine
+    seen = json.loads((tmp_path / "machines.json").read_text())
+    assert len(seen) == 2 and seen[1] == here[0]
 
 
 def test_verdict_needs_two_seeds_and_a_margin_beyond_the_spread():

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mfgguf.errors import MfggufError
+from mfgguf.machine import cpuinfo_field
 
 ENV = "MFGGUF_REPACK"
 AMX_FLAGS = ("amx_tile", "amx_int8")  # /proc/cpuinfo names; both are needed for AMX int8 matmuls
@@ -61,15 +62,7 @@ def decide(*, cpu_flags: set[str], build_info: str, env: str | None) -> Decision
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     """The CPU feature flags as Linux lists them (empty where there is no /proc/cpuinfo, e.g. macOS)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
+    return set((cpuinfo_field(("flags", "Features"), cpuinfo) or "").split())
 
 
 def build_info() -> str:
