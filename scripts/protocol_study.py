@@ -11,7 +11,8 @@ For each size T (training tokens a trained domain) and seed S, one RUN under OUT
      --lr, --shared, --rounds), `mfgguf sync` after each round; the held-out domain sits out of all training;
   3. `mfgguf eval --seed S`: the baselines trained from the same base on the same shards with the experts' FLOPs
      (their LR grids, like the choice of the MoE's top-k, read validation), every model scored once on test;
-  4. one JSON line appended to OUT/study.jsonl.
+  4. one JSON line appended to OUT/study.jsonl, with the CPU of every sitting that worked on the RUN
+     (RUN/machines.json: a RUN resumed on another machine has walls of two machines).
 A (T, S) already in study.jsonl is not run again and each stage is skipped where its output exists (train-expert
 and eval resume their own partial work), so the study can stop and resume across sittings. The summary (alone with
 --summary-only) reads study.jsonl only: OUT/study.md (per size: mean and min-max over seeds per method, the MoE's
