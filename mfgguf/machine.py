@@ -31,23 +31,31 @@ def mem_available(fallback: int, meminfo: Path = Path("/proc/meminfo")) -> int:
     return fallback
 
 
-def cpuinfo_field(keys: tuple[str, ...], cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """The first value of any of `keys` in /proc/cpuinfo (x86 and Arm name some fields differently); None where
-    there is none (macOS, a sandbox)."""
+def cpuinfo_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """Each field of /proc/cpuinfo with its first value (the first core's; every core has the same model and
+    flags); empty where there is none (macOS, a sandbox)."""
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
-        return None
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in keys:
-            return value.strip()
-    return None
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), fields: dict[str, str] | None = None) -> set[str]:
+    """The CPU feature flags as Linux lists them (x86 names the field "flags", Arm "Features")."""
+    f = cpuinfo_fields(cpuinfo) if fields is None else fields
+    return set((f.get("flags") or f.get("Features") or "").split())
 
 
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     """The CPU a figure was measured on: its model name, the SPEED_FLAGS it has, and the cores this process sees."""
-    flags = set((cpuinfo_field(("flags", "Features"), cpuinfo) or "").split())
-    return {"model": cpuinfo_field(("model name", "Processor"), cpuinfo) or "unknown",
+    fields = cpuinfo_fields(cpuinfo)
+    flags = cpu_flags(fields=fields)
+    return {"model": fields.get("model name") or fields.get("Processor") or "unknown",
             "flags": [f for f in SPEED_FLAGS if f in flags], "cores": len(os.sched_getaffinity(0))
             if hasattr(os, "sched_getaffinity") else os.cpu_count()}

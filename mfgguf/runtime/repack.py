@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from mfgguf.errors import MfggufError
-from mfgguf.machine import cpuinfo_field
+from mfgguf.machine import cpu_flags  # re-exported: decide's callers read the flags here
 
 ENV = "MFGGUF_REPACK"
 AMX_FLAGS = ("amx_tile", "amx_int8")  # /proc/cpuinfo names; both are needed for AMX int8 matmuls
@@ -58,11 +57,6 @@ def decide(*, cpu_flags: set[str], build_info: str, env: str | None) -> Decision
     if cpu_amx:
         return Decision(True, "CPU has AMX but this llama.cpp has no AMX kernels: repacking is safe")
     return Decision(True, "no AMX on this CPU: llama.cpp repacks quantized weights as usual")
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU feature flags as Linux lists them (empty where there is no /proc/cpuinfo, e.g. macOS)."""
-    return set((cpuinfo_field(("flags", "Features"), cpuinfo) or "").split())
 
 
 def build_info() -> str:
