@@ -125,7 +125,9 @@ def main() -> None:
     args = ap.parse_args()
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    from mfgguf import machine
+
+    cpu = machine.cpu()["model"]
     print(json.dumps({"cpu": cpu, "cores": os.cpu_count(), "experts": args.experts, "tokens": args.tokens,
                       "rounds": args.rounds}), flush=True)
     prepared, log = work / "prepared", work / "common.log"

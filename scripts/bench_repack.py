@@ -103,8 +103,9 @@ def main() -> None:
     from synthetic_run import build, corpus_text
 
     flags = repack.cpu_flags()
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), "?") if Path("/proc/cpuinfo").exists() else "?"
+    from mfgguf import machine
+
+    model = machine.cpu()["model"]
     d = repack.decide(cpu_flags=flags, build_info=repack.build_info(), env=None)
     emit(a.out, what="machine", cpu=model, amx=all(f in flags for f in repack.AMX_FLAGS),
          llama_cpp_build=repack.build_info().strip(), auto_repack=d.repack, reason=d.reason)

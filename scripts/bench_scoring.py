@@ -42,7 +42,9 @@ def main() -> None:
     model, route = trunk_alone(rd.module_file(0), cfg, dev)
     tokens = np.concatenate([loop.load_tokens(f, f.stem) for f in sorted(rd.validation_dir.glob("*.npy"))])
     precision = loop.resolve_precision("auto", dev)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    from mfgguf import machine
+
+    cpu = machine.cpu()["model"]
     print(json.dumps({"cpu": cpu, "run": str(rd.root), "tokens": args.tokens, "precision": precision}), flush=True)
 
     def cross_entropy_head(model, x, y, weight):  # the head before: cast per chunk, the (N, V) log-softmax written

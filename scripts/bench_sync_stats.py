@@ -67,7 +67,9 @@ def main() -> None:
     ids = read_json(sorted(rd.rounds.glob("sync_*/sync.json"))[-1], "the final sync's plan")["expert_ids"]
     if any(read_module_meta(rd, i).get("router_stats_on") == "merged trunk" for i in ids):
         raise SystemExit(f"{rd.root}'s final sync ran the pass already; finish a RUN with the default `sync`")
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    from mfgguf import machine
+
+    cpu = machine.cpu()["model"]
     print(json.dumps({"cpu": cpu, "run": str(rd.root), "experts": ids, "tokens": args.tokens, "quant": args.quant,
                       "top_k": args.top_k}),
           flush=True)

@@ -209,18 +209,12 @@ def bench_1b(work: Path, steps: int, peak: float, shared: str = "none") -> None:
 def cpu_flags() -> dict:
     """The CPU's model name and the instruction sets speed depends on (from /proc/cpuinfo; no torch, so a
     parent process that spawns measured children stays light)."""
-    model, flags = "unknown", set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    return {"model": model, "avx2": "avx2" in flags, "avx512": "avx512f" in flags, "bf16_native": "avx512_bf16" in flags
-            or "amx_bf16" in flags, "amx": "amx_tile" in flags, "cores": os.cpu_count()}
+    from mfgguf import machine  # torch-free
+
+    c = machine.cpu()
+    flags = set(c["flags"])
+    return {"model": c["model"], "avx2": "avx2" in flags, "avx512": "avx512f" in flags, "bf16_native": "avx512_bf16" in
+            flags or "amx_bf16" in flags, "amx": "amx_tile" in flags, "cores": os.cpu_count(), "flags": c["flags"]}
 
 
 def cpu_info() -> dict:
