@@ -3,11 +3,13 @@
 Example:
     >>> mem_available(fallback=8 << 30)  # bytes the kernel could hand out now without swapping
     >>> cpu()  # {"model": "Intel(R) Xeon(R) Processor", "flags": ["amx_bf16", ...], "cores": 2}
+    >>> startup_s(time.perf_counter())  # in a CLI process: seconds before its first timed job (imports), once
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 # The instruction sets training and llama.cpp's speed turn on, named as /proc/cpuinfo names them: a figure is
@@ -59,3 +61,38 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
     return {"model": fields.get("model name") or fields.get("Processor") or "unknown",
             "flags": [f for f in SPEED_FLAGS if f in flags], "cores": len(os.sched_getaffinity(0))
             if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+
+
+def process_age(stat: Path = Path("/proc/self/stat"), uptime: Path = Path("/proc/uptime")) -> float | None:
+    """Seconds since this process was started (the kernel's start time, in clock ticks since boot, against the
+    uptime); None where /proc cannot say (macOS, a sandbox)."""
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of proc(5), the third after the name
+        return max(0.0, float(uptime.read_text().split()[0]) - started)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_startup_open = False  # set by the CLI: a process started to run one command pays its start once, in its first job
+
+
+def count_startup(on: bool = True) -> None:
+    """Mark this process as started for one command (the CLI's main), so its first timed job counts the start; off
+    for a process that only hands jobs to others (they count their own) and whose later clocks must not claim it."""
+    global _startup_open
+    _startup_open = on
+
+
+def startup_s(t_start: float) -> float:
+    """Seconds this process ran before `t_start` (a time.perf_counter() reading): the interpreter's start, the imports
+    (torch's alone takes seconds), the CLI's parsing. A wall that starts at a job's own clock misses them, and a recipe
+    of many processes pays them once a process. The first call in a process the CLI started returns them; later
+    calls (jobs run in-process after the first start nothing anew), a library caller's process (its start is not
+    the job's) and a process whose age cannot be read give 0.0."""
+    global _startup_open
+    if not _startup_open:
+        return 0.0
+    _startup_open = False
+    age = process_age()
+    return 0.0 if age is None else max(0.0, age - (time.perf_counter() - t_start))

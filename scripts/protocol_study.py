@@ -228,10 +228,11 @@ def training_wall(meta: dict) -> tuple[float, bool]:
     """A baseline training's wall seconds, and whether they are estimated: a training killed and resumed before its
     record counted the earlier processes (`resumed_train_s`) recorded only its last process's wall, so the tokens the
     earlier ones trained are priced at the last one's speed."""
+    start = float(meta.get("startup_s") or 0.0)  # its process's imports, before the training's clock
     if not meta.get("resumed_from_step") or "resumed_train_s" in meta:
-        return float(meta["wall_s"]), False
+        return float(meta["wall_s"]) + start, False
     # tokens_per_s is the last process's tokens over its train_s: every token at that speed, less its own seconds
-    return float(meta["wall_s"]) + int(meta["tokens_seen"]) / float(meta["tokens_per_s"]) - float(meta["train_s"]), True
+    return start + float(meta["wall_s"]) + int(meta["tokens_seen"]) / float(meta["tokens_per_s"]) - float(meta["train_s"]), True
 
 
 def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dict:

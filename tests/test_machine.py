@@ -1,6 +1,12 @@
-"""machine.py: MemAvailable from a meminfo file, and the caller's fallback where there is none."""
+"""machine.py: MemAvailable from a meminfo file and the caller's fallback where there is none; the CPU; a process's
+age and the start a CLI process pays before its first job's clock."""
 
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from mfgguf.machine import mem_available
 
@@ -29,3 +35,44 @@ def test_cpu_names_the_model_and_the_speed_flags_it_has(tmp_path):
     assert c["cores"] >= 1
     missing = cpu(tmp_path / "missing")
     assert missing["model"] == "unknown" and missing["flags"] == []
+
+
+def test_process_age_reads_the_start_time_against_the_uptime(tmp_path):
+    import os
+
+    from mfgguf.machine import process_age
+
+    tick = os.sysconf("SC_CLK_TCK")
+    stat, uptime = tmp_path / "stat", tmp_path / "uptime"
+    # the command name may hold spaces and ')': the fields are counted after its last ')'; starttime is field 22
+    stat.write_text("4242 (python (x) y) S 1 " + " ".join(["0"] * 17) + f" {50 * tick} 0 0\n")
+    uptime.write_text("62.50 100.00\n")
+    assert process_age(stat, uptime) == pytest.approx(12.5)
+    assert process_age(tmp_path / "missing", uptime) is None
+    real = process_age()
+    assert real is None or 0.0 <= real < 10 ** 8
+
+
+def test_startup_is_counted_once_and_only_where_the_cli_started_the_process(monkeypatch):
+    from mfgguf import machine
+
+    monkeypatch.setattr(machine, "_startup_open", False)
+    assert machine.startup_s(time.perf_counter()) == 0.0  # a library caller's process: its start is not the job's
+    monkeypatch.setattr(machine, "process_age", lambda: 7.0)
+    machine.count_startup()
+    t = time.perf_counter() - 2.0  # the job's clock started 2 s ago, 5 s after the process did
+    assert machine.startup_s(t) == pytest.approx(5.0, abs=0.1)
+    assert machine.startup_s(t) == 0.0  # the next job in the same process started nothing anew
+    machine.count_startup()
+    machine.count_startup(False)  # a process that hands its jobs to others, which count their own
+    assert machine.startup_s(t) == 0.0
+
+
+def test_a_cli_process_records_its_imports_in_the_first_record():
+    code = ("import time, sys; from mfgguf import machine; machine.count_startup(); import torch; "
+            "t = time.perf_counter(); print(machine.startup_s(t), machine.startup_s(t))")
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    whole = time.perf_counter() - t0
+    first, second = map(float, out)
+    assert 0.0 < first < whole and second == 0.0  # torch's import, seen from outside the job's own clock

@@ -122,6 +122,9 @@ def test_a_resumed_baselines_wall_counts_the_killed_process_too():
     assert ps.training_wall(old) == (pytest.approx(100.0), True)
     # a record that counted them: its wall as it stands
     assert ps.training_wall({**old, "wall_s": 100.0, "resumed_train_s": 60.0}) == (100.0, False)
+    # the process's start before the training's clock (imports) is part of the wall, estimated or not
+    assert ps.training_wall({**whole, "startup_s": 3.5}) == (103.5, False)
+    assert ps.training_wall({**old, "startup_s": 3.5}) == (pytest.approx(103.5), True)
 
 
 def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
@@ -199,9 +202,9 @@ def test_a_finished_runs_line_reads_its_report_and_records(tmp_path):
     cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, anchor_ff=96, expert_ff=32, seed_expert=True)
     module(run, "trunk", kind="trunk", config=cfg.to_dict())
     module(run, "expert_001", kind="expert", round=1, wall_s=30.0)
-    module(run, "expert_002", kind="expert", round=1, wall_s=50.0)
-    for name, wall in (("grid-full-lr0.0003", 70.0), ("lora-shard1", 20.0), ("lora-shard2", 25.0)):
-        module(run / "eval" / name, "trunk", kind="trunk", wall_s=wall)
+    module(run, "expert_002", kind="expert", round=1, wall_s=46.0, startup_s=4.0)  # its process's imports count too
+    for name, wall in (("grid-full-lr0.0003", 67.0), ("lora-shard1", 20.0), ("lora-shard2", 25.0)):
+        module(run / "eval" / name, "trunk", kind="trunk", wall_s=wall, **({"startup_s": 3.0} if wall == 67.0 else {}))
     (run / "data" / "heldout").mkdir(parents=True)
     (run / "data" / "heldout" / "c.npy").write_bytes(b"c")
     (run / "run.json").write_text(json.dumps({

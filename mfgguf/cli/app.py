@@ -68,4 +68,7 @@ _register()
 
 
 def main() -> None:
+    from mfgguf.machine import count_startup
+
+    count_startup()  # the first job's record counts this process's start (imports) in its wall
     app()

@@ -231,15 +231,17 @@ def critical_path_s(rd: RunDir, experts: dict) -> float:
 
 def expert_walls(rd: RunDir, experts: dict) -> tuple[dict[int, float], float]:
     """({i: expert i's walls summed over its rounds}, the walls of every sync summed); experts: {i: expert i's meta}.
-    Each round's record is kept under rounds/sync_k/before/, each sync's wall in its plan."""
+    Each round's record is kept under rounds/sync_k/before/, each sync's wall in its plan; each wall with the start
+    of the process that ran it (`startup_s`: the imports before its clock; records made before it was kept lack it)."""
     plans = sorted(rd.rounds.glob("sync_*/sync.json")) if rd.rounds.is_dir() else []
     walls = {}
     for i, m in experts.items():
         rounds = [read_json(f, "a round's expert record") for p in plans if (f := p.parent / "before" / rd.module_meta(i).name).is_file()]
         if int(m.get("round") or 1) > max((int(r.get("round") or 1) for r in rounds), default=0):
             rounds.append(m)  # a round trained since the last sync (or no sync at all); a restat keeps its round
-        walls[i] = sum(float(r.get("wall_s") or r["train_s"]) for r in rounds)
-    syncs = sum(float(read_json(p, "a sync plan").get("wall_s") or 0.0) for p in plans)
+        walls[i] = sum(float(r.get("wall_s") or r["train_s"]) + float(r.get("startup_s") or 0.0) for r in rounds)
+    syncs = sum(float((s := read_json(p, "a sync plan")).get("wall_s") or 0.0) + float(s.get("startup_s") or 0.0)
+                for p in plans)
     return walls, syncs
 
 

@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint as _ckpt
 from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.head_loss import LOGITS_CHUNK, head_cross_entropy
+from mfgguf.machine import startup_s
 from mfgguf.model import Transformer, rope_for
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import LoopResult, schedule_steps, train_steps
@@ -234,6 +235,7 @@ def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc
         "heldout_loss": heldout, "heldout_loss_mean": mean(heldout) if heldout else None,  # a round's end: none
         "train_s": res.train_s, "tokens_per_s": fresh_tokens / max(res.train_s, 1e-9),
         "resumed_from_step": res.resumed_from, "history": res.history, "wall_s": time.perf_counter() - t_start,
+        "startup_s": startup_s(t_start),  # the process's start before t_start, if this is its first record
         "heldout_history": res.heldout_history, "heldout_curve_s": res.eval_s,
     }
 

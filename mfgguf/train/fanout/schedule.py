@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mfgguf.errors import MfggufError
-from mfgguf.machine import mem_available
+from mfgguf.machine import count_startup, mem_available
 from mfgguf.options import JobOptions, parse_experts
 from mfgguf.run import (RunDir, finished_against, module_name, read_module_meta, recorded_experts, router_stats_current,
                    trained_copies, write_json)
@@ -117,7 +117,9 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
             from mfgguf.train.fanout.local import LocalBackend
 
             backend = LocalBackend(rd, n_workers, threads, retries=retries)
+            count_startup(False)  # the job processes count their own starts; a sync here must not claim this one's
     else:
+        count_startup(False)
         from mfgguf.train.fanout.ray import RayBackend
 
         backend = RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", "small"), max(JOB_MB.values())),

@@ -36,6 +36,7 @@ import numpy as np
 from mfgguf.gguf.fileio import pwrite_all
 from mfgguf.converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
 from mfgguf.errors import MfggufError
+from mfgguf.machine import startup_s
 from mfgguf.run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
                    read_module_meta, recorded_experts, router_stats_current, trained_copies, update_manifest, write_json)
 from mfgguf.train.rounds.outer import is_plain
@@ -95,6 +96,7 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
         restated, adopted = _final_statistics(rd, ids, stats_from, device, progress, t0)
     trunk = read_module_meta(rd, 0)
     plan["wall_s"] = round(float(plan.get("wall_s") or 0.0) + time.perf_counter() - t0, 2)  # a re-run adds its own
+    plan["startup_s"] = round(float(plan.get("startup_s") or 0.0) + startup_s(t0), 2)  # and its process's start
     write_json(plan_file, plan)  # the wall-clock-matched baseline's budget counts every sync
     return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
             "outer_lr": plan.get("outer_lr", 1.0), "outer_momentum": plan.get("outer_momentum", 0.0),

@@ -32,6 +32,7 @@ import torch
 from mfgguf.config import ModelConfig, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.families import family
+from mfgguf.machine import startup_s
 from mfgguf.converters.lora_adapter import ADAPTER_FILE, write_lora_adapter
 from mfgguf.model import Transformer
 from mfgguf.run import RunDir, data_view, read_module, write_module
@@ -132,6 +133,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
             "heldout_loss": held, "heldout_loss_mean": mean(held), "history": res.history,
             # resumed: the killed processes' training seconds too, so the wall is the training's, not its last process's
             "wall_s": time.perf_counter() - t_start + res.train_s_before, "resumed_train_s": res.train_s_before,
+            "startup_s": startup_s(t_start),  # this process's start before t_start (imports), which wall_s misses
             "continued": {"mode": mode, "from_trunk_sha256": trunk["sha256"], "shards": list(shards), "lr": lr,
                           "seed": seed,
                           "rank": rank if mode == "lora" else None, "micro_batch": micro,
