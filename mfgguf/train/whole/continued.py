@@ -135,8 +135,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
             "wall_s": time.perf_counter() - t_start + res.train_s_before, "resumed_train_s": res.train_s_before,
             "startup_s": startup_s(t_start),  # this process's start before t_start (imports), which wall_s misses
             "continued": {"mode": mode, "from_trunk_sha256": trunk["sha256"], "shards": list(shards), "lr": lr,
-                          "seed": seed,
-                          "rank": rank if mode == "lora" else None, "micro_batch": micro,
+                          "seed": seed, "rank": rank if mode == "lora" else None, "micro_batch": micro,
                           "adapter": adapter.name if adapter else None,
                           "trained_params": sum(p.numel() for p in named.values())}}
     write_module(view, 0, tensors, meta)
