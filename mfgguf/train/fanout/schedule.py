@@ -119,7 +119,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
             backend = LocalBackend(rd, n_workers, threads, retries=retries)
             count_startup(False)  # the job processes count their own starts; a sync here must not claim this one's
     else:
-        count_startup(False)
+        count_startup(False)  # as for local job processes: Ray's workers run the jobs
         from mfgguf.train.fanout.ray import RayBackend
 
         backend = RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", "small"), max(JOB_MB.values())),
