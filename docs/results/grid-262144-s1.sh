@@ -2,7 +2,8 @@
 # The 262,144-token point's LR grids on validation, seed 1 (docs/base-model.md, "The second point"): one
 # `train-base` per grid point, the training `mfgguf eval`'s grid runs, on protocol_study.py's template, for a
 # sitting too short for the whole study. Budgets are the experts' FLOPs (7.31e14): 214 steps of continued
-# pretraining, 299 of the LoRA, 4,096 tokens a step. Prints one JSON line a point (grid-262144-s1.jsonl).
+# pretraining, 299 of the LoRA, 4,096 tokens a step. Prints one JSON line a point and one for the base, scored
+# the same way (grid-262144-s1.jsonl).
 # Usage: bash grid-262144-s1.sh [STUDY]
 set -euo pipefail
 STUDY=${1:-protocol-study}
@@ -21,14 +22,27 @@ python - "$STUDY" <<'PY'
 import json, sys
 from pathlib import Path
 from mfgguf.machine import cpu
+from mfgguf.run import RunDir, read_module_meta
+from mfgguf.train.engine.loop import resolve_device, resolve_precision
+from mfgguf.train.experts.base_score import base_heldout
 
+TRAINED, EVAL_TOKENS = ("c", "cpp", "man", "python"), 4096  # train-base's validation tokens a domain
+
+
+def row(loss: dict, **fields) -> str:
+    return json.dumps({"tokens_a_domain": 262144, **fields, "split": "validation",
+                       "loss": {d: round(v, 4) for d, v in loss.items()},
+                       "mean_trained": round(sum(loss[d] for d in TRAINED) / len(TRAINED), 4), "cpu": cpu()})
+
+
+# the base, scored as the first expert scores it (anchor + seed alone), at the grid points' own token count
+template, dev = RunDir(Path(sys.argv[1]) / "template"), resolve_device("cpu")
+print(row(base_heldout(template, read_module_meta(template, 0), EVAL_TOKENS, dev, resolve_precision("auto", dev)),
+          mode="base", lr=None))
 for f in sorted(Path(sys.argv[1]).glob("grid-*/modules/trunk.json")):
     m = json.loads(f.read_text())
-    c, loss = m["continued"], m["heldout_loss"]
-    print(json.dumps({"tokens_a_domain": 262144, "seed": c["seed"], "mode": c["mode"], "lr": c["lr"],
-                      "tokens": m["tokens_seen"], "steps": m["tokens_seen"] // 4096, "split": "validation",
-                      "loss": {d: round(v, 4) for d, v in loss.items()},
-                      "mean_trained": round(sum(loss[d] for d in ("c", "cpp", "man", "python")) / 4, 4),
-                      "train_s": round(m["train_s"], 1), "wall_s": round(m["wall_s"], 1),
-                      "startup_s": m.get("startup_s"), "tokens_per_s": round(m["tokens_per_s"], 1), "cpu": cpu()}))
+    c = m["continued"]
+    print(row(m["heldout_loss"], seed=c["seed"], mode=c["mode"], lr=c["lr"], tokens=m["tokens_seen"], steps=m["steps"],
+              train_s=round(m["train_s"], 1), wall_s=round(m["wall_s"], 1), startup_s=m.get("startup_s"),
+              tokens_per_s=round(m["tokens_per_s"], 1)))
 PY
