@@ -188,7 +188,8 @@ def machines_line(rows: list[dict]) -> str:
 
 
 def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Path) -> None:
-    """The experts round by round with a sync after each, then eval: each step only where its output is missing."""
+    """The experts round by round with a sync after each, then eval (not with --train-only): each step only where its
+    output is missing."""
     dry = a.dry_run
     for k in range(1, a.rounds + 1):
         for i in ids:
@@ -201,7 +202,7 @@ def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Pa
         trunk = read_json(run / "modules" / "trunk.json") or {}
         if a.shared != "none" and int(trunk.get("round") or 0) < k:
             mfgguf("sync", run, "--experts", ",".join(map(str, ids)), "--no-progress", log=log, dry=dry)
-    if not (run / "eval" / "report.json").is_file():
+    if not a.train_only and not (run / "eval" / "report.json").is_file():
         gates = ("--seed-gates", a.seed_gates) if a.seed_gates else ()
         grids = [x for opt, v in (("--full-lrs", a.full_lrs), ("--lora-lrs", a.lora_lrs)) if v for x in (opt, v)]
         mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", *gates, "--quants", "", "--max-tokens", a.max_tokens,
@@ -577,6 +578,8 @@ def parse(argv=None):
     ap.add_argument("--prune", action="store_true", help="once a run's line is written, delete its GGUFs and the"
                     " baselines' weights (several GB a run)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands and each run's cost; run nothing")
+    ap.add_argument("--train-only", action="store_true", help="train each run's experts and syncs, then stop before"
+                    " eval (a sitting with time for the MoE alone; the next run of the study goes on from there)")
     ap.add_argument("--summary-only", action="store_true", help="write study.md and study.png from study.jsonl")
     ap.add_argument("--rerow", action="store_true", help="with --summary-only: first make every finished run's line"
                     " again from its eval report (a study begun before a line held what it holds now)")
@@ -635,7 +638,7 @@ def main(argv=None) -> None:
                 copy_template(template, run)
                 note_machine(run)
             train_and_eval(a, run, list(ids.values()), tokens, seed, log)
-            if a.dry_run:
+            if a.dry_run or a.train_only:
                 continue
             row = result_row(a, run, tokens, seed, ids)
             with open(out / "study.jsonl", "a") as f:

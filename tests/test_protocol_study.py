@@ -145,6 +145,8 @@ def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
     ev = next(l for l in lines if l.startswith("mfgguf eval "))
     assert "--seed 3" in ev and "--baselines flop,lora,lora-domain,wallclock" in ev and "--quants ''" in ev
     assert "cost unknown" in text
+    only = subprocess.run([*args, "--train-only"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [l for l in only if l.startswith("mfgguf ")] == [l for l in lines if l.startswith("mfgguf ") and l != ev]
 
 
 def test_dry_run_costs_a_run_from_the_template_trunk(tmp_path):

@@ -13,7 +13,7 @@ if [ ! -f "$T/run.json" ]; then  # the study's template: the same data, test spl
   mfgguf prepare study --out "$T" --experts 5 --partition label --max-chars-per-domain 4500000 \
     --heldout-frac 0.02 --valid-frac 0.05 --seed 0 --no-progress
 fi
-for point in "full 0.001 876544" "lora 0.003 1224704" "lora 0.001 1224704"; do
+for point in "full 0.001 876544" "lora 0.01 1224704" "lora 0.003 1224704" "lora 0.001 1224704"; do
   set -- $point
   [ -f "$STUDY/grid-$1-lr$2/modules/trunk.json" ] || mfgguf train-base "$T" -o "$STUDY/grid-$1-lr$2" --mode "$1" \
     --tokens "$3" --lr "$2" --shards 1,2,4,5 --seed 1 --no-progress --force

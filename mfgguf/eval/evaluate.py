@@ -93,6 +93,8 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     _say("routing accuracy")
     routing = {r: routing_accuracy(ev.rd, ev.domains, ev.heldout, _moe_gguf(ev, cfg.base_quant, r, 1)) for r in cfg.routers}
     report = _report(ev, models, results, validation, best, quant_rows, routing, baselines, stream)
+    if grid_scale := _on_grid_scale(ev, models[best]["path"], best, baselines):
+        report["moe_on_grid_scale"] = grid_scale
     report["wall_s"] = round(time.perf_counter() - t_start, 1)
     write_json(ev.out / "report.json", report)
     eval_plots(report, ev.out)
@@ -288,6 +290,27 @@ def _domain_stream(ev: Evaluation, models: dict, best: str) -> dict:
             path, ev.rd, ev.domains, max_tokens=cfg.max_tokens_per_domain, ctx=cfg.ctx, candidates=cands, own=mine),
             force=ev.force, what="stream")
     return {"lora": lora, "moe": best, "results": results}
+
+
+def _on_grid_scale(ev: Evaluation, path: Path, best: str, baselines: Outcome) -> dict:
+    """The MoE validation chose, scored as the baselines' LR grid scored its points (PyTorch on the grid runs' own
+    validation tokens a domain: eval/reference_validation.py), so the served MoE and every grid point share one
+    measure: {"model", "eval_tokens", "loss": {domain: nats}, "mean_trained", "grid"}; {} without an LR grid."""
+    from mfgguf.eval.reference_validation import reference_validation
+
+    section = baselines.sections.get("base_baselines") or {}
+    if not section.get("grid") or not baselines.trained:
+        return {}
+    meta = read_module_meta(RunDir(baselines.trained[0].run), 0)  # every grid run scores alike (train-base)
+    tokens, precision = int(meta["train"]["eval_tokens"]), str(meta["precision"])
+    _say(f"measure {best} on validation as the LR grids are scored")
+    loss = kept(ev.out, path, {"split": "validation", "eval_tokens": tokens, "precision": precision},
+                lambda: reference_validation(ev.rd, path, tokens, precision=precision), force=ev.force, what="pytorch")
+    trained = section["trained_domains"]
+    return {"model": best, "eval_tokens": tokens, "precision": precision, "loss": loss,
+            "mean_trained": sum(loss[d] for d in trained) / len(trained), "trained_domains": trained,
+            "grid": {mode: g["heldout_loss_trained_domains"] for mode, g in section["grid"].items()},
+            "chosen_lr": {mode: g["chosen_lr"] for mode, g in section["grid"].items()}}
 
 
 def _report(ev: Evaluation, models: dict, results: dict, validation: dict, best: str, quant_rows: dict,

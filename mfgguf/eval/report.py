@@ -116,6 +116,7 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
     orc = [f"{r['results'][f'oracle {d}']['domains'][d]['ppl']:.3f} (expert {r['oracle']['experts'][d]})" for d in ds]
     L.append("| oracle routing | " + " | ".join(orc) + f" | {r['oracle']['mixed']['ppl']:.3f} | | | |")
     L += _validation_markdown(r)
+    L += _grid_scale_markdown(r)
     g = r["goals"]
     R = r["flops"]["rounds"]
     L += ["", "## Goals", "", f"Best MoE (on validation): {r['best']}. Ratios of mixed test perplexity (lower favours the"
@@ -188,6 +189,23 @@ def _validation_markdown(r: dict) -> list[str]:
     for name, v in sorted(val.items(), key=lambda kv: kv[1]["ppl"]):
         L.append(f"| {name} | {v['ppl']:.4f} | {'best' if name == r['best'] else 'yes' if name in r['results'] else 'no'} |")
     return L
+
+
+def _grid_scale_markdown(r: dict) -> list[str]:
+    """The MoE validation chose beside every LR grid point, on the grids' own measure (evaluate.py `_on_grid_scale`)."""
+    g = r.get("moe_on_grid_scale")
+    if not g:
+        return []
+    L = ["", "## The MoE on the LR grids' measure", "",
+         f"Validation loss in nats, mean of the trained domains ({', '.join(g['trained_domains'])}), PyTorch on the first"
+         f" {g['eval_tokens']:,} validation tokens a domain ({g['precision']}), as each grid point was chosen; the MoE"
+         " through the reference built from its GGUF (its merged trunk, router and top-k).", "",
+         "| model | LR | validation loss |", "|---|---:|---:|"]
+    for mode, points in g["grid"].items():
+        for lr, loss in points.items():
+            chosen = " (chosen)" if float(lr) == float(g["chosen_lr"][mode]) else ""
+            L.append(f"| {'continued pretraining' if mode == 'full' else 'LoRA r16'}{chosen} | {lr} | {loss:.4f} |")
+    return L + [f"| **{g['model']}** | | **{g['mean_trained']:.4f}** |"]
 
 
 def _stream_markdown(st: dict, ds: list[str]) -> list[str]:

@@ -193,6 +193,13 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
     assert sum(sum(c.values()) for c in lora_s["choice"].values()) == sum(v["documents"] for v in lora_s["domains"].values())
     assert rep["goals"]["moe_over_lora-domain_stream_after_choice"] > 0
     assert "domain unknown" in (run / "eval" / "report.md").read_text()
+    # the MoE validation chose, on the grid points' own measure: the same validation tokens, the same precision
+    g, grid_meta = rep["moe_on_grid_scale"], read_module_meta(RunDir(plans[0]["run"]), 0)
+    assert g["model"] == rep["best"] and g["eval_tokens"] == grid_meta["train"]["eval_tokens"]
+    assert g["loss"].keys() == grid_meta["heldout_loss"].keys() and g["trained_domains"] == sorted(own)
+    assert g["mean_trained"] == pytest.approx(sum(g["loss"][d] for d in own) / len(own))
+    assert g["grid"] == {m: v["heldout_loss_trained_domains"] for m, v in rep["base_baselines"]["grid"].items()}
+    assert "## The MoE on the LR grids' measure" in (run / "eval" / "report.md").read_text()
     plans = plans[:2]
     expert_flops = module_flops(read_module_meta(RunDir(run), 1))
     step = 16 * 256
