@@ -9,7 +9,7 @@
 set -euo pipefail
 STUDY=${1:-protocol-study}
 python scripts/protocol_study.py --out "$STUDY" --tokens 262144 --seeds 1 --max-chars-per-domain 4500000 \
-  --max-tokens 16384 --seed-gates 0.4,0.6,0.8 --full-lrs 3e-4 --lora-lrs 3e-3 --train-only
+  --max-tokens 16384 --seed-gates 0.4,0.6,0.8 --train-only
 RUN=$STUDY/t262144-s1
 M=$RUN/eval/models
 mkdir -p "$M"
