@@ -8,6 +8,7 @@ windows): one JSON line per MoE with the lever's perplexities, the reference's a
 line with the experts' own PyTorch validation losses beside the reference's. Nothing reads test.
 
     python scripts/lever_study.py --study protocol-study --tokens 65536 --seed 1 --name ffn1 --opts="--ffn-rounds 1"
+    python scripts/lever_study.py --study protocol-study --tokens 262144 --seed 1 --name lr2e-3 --lr 2e-3
 
 Each step is skipped where its output exists, so a killed run resumes.
 """
@@ -33,6 +34,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=65536, help="training tokens a domain: the reference run's")
     ap.add_argument("--seed", type=int, default=1, help="the reference run's seed")
     ap.add_argument("--name", required=True, help="the lever's name: its RUN is STUDY/levers/<name>-t<T>-s<S>")
+    ap.add_argument("--lr", type=float, default=None, help="the experts' peak LR (default: the reference run's)")
     ap.add_argument("--opts", default="", help="extra train-expert options, e.g. '--ffn-rounds 1'")
     ap.add_argument("--moes", default="top1,top2,seed0.4-top2,seed0.6-top1",
                     help=f"the MoEs to measure, of {','.join(MOES)}")
@@ -66,7 +68,7 @@ def main(argv=None) -> None:
             meta = read_json(run / "modules" / f"expert_{i:03d}.json")
             if meta is None or int(meta.get("round", 1)) < k:
                 mfgguf("train-expert", run, "--expert", i, "--tokens", a.tokens, "--eval-tokens", recipe["eval_tokens"],
-                       "--lr", recipe["lr"], "--shared", recipe["shared"], "--shared-lr-scale", recipe["shared_lr_scale"],
+                       "--lr", a.lr or recipe["lr"], "--shared", recipe["shared"], "--shared-lr-scale", recipe["shared_lr_scale"],
                        "--rounds", R, "--seed", a.seed, *extra, "--no-progress", log=log, dry=False)
         trunk = read_json(run / "modules" / "trunk.json") or {}
         if recipe["shared"] != "none" and int(trunk.get("round") or 0) < k:
@@ -94,7 +96,7 @@ def main(argv=None) -> None:
             path.unlink()
         mine = json.loads(measured.read_text())["result"]
         theirs = (read_json(ref / "eval" / "measured" / f"{full}.validation.json") or {}).get("result")
-        row = {"moe": name, "lever": a.name, "opts": a.opts, "tokens": a.tokens, "seed": a.seed,
+        row = {"moe": name, "lever": a.name, "lr": a.lr or recipe["lr"], "opts": a.opts, "tokens": a.tokens, "seed": a.seed,
                "ppl": {d: round(v["ppl"], 4) for d, v in mine["domains"].items()},
                "mixed": round(mine["overall"]["ppl"], 4)}
         if theirs:

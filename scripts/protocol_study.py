@@ -239,6 +239,7 @@ def training_wall(meta: dict) -> tuple[float, bool]:
 def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dict:
     """study.jsonl's line for one finished RUN: per method its test figures, training FLOPs and wall seconds."""
     from mfgguf.eval.baselines.imported import expert_walls
+    from mfgguf.eval.spread import spreads
     from mfgguf.run import RunDir, read_module_meta
 
     rep = read_json(run / "eval" / "report.json")
@@ -273,13 +274,17 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
                                       "wall_s": sum(w for w, _ in bw), "wall_estimated": any(e for _, e in bw)}
     base = "trunk as trained (before sync)" if "trunk as trained (before sync)" in rep["results"] else "trunk alone"
     methods["base"] = {**figures(base), "flops": 0.0, "wall_s": 0.0}  # its pretraining counts for nobody
+    res = rep["results"]
+    others = {k: res[v["label"]]["domains"] for k, v in methods.items() if not k.startswith("moe ")}
+    others["oracle"] = {d: res[f"oracle {d}"]["domains"][d] for d in trained if f"oracle {d}" in res}
+    doc_spread = spreads(res[rep["best"]]["domains"], others, trained)  # the trained mix, over resampled test documents
     cfg = read_json(run / "modules" / "trunk.json")["config"]
     methods = {m: {**v, **serving(cfg, m, len(ids))} for m, v in methods.items()}
     info = read_json(run / "run.json")
     shard_tokens = {d: next(s["tokens"] for s in info["shards"] if int(s["id"]) == i) for d, i in ids.items()}
     return {"tokens_per_domain": tokens, "seed": seed, "run": run.name, "trained_domains": trained,
             "held_out": a.held_out, "moe_chosen": chosen, "moe_chosen_top1": min(top1, key=top1.get, default=None),
-            "methods": methods, "goals": rep["goals"],
+            "methods": methods, "goals": rep["goals"], "test_spread_trained": doc_spread,
             "shard_tokens": shard_tokens, "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
             "test_split_sha256": split_digest(run), "eval_wall_s": rep.get("wall_s"), "recipe": recipe(a),
             "machines": read_json(run / "machines.json") or [],

@@ -44,6 +44,7 @@ from mfgguf.eval.measure import measure, measure_stream, mixed, routing_accuracy
 from mfgguf.eval.measured import file_key, kept
 from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
+from mfgguf.eval.spread import spreads
 from mfgguf.eval.training_flops import flops_section
 from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
 
@@ -340,6 +341,9 @@ def _report(ev: Evaluation, models: dict, results: dict, validation: dict, best:
         "goals": goals(results, best, best_stats, oracle_mixed, quant_rows, cfg.base_quant, cfg.quants, domains,
                        baselines.trained, stream),
         **({"domain_stream": stream} if stream else {}),
+        "test_spread": spreads(results[best]["domains"], {
+            **{p.key: results[p.label]["domains"] for p in baselines.trained},
+            "oracle": {d: results[f"oracle {d}"]["domains"][d] for d in domains}}, domains),
         "flops": flops_section(metas, baselines.trained),
         **{**SECTIONS, **baselines.sections},
         "curves": curves(metas[0], baselines.curves),
@@ -366,7 +370,8 @@ def _measure(ev: Evaluation, path: Path, domains: list[str], split: str = "test"
     cfg = ev.cfg
     decode = cfg.decode_tokens if split == "test" else 0
     settings = {"split": split, "domains": list(domains), "max_tokens": cfg.max_tokens_per_domain, "ctx": cfg.ctx,
-                "decode_tokens": decode, "adapters": {d: file_key(a) for d, a in (adapters or {}).items()}}
+                "decode_tokens": decode, "adapters": {d: file_key(a) for d, a in (adapters or {}).items()},
+                **({"documents": True} if split == "test" else {})}  # test keeps each document's NLL (spread.py)
     return kept(ev.out, path, settings, lambda: measure(path, ev.rd, domains, max_tokens=cfg.max_tokens_per_domain,
                                                         ctx=cfg.ctx, decode_tokens=decode, split=split,
                                                         adapters=adapters), force=ev.force)

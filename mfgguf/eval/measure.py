@@ -72,9 +72,11 @@ def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, sp
     by_adapter: dict[str | None, dict] = {}
     for d, t in toks.items():  # one load of the model per adapter
         by_adapter.setdefault(adapter_of.get(d), {})[d] = t
-    parts = [perplexity_by_domain(Path(path), group, ctx=int(ctx) or None, lora=Path(a) if a else None)
+    eos = rd.run_info().eos_id if split == "test" else None  # test keeps each document's figures (eval/spread.py)
+    parts = [perplexity_by_domain(Path(path), group, ctx=int(ctx) or None, lora=Path(a) if a else None, eos=eos)
              for a, group in by_adapter.items()]
-    per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens")} for r in parts for d, v in r["domains"].items()}
+    per = {d: {k: v[k] for k in ("ppl", "nll", "n_tokens", "documents") if k in v}
+           for r in parts for d, v in r["domains"].items()}
     per = {d: per[d] for d in toks}
     overall = mixed(per)  # token-weighted: the mixed set
     prompt_tps = sum(p["overall"]["tokens_per_s"] or 0 for p in parts) / len(parts)

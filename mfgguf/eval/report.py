@@ -160,6 +160,7 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
         key = f"{q}_over_{r['config']['base_quant']}"
         if key in g:
             L.append(f"| {q} within {100 * (lim - 1):.1f}% of {r['config']['base_quant']} | {g[key]:.4f} | {_yes(g[key] <= lim)} |")
+    L += _spread_markdown(r.get("test_spread") or {})
     L += _stream_markdown(r.get("domain_stream") or {}, ds)
     L += _flops_markdown(r["flops"])
     L += _schedules_markdown(r.get("dense_schedules") or {})
@@ -206,6 +207,23 @@ def _grid_scale_markdown(r: dict) -> list[str]:
             chosen = " (chosen)" if float(lr) == float(g["chosen_lr"][mode]) else ""
             L.append(f"| {'continued pretraining' if mode == 'full' else 'LoRA r16'}{chosen} | {lr} | {loss:.4f} |")
     return L + [f"| **{g['model']}** | | **{g['mean_trained']:.4f}** |"]
+
+
+def _spread_markdown(sp: dict) -> list[str]:
+    """The best MoE over each other model, with its interval over resampled test documents (eval/spread.py)."""
+    if not sp:
+        return []
+    one = next(iter(sp.values()))
+    docs = ", ".join(f"{d} {k}" for d, k in one["documents"].items())
+    L = ["", "## Spread over test documents", "",
+         f"The best MoE's mixed test perplexity over each model's, with its {100 * one['level']:g}% interval when the"
+         f" test documents are drawn again ({one['draws']} paired draws, each domain's documents with replacement;"
+         f" documents scored: {docs}). An interval that holds 1 does not tell the two apart on this test split;"
+         " seeds are a second spread, of training.", "",
+         "| MoE / model | ratio | interval | draws where the MoE is lower |", "|---|---:|---:|---:|"]
+    for k, v in sp.items():
+        L.append(f"| {k} | {v['ratio']:.4f} | {v['low']:.4f}-{v['high']:.4f} | {v['a_better_share']:.2f} |")
+    return L
 
 
 def _stream_markdown(st: dict, ds: list[str]) -> list[str]:

@@ -103,19 +103,28 @@ def _nll_of_window(llm, window: np.ndarray, bos: int | None, span: tuple[int, in
     return nll, n
 
 
-def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None) -> dict:
+def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None, eos: int | None = None) -> dict:
     t = _as_tokens(tokens, llm.n_vocab(), what)
     if len(t) < ctx:
         raise MfggufError(f"{what} has {len(t)} tokens; perplexity with --ctx {ctx} needs at least {ctx} (one window); pass more data or a smaller --ctx")
     bos = llm.token_bos() if llm._model.add_bos_token() else None
     nll, n, t0 = 0.0, 0, time.perf_counter()
     spans = windows(len(t), ctx)
+    first, last = scored_span(ctx)
+    doc_of = np.concatenate([[0], np.cumsum(t == eos)]) if eos is not None else None  # (len+1,) EOS before each index
+    doc_nll, doc_n = np.zeros(len(t) + 1), np.zeros(len(t) + 1, dtype=np.int64)  # per document, by its index
     for s, e in spans:
-        w_nll, w_n = _nll_of_window(llm, t[s:e], bos)
+        tok = np.zeros(last - first) if doc_of is not None else None  # (scored,) nats per scored token
+        w_nll, w_n = _nll_of_window(llm, t[s:e], bos, out=tok)
         nll, n = nll + w_nll, n + w_n
+        if doc_of is not None:
+            ids = doc_of[s + first + 1 : s + last + 1]  # the document of each predicted token (an EOS ends its own)
+            np.add.at(doc_nll, ids, tok)
+            np.add.at(doc_n, ids, 1)
         if progress is not None:
             progress(e - s, nll / n)
     seconds = time.perf_counter() - t0
+    docs = {"documents": [[float(doc_nll[i]), int(doc_n[i])] for i in np.flatnonzero(doc_n)]} if eos is not None else {}
     return {
         "ppl": math.exp(nll / n),
         "nll": nll / n,  # mean negative log-likelihood, nats per scored token
@@ -124,6 +133,7 @@ def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None
         "ctx": ctx,
         "n_input_tokens": int(len(t)),
         "tokens_per_s": len(spans) * ctx / seconds if seconds > 0 else None,  # evaluated (prompt) tokens
+        **docs,  # with `eos`: [NLL sum, scored tokens] of each document scored, in order (eval/spread.py resamples them)
     }
 
 
@@ -160,11 +170,13 @@ def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = Non
 
 
 def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch: int | None = None,
-                         threads: int | None = None, progress: bool = False, lora: Path | None = None) -> dict:
+                         threads: int | None = None, progress: bool = False, lora: Path | None = None,
+                         eos: int | None = None) -> dict:
     """Perplexity per domain and overall (token-weighted mean NLL) with one load of the model.
 
     `domains` maps a name to token ids. Returns {"domains": {name: result}, "overall": {...}}
-    where each result is what `perplexity` returns.
+    where each result is what `perplexity` returns. With `eos` (the token that ends a document), each domain's result
+    also lists every scored document's [NLL sum, scored tokens], so a figure's spread over documents can be drawn.
 
     Example:
         >>> r = perplexity_by_domain("model.gguf", {"code": a, "prose": b})
@@ -172,16 +184,16 @@ def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch:
     """
     cm, ctx = _open(model, ctx, batch, threads, lora)
     with cm as llm:
-        return _by_domain_llm(llm, domains, ctx, progress)
+        return _by_domain_llm(llm, domains, ctx, progress, eos)
 
 
-def _by_domain_llm(llm, domains: dict, ctx: int, progress: bool) -> dict:
+def _by_domain_llm(llm, domains: dict, ctx: int, progress: bool, eos: int | None = None) -> dict:
     if not domains:
         raise MfggufError("no data to score; pass at least one domain of tokens")
     out = {}
     with _progress_bar(progress, domains, ctx) as bar:
         for name, toks in domains.items():
-            out[name] = _perplexity_llm(llm, toks, ctx, what=f"domain {name!r}", progress=bar(name))
+            out[name] = _perplexity_llm(llm, toks, ctx, what=f"domain {name!r}", progress=bar(name), eos=eos)
     n = sum(r["n_tokens"] for r in out.values())
     nll = sum(r["nll"] * r["n_tokens"] for r in out.values()) / n
     n_windows = sum(r["n_windows"] for r in out.values())

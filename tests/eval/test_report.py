@@ -85,3 +85,15 @@ def test_test_scores_the_seed_gate_validation_chose_of_each_router_and_top_k():
     assert "| moe ridge seed-gate 0.4 top-2 | 4.1700 | no |" in md  # not in this report's results
     assert "| moe ridge top-1 | 4.2000 | best |" in md
     assert md.index("| moe ridge seed-gate 0.4 top-2 |") < md.index("| moe uniform top-1 | 5.0000 |")
+
+
+def test_the_spread_over_test_documents_is_a_section_of_its_own():
+    from mfgguf.eval.spread import ratio_spread
+
+    doc = lambda sums: {"python": {"ppl": 0.0, "documents": [[s, 100] for s in sums]}}  # noqa: E731
+    r = {**_report(), "test_spread": {"flop": ratio_spread(doc([210, 190, 230]), doc([200, 200, 220]), ["python"])}}
+    md = report_markdown(r)
+    s = r["test_spread"]["flop"]
+    assert "## Spread over test documents" in md and "documents scored: python 3" in md
+    assert f"| flop | {s['ratio']:.4f} | {s['low']:.4f}-{s['high']:.4f} |" in md
+    assert "Spread over test documents" not in report_markdown(_report())  # measured before documents were kept

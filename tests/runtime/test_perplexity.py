@@ -137,3 +137,19 @@ def test_cli_run_table_and_json(tiny_gguf, trained_run, tmp_path):
         r = runner.invoke(app, ["perplexity", str(tiny_gguf), "--data", str(f), "--ctx", "64", "--json"])
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["domains"][d]["n_tokens"] > 0
+
+
+def test_documents_split_at_eos_add_up_to_the_domain(tiny_gguf, trained_run):
+    """With `eos`, each scored token is credited to the document it belongs to (an EOS to the one it ends), and
+    the documents' sums are the domain's: what eval/spread.py resamples."""
+    eos = int(RunDir(trained_run).run_info().eos_id)
+    toks = next(iter(_heldout(trained_run).values()))[: 4 * 64].copy()
+    toks[[20, 40, 100, 101, 170, 255]] = eos  # documents: in a window's unscored half, across windows, one empty
+    r = perplexity_by_domain(tiny_gguf, {"d": toks}, ctx=64, eos=eos)["domains"]["d"]
+    docs = np.array(r["documents"])  # (documents scored, 2)
+    assert docs[:, 1].sum() == r["n_tokens"] and docs[:, 0].sum() / r["n_tokens"] == pytest.approx(r["nll"], rel=1e-9)
+    # recount by hand: the documents that own the scored targets of each window's second half
+    doc_of = np.concatenate([[0], np.cumsum(toks == eos)])
+    targets = np.concatenate([np.arange(s + 32 + 1, s + 64) for s in range(0, len(toks) - 63, 64)])
+    assert docs[:, 1].tolist() == np.bincount(doc_of[targets])[np.unique(doc_of[targets])].tolist()
+    assert "documents" not in perplexity_by_domain(tiny_gguf, {"d": toks}, ctx=64)["domains"]["d"]
