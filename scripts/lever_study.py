@@ -62,13 +62,13 @@ def main(argv=None) -> None:
     copy_template(study / "template", run)
     t0 = time.perf_counter()
     extra = shlex.split(a.opts)
-    R = int(recipe["rounds"])
+    R, lr = int(recipe["rounds"]), a.lr or recipe["lr"]
     for k in range(1, R + 1):
         for i in ids.values():
             meta = read_json(run / "modules" / f"expert_{i:03d}.json")
             if meta is None or int(meta.get("round", 1)) < k:
                 mfgguf("train-expert", run, "--expert", i, "--tokens", a.tokens, "--eval-tokens", recipe["eval_tokens"],
-                       "--lr", a.lr or recipe["lr"], "--shared", recipe["shared"], "--shared-lr-scale", recipe["shared_lr_scale"],
+                       "--lr", lr, "--shared", recipe["shared"], "--shared-lr-scale", recipe["shared_lr_scale"],
                        "--rounds", R, "--seed", a.seed, *extra, "--no-progress", log=log, dry=False)
         trunk = read_json(run / "modules" / "trunk.json") or {}
         if recipe["shared"] != "none" and int(trunk.get("round") or 0) < k:
@@ -96,7 +96,7 @@ def main(argv=None) -> None:
             path.unlink()
         mine = json.loads(measured.read_text())["result"]
         theirs = (read_json(ref / "eval" / "measured" / f"{full}.validation.json") or {}).get("result")
-        row = {"moe": name, "lever": a.name, "lr": a.lr or recipe["lr"], "opts": a.opts, "tokens": a.tokens, "seed": a.seed,
+        row = {"moe": name, "lever": a.name, "lr": lr, "opts": a.opts, "tokens": a.tokens, "seed": a.seed,
                "ppl": {d: round(v["ppl"], 4) for d, v in mine["domains"].items()},
                "mixed": round(mine["overall"]["ppl"], 4)}
         if theirs:

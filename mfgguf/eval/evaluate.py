@@ -319,7 +319,8 @@ def _report(ev: Evaluation, models: dict, results: dict, validation: dict, best:
     """report.json's content (all but its wall time): every figure measured, the choices and what they read."""
     cfg, metas, domains = ev.cfg, ev.metas, ev.domains
     oracle_experts = _best_expert_per_domain(metas, domains)
-    oracle_mixed = mixed({d: results[f"oracle {d}"]["domains"][d] for d in domains})
+    oracle = {d: results[f"oracle {d}"]["domains"][d] for d in domains}  # each domain through its own expert
+    oracle_mixed = mixed(oracle)
     stats_moe = [k for k in validation if models[k]["router"] in STATS_ROUTERS]
     best_stats = min(stats_moe, key=lambda k: validation[k]["overall"]["ppl"]) if stats_moe else None
     return {
@@ -341,9 +342,8 @@ def _report(ev: Evaluation, models: dict, results: dict, validation: dict, best:
         "goals": goals(results, best, best_stats, oracle_mixed, quant_rows, cfg.base_quant, cfg.quants, domains,
                        baselines.trained, stream),
         **({"domain_stream": stream} if stream else {}),
-        "test_spread": spreads(results[best]["domains"], {
-            **{p.key: results[p.label]["domains"] for p in baselines.trained},
-            "oracle": {d: results[f"oracle {d}"]["domains"][d] for d in domains}}, domains),
+        "test_spread": spreads(results[best]["domains"],
+                               {**{p.key: results[p.label]["domains"] for p in baselines.trained}, "oracle": oracle}, domains),
         "flops": flops_section(metas, baselines.trained),
         **{**SECTIONS, **baselines.sections},
         "curves": curves(metas[0], baselines.curves),

@@ -111,20 +111,22 @@ def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None
     nll, n, t0 = 0.0, 0, time.perf_counter()
     spans = windows(len(t), ctx)
     first, last = scored_span(ctx)
-    doc_of = np.concatenate([[0], np.cumsum(t == eos)]) if eos is not None else None  # (len+1,) EOS before each index
-    doc_nll, doc_n = np.zeros(len(t) + 1), np.zeros(len(t) + 1, dtype=np.int64)  # per document, by its index
+    per_doc = eos is not None
+    if per_doc:
+        doc_of = np.concatenate([[0], np.cumsum(t == eos)])  # (len+1,) EOS tokens before each index: its document
+        doc_nll, doc_n = np.zeros(len(t) + 1), np.zeros(len(t) + 1, dtype=np.int64)  # per document, by its index
     for s, e in spans:
-        tok = np.zeros(last - first) if doc_of is not None else None  # (scored,) nats per scored token
+        tok = np.zeros(last - first) if per_doc else None  # (scored,) nats per scored token
         w_nll, w_n = _nll_of_window(llm, t[s:e], bos, out=tok)
         nll, n = nll + w_nll, n + w_n
-        if doc_of is not None:
+        if per_doc:
             ids = doc_of[s + first + 1 : s + last + 1]  # the document of each predicted token (an EOS ends its own)
             np.add.at(doc_nll, ids, tok)
             np.add.at(doc_n, ids, 1)
         if progress is not None:
             progress(e - s, nll / n)
     seconds = time.perf_counter() - t0
-    docs = {"documents": [[float(doc_nll[i]), int(doc_n[i])] for i in np.flatnonzero(doc_n)]} if eos is not None else {}
+    docs = {"documents": [[float(doc_nll[i]), int(doc_n[i])] for i in np.flatnonzero(doc_n)]} if per_doc else {}
     return {
         "ppl": math.exp(nll / n),
         "nll": nll / n,  # mean negative log-likelihood, nats per scored token
