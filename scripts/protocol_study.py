@@ -239,6 +239,7 @@ def training_wall(meta: dict) -> tuple[float, bool]:
 def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dict:
     """study.jsonl's line for one finished RUN: per method its test figures, training FLOPs and wall seconds."""
     from mfgguf.eval.baselines.imported import expert_walls
+    from mfgguf.eval.measure import mixed
     from mfgguf.eval.spread import spreads
     from mfgguf.run import RunDir, read_module_meta
 
@@ -247,9 +248,7 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
 
     def figures(label: str) -> dict:
         doms = rep["results"][label]["domains"]
-        n = sum(doms[d]["n_tokens"] for d in trained)
-        nll = sum(doms[d]["nll"] * doms[d]["n_tokens"] for d in trained) / n
-        return {"label": label, "ppl_trained": math.exp(nll), "ppl_held_out": doms[a.held_out]["ppl"],
+        return {"label": label, "ppl_trained": mixed({d: doms[d] for d in trained})["ppl"], "ppl_held_out": doms[a.held_out]["ppl"],
                 "ppl_all": rep["results"][label]["overall"]["ppl"], "domains": {d: v["ppl"] for d, v in doms.items()}}
 
     rd = RunDir(run)
@@ -430,7 +429,7 @@ def _cell(v) -> str:
     return ",".join(map(str, v)) if isinstance(v, list) else str(v)
 
 
-def _mm(s: dict, fmt: str = "{:.4f}") -> str:
+def min_max(s: dict, fmt: str = "{:.4f}") -> str:
     return f"{fmt.format(s['min'])}-{fmt.format(s['max'])}" if s["n"] > 1 else ""
 
 
@@ -461,8 +460,8 @@ def markdown(rows: list[dict], summ: dict) -> str:
             p, ratio = f["ppl_trained"], ""
             for _, sfx in HEADS.values():
                 rt = s.get("ratios" + sfx, {}).get(m)
-                ratio += f" {rt['mean']:.4f} | {_mm(rt)} | {s['verdicts' + sfx][m]} |" if rt else " | | |"
-            L.append(f"| {NAMES.get(m, 'MoE ' + m[4:])} | {p['mean']:.4f} | {_mm(p)} | {f['ppl_held_out']['mean']:.3f} |"
+                ratio += f" {rt['mean']:.4f} | {min_max(rt)} | {s['verdicts' + sfx][m]} |" if rt else " | | |"
+            L.append(f"| {NAMES.get(m, 'MoE ' + m[4:])} | {p['mean']:.4f} | {min_max(p)} | {f['ppl_held_out']['mean']:.3f} |"
                      f" {f['flops']['mean']:.3e} | {'~' * f.get('wall_estimated', False)}{f['wall_s']['mean']:,.0f} |"
                      f" {_served(f, 'serve_mflop_per_token', '{:,.1f}')} | {_served(f, 'params', '{:,}')} |" + ratio)
     L += ["", "## Where the MoE passes each method", "",

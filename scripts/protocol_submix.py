@@ -30,32 +30,26 @@ import protocol_study as ps  # noqa: E402
 GOALS = {"flop": 0.97, "lora": 0.99, "lora-domain": 1.00}  # the issue's goals on the trained mix (top-1)
 
 
-def _range(s: dict) -> str:
-    return f"{s['min']:.4f}-{s['max']:.4f}" if s["n"] > 1 else ""
-
-
-def _figures(doms: dict, domains: list[str]) -> tuple[float, dict]:
-    """(perplexity on the mix, its per-domain figures) from per-domain {ppl, nll?, n_tokens?, documents?} figures."""
-    w = {d: doms[d].get("n_tokens", 1) for d in domains}
-    nll = sum(doms[d].get("nll", math.log(doms[d]["ppl"])) * w[d] for d in domains) / sum(w.values())
-    return math.exp(nll), {d: doms[d] for d in domains}
-
-
 def submix_row(study: Path, r: dict, domains: list[str], name: str) -> dict | None:
     """Row `r` of `study` with every method's ppl_trained on `domains`, and the document spread of the MoE validation
     chose over each method on them; None where the row did not train every one of `domains`."""
     if not set(domains) <= set(r["trained_domains"]):
         return None
+    from mfgguf.eval.measure import mixed
+    from mfgguf.eval.spread import spreads
+
     rep = ps.read_json(study / r["run"] / "eval" / "report.json")
     res = (rep or {}).get("results", {})
     methods, per_domain = {}, {}
     for m, v in r["methods"].items():
-        doms = res.get(v["label"], {}).get("domains") or {d: {"ppl": p} for d, p in v["domains"].items()}
-        methods[m] = {**v, "ppl_trained": _figures(doms, domains)[0]}
+        # without the report: the row's perplexity a domain, the domains weighted alike (eval scores as many tokens
+        # in each)
+        doms = res.get(v["label"], {}).get("domains") or {d: {"nll": math.log(p), "n_tokens": 1}
+                                                           for d, p in v["domains"].items()}
+        methods[m] = {**v, "ppl_trained": mixed({d: doms[d] for d in domains})["ppl"]}
         per_domain[m] = doms
     spread = {}
     if rep is not None and rep.get("best") in res:
-        from mfgguf.eval.spread import spreads
 
         others = {m: per_domain[m] for m in methods if not m.startswith("moe ")}
         spread = spreads(res[rep["best"]]["domains"], others, domains)
@@ -68,13 +62,13 @@ def load(studies: list[Path], domains: list[str]) -> list[dict]:
     rows, seen = [], {}
     for src in studies:
         # a study directory, or a study.jsonl kept apart from its runs (docs/results'): reports are read beside it
-        s, lines = (src.parent, src) if src.is_file() else (src, src / "study.jsonl")
+        s, lines, name = (src.parent, src, src.stem) if src.is_file() else (src, src / "study.jsonl", src.name)
         for r in ps.load_rows(lines):
-            x = submix_row(s, r, domains, src.stem if src.is_file() else src.name)
+            x = submix_row(s, r, domains, name)
             if x is None:
                 continue
             if seen.setdefault(r["tokens_per_domain"], src) != src:
-                sys.exit(f"protocol_submix: {seen[r['tokens_per_domain']]} and {s} both ran"
+                sys.exit(f"protocol_submix: {seen[r['tokens_per_domain']]} and {src} both ran"
                          f" {r['tokens_per_domain']:,} tokens a domain; pass one of them")
             rows.append(x)
     if not rows:
@@ -100,10 +94,10 @@ def markdown(rows: list[dict], summ: dict, domains: list[str]) -> str:
             cells = []
             for _, sfx in ps.HEADS.values():
                 rt = s.get("ratios" + sfx, {}).get(m)
-                cells.append((f"{rt['mean']:.4f}", _range(rt), s["verdicts" + sfx][m]) if rt else ("", "", ""))
+                cells.append((f"{rt['mean']:.4f}", ps.min_max(rt), s["verdicts" + sfx][m]) if rt else ("", "", ""))
             iv = r0["submix_spread"].get(m)
             doc = f"{iv['low']:.3f}-{iv['high']:.3f}" if iv else ""
-            L.append(f"| {ps.NAMES.get(m, 'MoE ' + m[4:])} | {f['ppl_trained']['mean']:.4f} | {_range(f['ppl_trained'])} |"
+            L.append(f"| {ps.NAMES.get(m, 'MoE ' + m[4:])} | {f['ppl_trained']['mean']:.4f} | {ps.min_max(f['ppl_trained'])} |"
                      f" {f['flops']['mean']:.3e} | {' | '.join(cells[0])} | {cells[1][0]} | {doc} | {cells[1][2]} |")
         L.append("")
     L += ["![the MoE over each method against tokens a domain](submix.png)"]
