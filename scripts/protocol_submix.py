@@ -50,7 +50,6 @@ def submix_row(study: Path, r: dict, domains: list[str], name: str) -> dict | No
         per_domain[m] = doms
     spread = {}
     if rep is not None and rep.get("best") in res:
-
         others = {m: per_domain[m] for m in methods if not m.startswith("moe ")}
         spread = spreads(res[rep["best"]]["domains"], others, domains)
     return {**r, "methods": methods, "study": name, "n_trained": len(r["trained_domains"]),
