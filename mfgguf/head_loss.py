@@ -2,7 +2,7 @@
 
 `F.cross_entropy(head(x).float(), y)` keeps the (N, vocabulary) logits in the compute dtype, their f32 copy
 and their log-softmax for the backward pass, and makes a gradient as large: at Qwen2.5's 151,936-token
-vocabulary a third of an expert step's activations (docs/benchmarks.md has the figures). The head's
+vocabulary a third of an expert step's activations (docs/studies/speed.md has the figures). The head's
 gradient is known as soon as the loss is: d(mean CE)/d logits = (softmax - onehot) / N. So each chunk of
 positions computes its logits, its loss and at once the gradient it sends to x, and lets its logits go;
 the backward pass only scales what was kept by the incoming gradient. No logits are recomputed (as a

@@ -11,6 +11,16 @@ One line per check, `{"check": NAME, "count": N, "items": [...]}`, in this order
   private_names    `from b import _name` where b is another module of the package (not from an `__init__`);
   upward_imports   a module importing one on a higher floor of FLOORS (lazy imports count);
   figures          measured figures in docstrings and comments (they live in docs/).
+Then the docs' counts, over README.md and every Markdown file under docs/ (fenced code is not prose):
+  broken_links     relative links whose file, or whose `#anchor` (GitHub's heading slugs), does not exist;
+  readme_figures   figures of the README's "Headline results" table missing from the page the row links;
+  diary            lines that read as a log of work rather than a document ("sitting", "this stop", "today"...);
+  machine_paths    absolute paths of a machine (/work/, /root/, /home/, /tmp/, /Users/), in code blocks too:
+                   examples use relative paths or `~`;
+  long_readme      README.md over 280 lines;
+  long_guides      guides (docs/*.md, not docs/studies/ or docs/results/) over 300 lines;
+  study_verdicts   reports under docs/studies/ whose first line after the title does not start with
+                   "**Verdict" (a study opens with its answer; question, protocol, tables follow).
 Standard library only, so it runs before any install. Exit status 0 always: tests/test_house.py judges.
 
 A "figure" is a number with a unit of measure or a ratio: `1.3x`, `45%`, `702 tokens/s`, `1.7 GB`,
@@ -194,6 +204,109 @@ def figures(m: str, source: str, tree: ast.Module) -> list[str]:
     return out
 
 
+MAX_README = 280
+MAX_GUIDE = 300
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+DIARY = re.compile(r"\b(?:sittings?|this stop|this session|today|yesterday|tonight|this morning|"
+                   r"earlier day|another day|this time)\b", re.I)
+MACHINE_PATH = re.compile(r"(?<![\w.~])/(?:work|root|home|tmp|Users)/")
+# A figure of the headline table: a number with decimals, or a number with a unit of measure or a ratio.
+HEADLINE_FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?=\s?(?:x\b|%|[KMGT]i?B\b|tokens/s|s\b|min\b))"
+                             r"|(?<![\w.])\d[\d,]*\.\d+")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: link text kept, lowercase, punctuation but - and _ dropped, spaces to -."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())
+    text = re.sub(r"[^\w\- ]", "", text.lower())
+    return text.replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    out: set[str] = set()
+    for line in FENCE.sub("", text).splitlines():
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            base = slug(m.group(1))
+            name, n = base, 0
+            while name in out:  # GitHub numbers repeated headings: name, name-1, name-2
+                n += 1
+                name = f"{base}-{n}"
+            out.add(name)
+    return out
+
+
+def markdown_files(repo: Path) -> list[Path]:
+    readme = repo / "README.md"
+    return ([readme] if readme.exists() else []) + sorted((repo / "docs").rglob("*.md"))
+
+
+def broken_links(repo: Path, files: list[Path]) -> list[str]:
+    out = []
+    for path in files:
+        for target in LINK.findall(FENCE.sub("", path.read_text(encoding="utf-8"))):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            name, _, anchor = target.partition("#")
+            dest = (path.parent / name).resolve() if name else path
+            where = f"{path.relative_to(repo)}: {target}"
+            if not dest.exists():
+                out.append(where)
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text(encoding="utf-8")):
+                out.append(where + " (no such heading)")
+    return out
+
+
+def readme_figures(repo: Path) -> list[str]:
+    """Each figure in the figure cell of the README's headline table must appear in the page its row links."""
+    readme = repo / "README.md"
+    if not readme.exists():
+        return []
+    m = re.search(r"^## Headline results\n(.*?)(?=^## |\Z)", readme.read_text(encoding="utf-8"), re.S | re.M)
+    out = []
+    for row in re.findall(r"^\|(.+)\|\s*$", m.group(1) if m else "", re.M):
+        cells = [c.strip() for c in row.split("|")]
+        links = LINK.findall(row)
+        if len(cells) < 3 or not links or set(cells[1]) <= set("-: "):
+            continue
+        page = (repo / links[-1].partition("#")[0]).resolve()
+        if not page.is_file():
+            continue  # broken_links reports it
+        text = page.read_text(encoding="utf-8").replace("**", "")
+        for fig in HEADLINE_FIGURE.findall(cells[1].replace("**", "")):
+            if not re.search(rf"(?<![\w.]){re.escape(fig)}(?![\d])", text):
+                out.append(f"README.md: {fig} ({cells[0][:50]}) not in {page.relative_to(repo)}")
+    return out
+
+
+def docs(repo: Path) -> dict[str, list[str]]:
+    """The docs' counts for the repository at `repo` (README.md and docs/)."""
+    files = markdown_files(repo)
+    diary, paths, guides, verdicts, long_readme = [], [], [], [], []
+    for path in files:
+        rel = path.relative_to(repo)
+        text = path.read_text(encoding="utf-8")
+        prose = FENCE.sub(lambda f: "\n" * f.group(0).count("\n"), text)
+        for n, line in enumerate(prose.splitlines(), 1):
+            if hit := DIARY.search(line):
+                diary.append(f"{rel}:{n}: {hit.group()}")
+        for n, line in enumerate(text.splitlines(), 1):
+            if hit := MACHINE_PATH.search(line):
+                paths.append(f"{rel}:{n}: {hit.group()}")
+        lines = len(text.splitlines())
+        if rel.as_posix() == "README.md" and lines > MAX_README:
+            long_readme.append(f"README.md ({lines})")
+        if rel.parent.as_posix() == "docs" and lines > MAX_GUIDE:
+            guides.append(f"{rel} ({lines})")
+        if rel.parent.as_posix() == "docs/studies":
+            body = [ln for ln in text.splitlines() if ln.strip()]
+            if not (len(body) > 1 and body[0].startswith("# ") and body[1].startswith("**Verdict")):
+                verdicts.append(str(rel))
+    return {"broken_links": broken_links(repo, files), "readme_figures": readme_figures(repo), "diary": diary,
+            "machine_paths": paths, "long_readme": long_readme, "long_guides": guides, "study_verdicts": verdicts}
+
+
 def house(root: Path) -> list[dict]:
     package = root.name
     mods = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
@@ -213,6 +326,7 @@ def house(root: Path) -> list[dict]:
         "private_names": private,
         "upward_imports": upward(package, edges),
         "figures": [f for m in mods for f in figures(m, sources[m], trees[m])],
+        **docs(root.parent),
     }
     return [{"check": k, "count": len(v), "items": v} for k, v in checks.items()]
 

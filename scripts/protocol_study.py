@@ -1,5 +1,5 @@
 """The protocol study on an imported base: the MoE recipe against what a practitioner would run instead, at equal
-training FLOPs, at several data sizes and seeds, on one test split (docs/base-model.md, "The protocol behind every
+training FLOPs, at several data sizes and seeds, on one test split (docs/studies/protocol.md, "The protocol behind every
 comparison").
 
 For each size T (training tokens a trained domain) and seed S, one RUN under OUT (OUT/t<T>-s<S>):
@@ -51,7 +51,7 @@ NAMES = {"moe@1": "MoE top-1 (gate chosen on validation)", "moe": "MoE (top-k an
          "flop": "continued pretraining, FLOP-matched", "wallclock": "continued pretraining, wall-clock-matched",
          "lora": "one LoRA r16 on every domain, FLOP-matched", "lora-domain": "a LoRA per domain, the right adapter",
          "base": "the base"}
-# The cost model of --dry-run, from the 2-core machine of docs/base-model.md: an expert step with attention copies
+# The cost model of --dry-run, from the 2-core machine of docs/studies/protocol.md: an expert step with attention copies
 # 697 MFLOP a token at about 510 tokens/s, continued pretraining 834 at about 464, a LoRA 599 at about 507, so
 # about 3.5e11 FLOP/s; each training process about 13 s besides its steps; a sync about 16 s, the last one about
 # 120 s (it recomputes the router statistics); eval's assembling and scoring as the first run measured it at

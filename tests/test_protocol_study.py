@@ -151,7 +151,7 @@ def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path):
 
 def test_dry_run_costs_a_run_from_the_template_trunk(tmp_path):
     """With the base imported, --dry-run prices a run: SmolLM2's shape with 768-unit experts and attention copies
-    gives docs/base-model.md's 697.3 MFLOP a training token and 1.83e14 FLOPs for four experts of 65,536 tokens."""
+    gives docs/studies/protocol.md's 697.3 MFLOP a training token and 1.83e14 FLOPs for four experts of 65,536 tokens."""
     from mfgguf.base.importer import trunk_config
     from mfgguf.base.source import BaseShape
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Per-domain LoRA adapters served by llama.cpp (the client picks its domain's adapter) against the MoE
-# on SmolLM2-135M-Instruct (docs/base-model.md, "The alternative users pick"): four label experts of
+# on SmolLM2-135M-Instruct (docs/studies/real-base-levers.md, "Per-domain LoRAs served by llama.cpp"): four label experts of
 # 65,536 tokens on the study corpus (c, cpp, man, python; english held out of all training), `eval`
 # for the MoE, the base and oracle routing, then one LoRA per expert's shard for that expert's FLOPs,
 # its peak LR chosen among two on validation, scored once on test. Usage: bash domain-lora-study.sh OUT

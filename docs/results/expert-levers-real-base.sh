@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The levers measured on the real base (docs/benchmarks.md: the router statistics from training's last steps,
-# `--expert-layers upper` at equal wall-clock; docs/assembly.md: `extend --keep-routing`). SmolLM2-135M-Instruct,
+# The levers measured on the real base (docs/studies/speed.md: the router statistics from training's last steps,
+# `--expert-layers upper` at equal wall-clock; docs/studies/routing.md: `extend --keep-routing`). SmolLM2-135M-Instruct,
 # the study corpus, four experts (c, cpp, man, Python), English added later. About 60 minutes on 2 cores.
 # Results: expert-levers-real-base.jsonl, ppl-expert-levers-real-base.png. Usage: bash expert-levers-real-base.sh OUT
 set -euo pipefail

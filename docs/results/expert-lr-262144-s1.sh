@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The experts' LR checked at the 262,144-token point, seed 1 (docs/base-model.md, "The experts' LR at 262,144
+# The experts' LR checked at the 262,144-token point, seed 1 (docs/studies/protocol.md, "The experts' LR at 262,144
 # tokens a domain"): the recipe's 1e-3 was chosen at 65,536 tokens; here its two neighbours train the whole MoE
 # again (four experts, four rounds of attention copies and syncs) from the study's template, and each MoE eval
 # builds is scored on validation by llama.cpp beside the study run's own (scripts/lever_study.py). Nothing reads

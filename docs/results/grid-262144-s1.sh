@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 262,144-token point's LR grids on validation, seed 1 (docs/base-model.md, "The second point"): one
+# The 262,144-token point's LR grids on validation, seed 1 (docs/studies/protocol.md, "The second point"): one
 # `train-base` per grid point, the training `mfgguf eval`'s grid runs, on protocol_study.py's template, for a
 # sitting too short for the whole study. Budgets are the experts' FLOPs (7.31e14): 214 steps of continued
 # pretraining, 299 of the LoRA, 4,096 tokens a step. Prints one JSON line a point and one for the base, scored

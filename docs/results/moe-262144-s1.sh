@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 262,144-token point's MoE, seed 1, trained on one machine and scored on validation only (docs/base-model.md,
+# The 262,144-token point's MoE, seed 1, trained on one machine and scored on validation only (docs/studies/protocol.md,
 # "The second point"): the study's experts and syncs (`protocol_study.py --train-only`), the MoEs eval compares
 # assembled under the names eval gives them (so its later run reuses them), each scored in PyTorch as the LR grid
 # points were (eval/reference_validation.py: 4,096 validation tokens a domain), and the recipe's one-machine wall

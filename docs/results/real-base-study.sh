@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-base study (docs/base-model.md, "Experts against continued pretraining and LoRA"):
+# The real-base study (docs/studies/real-base-levers.md, "Experts against continued pretraining and LoRA"):
 # SmolLM2-135M-Instruct, four label experts on the study corpus (c, cpp, man, python), english held
 # out of all training (the forgetting domain), `mfgguf eval` with the practitioner's baselines, then
 # the fifth domain's expert added with `extend`. About 75 minutes on 2 cores. Usage: bash real-base-study.sh OUT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How many tokens `router-stats --source trunk` needs on an imported base (docs/benchmarks.md, "Around the step"):
+# How many tokens `router-stats --source trunk` needs on an imported base (docs/studies/speed.md, "Around the step"):
 # the four 768-unit experts of width-real-base.sh, routed by the trunk alone's second moment over K tokens of the
 # training mix, assembled q8_0 top-1 and scored by llama.cpp on the whole held-out split. Each K on a hard-linked
 # copy of the RUN (router-stats replaces its files, never writes into them). Usage: bash router-stats-trunk-real-base.sh OUT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experts that adapt attention too (docs/base-model.md, "Experts that adapt attention too"), after
+# Experts that adapt attention too (docs/studies/real-base-levers.md, "Experts that adapt attention too"), after
 # width-real-base.sh and wide-levers-real-base.sh OUT have run: the four 768-unit experts (c, cpp, man, Python;
 # LR 1e-3, 65,536 tokens) each also train a private copy of every layer's attention and norms
 # (`--shared attn`) at the expert's LR x 0.3 or x 1.0, merged into one trunk by 4 sync rounds; English sits out

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The levers on the 768-unit experts (docs/base-model.md, "Levers on the wide experts"), after
+# The levers on the 768-unit experts (docs/studies/real-base-levers.md, "Levers on the wide experts"), after
 # width-real-base.sh OUT has run: top-2, oracle routing, `calibrate`, the fifth (English) expert added with
 # `extend` (and a bias searched on it), one EM round of `relabel` (with its control: the same draw, labels kept), experts that
 # complement the seed, the practitioner's baselines with the 768-unit experts' FLOPs, `extend --guard`, and a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Expert width on the real base (docs/base-model.md, "Expert width, router tuning and the practitioner's
+# Expert width on the real base (docs/studies/real-base-levers.md, "Expert width, router tuning and the practitioner's
 # baselines"): SmolLM2-135M-Instruct imported with a 192-, 384- and 768-unit seed (`--expert-ff`; the same
 # function each time: anchor + seed = the base's 1,536 FFN units), four experts each (c, cpp, man, Python;
 # 65,536 tokens), English held out of all training; the base trained further on the same data with the FLOPs

@@ -402,7 +402,7 @@ def test_keep_routing_moves_the_old_domains_less(real, tmp_path):
 def test_a_fourth_expert_on_a_new_domain(real):
     """The new domain's held-out perplexity drops; the others move a little: the recomputed router sends
     some of their tokens to the new expert (on this tiny, barely trained trunk, more than the 1% hoped for, and
-    more since the validation split took its documents from the experts' shards: docs/assembly.md; the same file
+    more since the validation split took its documents from the experts' shards: docs/studies/routing.md; the same file
     as assembling all four at once)."""
     from mfgguf.runtime.perplexity import perplexity_by_domain
 

@@ -141,7 +141,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     its parameters train. The last training steps that cover --stats-tokens record the router
     statistics (per layer: the mean of the FFN-input vectors) into the module file; --stats-from
     pass measures them by a pass over the shard after training instead (slower, a little better
-    routed: docs/benchmarks.md). --expert-layers upper trains the expert in the upper half of the
+    routed: docs/studies/speed.md). --expert-layers upper trains the expert in the upper half of the
     layers only (faster; elsewhere it stays the seed). Resumes
     from RUN/checkpoints/expert_00I if a compatible checkpoint is there (--restart deletes it).
     `options` change the trunk's preset's expert TrainConfig (tokens, lr, batch_size, seed, ...).

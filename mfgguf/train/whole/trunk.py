@@ -40,7 +40,7 @@ MICRO_BATCH_PER_TRUNK = 1.5  # a large base's micro-batch may hold this many tim
 MICRO_BATCH_CAP = 2 << 30  # bytes: the most activations micro_batch_budget allows a large base
 # bytes: what one expert step may hold in all, as estimated by step_bytes (the bf16 trunk, the expert's f32 weights,
 # gradients and AdamW moments, one micro-batch's activations): a large base takes smaller micro-batches to stay in it,
-# so a laptop keeps room for the rest (Llama-3.2-1B: micro-batches of 1; docs/base-model.md)
+# so a laptop keeps room for the rest (Llama-3.2-1B: micro-batches of 1; docs/studies/speed.md)
 EXPERT_STEP_BUDGET = 11 << 29
 ONE_SEQUENCE_BUDGET = 11 << 27  # bytes: one sequence's activations + the trunk in bf16, for micro-batches of 1
 #                                 (SmolLM2 at ctx 512 fits and trains so; `1b` does not: recompute; docs/memory.md)
@@ -64,7 +64,7 @@ def micro_batch_budget(cfg) -> int:
     """Bytes of activations a micro-batch may hold: ACTIVATION_BUDGET, or MICRO_BATCH_PER_TRUNK times the
     trunk's bf16 weights when that is more, up to MICRO_BATCH_CAP. Who brings a large base has the memory to
     hold it, and at Qwen2.5-0.5B's shape micro-batches of 2 beat recompute well inside the memory goal set
-    for that shape (docs/base-model.md, "At a published shape"); SmolLM2 and the `1b` preset keep
+    for that shape (docs/studies/speed.md, "At a published shape"); SmolLM2 and the `1b` preset keep
     ACTIVATION_BUDGET."""
     return int(min(max(ACTIVATION_BUDGET, MICRO_BATCH_PER_TRUNK * 2 * cfg.trunk_params()), MICRO_BATCH_CAP))
 
