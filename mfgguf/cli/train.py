@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from mfgguf.converters.merge import DEFAULT_DENSITY
+from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions, TrainOptions, option_help
 from mfgguf.run.records import ModuleMeta, RunInfo
 from mfgguf.cli.app import command
@@ -149,13 +150,19 @@ def train_experts_cmd(
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
     outer_lr: float = typer.Option(1.0, "--outer-lr", help=f"Every sync's outer step, as sync's. {NOT_PAYING}"),
     outer_momentum: float = typer.Option(0.0, "--outer-momentum", help=f"Every sync's outer momentum, as sync's. {NOT_PAYING}"),
+    keep_free: float = typer.Option(1.0, "--keep-free", help="GB to leave free on RUN's filesystem beyond what the"
+                                    " run will write (estimated before it starts; it refuses to start where that"
+                                    " does not fit). 0 lets it use every free byte."),
     *, options: TrainOptions,
 ):
     from mfgguf.train.fanout.schedule import train_experts
 
+    if keep_free < 0:
+        raise MfggufError(f"--keep-free is in GB and at least 0, got {keep_free}")
     s = train_experts(run, experts=experts, workers=workers, ray=ray, transfer=transfer, retries=retries,
                       progress=progress, job=JobOptions(options, device=device, precision=precision),
-                      outer_lr=outer_lr, outer_momentum=outer_momentum, in_process=in_process)
+                      outer_lr=outer_lr, outer_momentum=outer_momentum, in_process=in_process,
+                      keep_free=int(keep_free * 1e9))
     n = len(s["jobs"])
     typer.echo(f"train-experts: {n} job(s) on {s['backend']}, {s['syncs']} sync(s), {s['wall_s']:.1f} s;"
                f" summary in {Path(run) / 'logs' / 'train-experts.json'}" if n or s["syncs"] else

@@ -28,10 +28,10 @@ from mfgguf.train.engine.status import ENV as STATUS_ENV
 
 
 class InProcessBackend:
-    own_progress = True  # each job shows train-expert's own progress bar, in place of the jobs' table
+    own_progress = False  # the scheduler's view shows the whole run, reading each job's status file from a thread
 
-    def __init__(self, rd: RunDir, threads: int, progress: bool = True):
-        self.rd, self.threads, self.progress = rd, threads, progress
+    def __init__(self, rd: RunDir, threads: int):
+        self.rd, self.threads = rd, threads
 
     def describe(self) -> str:
         return f"this process x {self.threads} thread(s)"
@@ -49,11 +49,12 @@ class InProcessBackend:
                 status = status_path(self.rd, job.expert)
                 status.unlink(missing_ok=True)
                 job.state, job.where = "running", f"{socket.gethostname()} pid {os.getpid()}"
+                job.status_file = str(status)
                 os.environ[STATUS_ENV] = str(status)
                 t0 = time.perf_counter()
                 try:
                     train_expert(self.rd.root, job.expert, options=opts.train, device=opts.device,
-                                 precision=opts.precision, progress=self.progress)
+                                 precision=opts.precision, progress=False)
                     job.state = "done"
                 except MfggufError as e:
                     job.state, job.error = "failed", str(e)

@@ -30,10 +30,12 @@ class Job:
     error: str = ""
     log: str = ""
     status: dict = field(default_factory=dict)  # the job's last status file (tokens/s, ETA)
+    status_file: str = ""  # where the live view reads the status itself (a backend that cannot while the job runs)
 
     def row(self) -> dict:
         d = asdict(self)
         d.pop("status")
+        d.pop("status_file")
         return d
 
 

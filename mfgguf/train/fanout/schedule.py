@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +35,10 @@ from mfgguf.machine import count_startup, mem_available
 from mfgguf.options import JobOptions, parse_experts
 from mfgguf.run import (RunDir, finished_against, module_name, read_module_meta, recorded_experts, router_stats_current,
                    trained_copies, write_json)
+from mfgguf.train.fanout.disk import check_disk, estimate, gb
 from mfgguf.train.fanout.jobs import Job
+from mfgguf.train.fanout.plan import run_plan
+from mfgguf.train.fanout.view import LiveView, RunProgress, print_summary
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
 # rounded up: tiny 501-543 (tests/train/fanout/test_schedule.py's summaries), small 1,314 with --shared all
@@ -49,6 +51,7 @@ JOB_MB = {"tiny": 560, "small": 1350, "1b": 2048}
 # docs/distributed.md).
 JOB_THREADS = {"tiny": 1, "small": 2, "1b": 2}
 MEMORY_HEADROOM = 0.85  # share of available memory the local scheduler may fill with jobs
+KEEP_FREE = 10**9  # bytes a run leaves free on RUN's filesystem beyond its own estimate (the system needs room too)
 
 
 
@@ -74,7 +77,7 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
 def train_experts(run: Path, *, experts: str | list[int] | None = None, workers: int | None = None,
                   ray: str | None = None, transfer: str = "auto", retries: int = 2, progress: bool = True,
                   job: JobOptions = JobOptions(), outer_lr: float = 1.0, outer_momentum: float = 0.0,
-                  in_process: bool | None = None) -> dict:
+                  in_process: bool | None = None, keep_free: int = KEEP_FREE) -> dict:
     """Train every selected expert not yet trained, many at once: local processes, or Ray tasks.
 
     `experts` selects (`1-40,45`; default all). Locally, `workers` jobs run at once (default: as
@@ -93,6 +96,10 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     from outside then stops the run; re-running resumes it; the process keeps some of each job's memory, so
     its peak is above a child's). The default (None) does so where the jobs run one at a time anyway (one
     worker); False starts a child process per job (docs/benchmarks.md, the recipe's wall).
+    Before anything trains it counts the disk the jobs left will write (module files, checkpoints at their
+    peak, private trunk copies, syncs' trunks, router statistics) and refuses in one line where that and
+    `keep_free` bytes do not fit in the free space of RUN's filesystem. While it runs it shows the whole
+    run: experts done of all, tokens done of all, tokens/s and the ETA.
 
     Example:
         mfgguf train-experts RUN --workers 2 --shared all --rounds 4
@@ -107,27 +114,20 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     ids = list(dict.fromkeys(ids))  # each expert once
     rounds = int(job.train.rounds or _rounds_in_run(rd, ids) or 1)
     opts = replace(job, train=replace(job.train, rounds=rounds))
-    if ray is None:
-        n_workers, threads = plan_workers(trunk.get("preset", "small"), workers)
-        if in_process or (in_process is None and n_workers == 1):
-            from mfgguf.train.fanout.inproc import InProcessBackend
-
-            backend = InProcessBackend(rd, n_workers * threads, progress)
-        else:
-            from mfgguf.train.fanout.local import LocalBackend
-
-            backend = LocalBackend(rd, n_workers, threads, retries=retries)
-            count_startup(False)  # the job processes count their own starts; a sync here must not claim this one's
-    else:
-        count_startup(False)  # as for local job processes: Ray's workers run the jobs
-        from mfgguf.train.fanout.ray import RayBackend
-
-        backend = RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", "small"), max(JOB_MB.values())),
-                             transfer=transfer, retries=retries)
+    _drop_finished_checkpoints(rd, ids, trunk)
+    plan = run_plan(rd, ids, trunk, rounds, opts, [i for i in ids if _trained(rd, i, trunk, int(trunk.get("round", 0)) + 1)])
+    n_workers, threads = plan_workers(trunk.get("preset", "small"), workers) if ray is None else (len(ids), 1)
+    need = estimate(plan, n_workers, outer_momentum)
+    disk = check_disk(rd.root, need, keep_free)
+    if plan.todo:
+        _say(progress, f"{len(plan.todo)} of {plan.total_jobs} job(s) to run, {plan.total_tokens - plan.done_tokens:,}"
+                       f" tokens; disk: up to {gb(need['total'])} of {gb(disk['free_bytes'])} free")
+    backend = _backend(rd, trunk, ray, (n_workers, threads), in_process, transfer, retries)
     t0 = time.perf_counter()
+    run_progress = RunProgress(plan, t0)
     try:
         all_jobs, syncs = _run_rounds(rd, ids, int(info["n_experts"]), rounds, backend, opts, progress, outer_lr,
-                                      outer_momentum)
+                                      outer_momentum, run_progress)
         if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, int(info["n_experts"])) \
                 and not router_stats_current(rd):
             from mfgguf.train.experts.pooled import pool_router_stats
@@ -138,11 +138,12 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
         backend.close()
     summary = {"run": str(rd.root), "backend": backend.describe(), "rounds": rounds, "syncs": syncs,
                "wall_s": round(time.perf_counter() - t0, 2), "jobs": [j.row() for j in all_jobs],
-               "failed": [j.expert for j in all_jobs if j.state == "failed"]}
+               "failed": [j.expert for j in all_jobs if j.state == "failed"], "disk": disk,
+               "progress": {k: v for k, v in run_progress.counts().items() if k != "eta_s"}}
     (rd.root / "logs").mkdir(exist_ok=True)
     write_json(rd.root / "logs" / "train-experts.json", summary)
     if progress:
-        _print_summary(all_jobs, summary)
+        print_summary(all_jobs, summary)
     if summary["failed"]:
         first = next(j for j in all_jobs if j.state == "failed")
         raise MfggufError(f"{len(summary['failed'])} expert job(s) failed, e.g. {module_name(first.expert)}: {first.error}"
@@ -150,8 +151,29 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     return summary
 
 
+def _backend(rd: RunDir, trunk: dict, ray: str | None, plan: tuple[int, int], in_process: bool | None, transfer: str,
+             retries: int):
+    """The backend that runs the jobs: this process, local child processes (`plan`: jobs at once, threads
+    each), or Ray tasks."""
+    n_workers, threads = plan
+    if ray is None:
+        if in_process or (in_process is None and n_workers == 1):
+            from mfgguf.train.fanout.inproc import InProcessBackend
+
+            return InProcessBackend(rd, n_workers * threads)
+        from mfgguf.train.fanout.local import LocalBackend
+
+        count_startup(False)  # the job processes count their own starts; a sync here must not claim this one's
+        return LocalBackend(rd, n_workers, threads, retries=retries)
+    count_startup(False)  # as for local job processes: Ray's workers run the jobs
+    from mfgguf.train.fanout.ray import RayBackend
+
+    return RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", "small"), max(JOB_MB.values())), transfer=transfer,
+                      retries=retries)
+
+
 def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend, opts: JobOptions, progress: bool,
-                outer_lr: float, outer_momentum: float) -> tuple[list[Job], int]:
+                outer_lr: float, outer_momentum: float, run_progress: RunProgress) -> tuple[list[Job], int]:
     """Each round's jobs of the experts not trained yet, then its sync, until the last round (or a failure,
     or a selection that leaves other experts to train first); every job run, and the syncs."""
     all_jobs: list[Job] = []
@@ -169,7 +191,8 @@ def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend
                 if not _trained(rd, i, trunk, r)]
         if jobs:
             _say(progress, f"round {r}/{rounds}: {len(jobs)} expert job(s) on {backend.describe()}")
-            backend.run(jobs, opts, _LiveView(jobs, progress and not backend.own_progress))
+            run_progress.add(jobs)
+            backend.run(jobs, opts, LiveView(run_progress, progress and not backend.own_progress))
             all_jobs += jobs
         failed = [j for j in jobs if j.state == "failed"]
         if failed:
@@ -219,6 +242,17 @@ def _all_finished(rd: RunDir, n: int) -> bool:
     return True
 
 
+def _drop_finished_checkpoints(rd: RunDir, ids: list[int], trunk: dict) -> None:
+    """A kill between a job's module file and its checkpoint's removal leaves the checkpoint of an expert that has
+    finished: nothing would resume it, and at a large shape it holds more than the module."""
+    from mfgguf.train.engine import checkpoint as ckpt_io
+
+    for i in ids:
+        d = rd.checkpoint_dir(i)
+        if d.is_dir() and rd.module_meta(i).is_file() and finished_against(read_module_meta(rd, i), trunk["sha256"]):
+            ckpt_io.remove(d)
+
+
 def _rounds_in_run(rd: RunDir, ids: list[int]) -> int | None:
     """The --rounds the run's experts were started with, so a re-run need not repeat it."""
     for i in ids:
@@ -233,76 +267,11 @@ def _needs_sync(rd: RunDir, ids: list[int]) -> bool:
     return any(trained_copies(m) for m in metas) and not any(m.get("shared_merged") for m in metas)
 
 
-# ---- the live view and the summary -------------------------------------------------------------
-
-
-class _LiveView:
-    """One table of all jobs, refreshed from their status files while they run."""
-
-    def __init__(self, jobs: list[Job], enabled: bool):
-        self.jobs, self.enabled, self.live = jobs, enabled and sys.stderr.isatty(), None
-        self.last_line = 0.0
-        if self.enabled:
-            from rich.console import Console
-            from rich.live import Live
-
-            self.live = Live(self._table(), console=Console(stderr=True), refresh_per_second=2)
-            self.live.start()
-        self.plain = enabled and not self.enabled
-
-    def refresh(self) -> None:
-        if self.live is not None:
-            self.live.update(self._table())
-        elif self.plain and time.monotonic() - self.last_line > 30:  # a log, not a terminal: a line now and then
-            self.last_line = time.monotonic()
-            done = sum(j.state == "done" for j in self.jobs)
-            running = [f"{module_name(j.expert)} {j.status.get('step', 0)}/{j.status.get('steps', '?')}"
-                       for j in self.jobs if j.state == "running"]
-            print(f"train-experts: {done}/{len(self.jobs)} done; running: {', '.join(running) or '-'}",
-                  file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.update(self._table())
-            self.live.stop()
-            self.live = None
-
-    def _table(self):
-        from rich.table import Table
-
-        t = Table(title="train-experts", title_justify="left")
-        for c in ("expert", "round", "state", "where", "step", "tok/s", "ETA", "loss", "retries"):
-            t.add_column(c, justify="left" if c in ("expert", "state", "where") else "right")
-        for j in self.jobs:
-            s = j.status
-            eta = s.get("eta_s")
-            t.add_row(module_name(j.expert), str(j.round), j.state, j.where,
-                      f"{s.get('step', '')}/{s.get('steps', '')}" if s else "",
-                      f"{s['tokens_per_s']:,.0f}" if s.get("tokens_per_s") else "",
-                      f"{eta:.0f}s" if isinstance(eta, (int, float)) and j.state == "running" else "",
-                      f"{s['loss']:.3f}" if isinstance(s.get("loss"), (int, float)) else "", str(j.retries))
-        return t
-
-
-def _print_summary(jobs: list[Job], summary: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"train-experts: {len(jobs)} job(s) on {summary['backend']}, {summary['syncs']} sync(s),"
-                    f" {summary['wall_s']:.1f} s", title_justify="left")
-    for c in ("expert", "round", "state", "where", "wall s", "peak RSS MB", "retries"):
-        t.add_column(c, justify="left" if c in ("expert", "state", "where") else "right")
-    for j in jobs:
-        t.add_row(module_name(j.expert), str(j.round), j.state if not j.error else f"failed: {j.error}", j.where,
-                  f"{j.wall_s:.1f}", f"{j.peak_rss_mb:.0f}", str(j.retries))
-    Console(stderr=True).print(t)
-
-
 def _say(progress: bool, msg: str) -> None:
     if progress:
         from rich.console import Console
 
-        Console(stderr=True).print(f"[bold cyan]train-experts[/] {msg}", highlight=False)
+        Console(stderr=True).print(f"[bold cyan]train-experts[/] {msg}", highlight=False, soft_wrap=True)
 
 
 __all__ = ["JOB_MB", "plan_workers", "train_experts"]

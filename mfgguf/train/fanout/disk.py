@@ -1,0 +1,122 @@
+"""The disk a `train-experts` command will write, counted from the shapes before anything trains, and the check
+that it fits.
+
+What the jobs left (plan.py) write, from the trunk's shape and the options, nothing measured:
+  - modules:      each job's module file (FFN, router means, and with --shared its private copies of the
+                  trunk tensors) and its JSON record (the loss history is in it). With sync rounds every
+                  round's module stays (the sync keeps its inputs under RUN/rounds/), and the final sync
+                  writes each expert's FFN and statistics once more;
+  - checkpoints:  parameters and both AdamW moments (f32), the training statistics. Without rounds a
+                  checkpoint lives while its job runs; with rounds each expert keeps its own until its
+                  last round. A save writes the new one beside the old before the rename: twice per job
+                  running;
+  - moments:      with --shared and rounds, each expert's per-layer second moments until the final sync;
+  - syncs:        each sync's merged trunk (the one before it stays under RUN/rounds/), and with
+                  --outer-momentum the momentum of the merged tensors;
+  - the rest:     the pooled router statistics, a loss plot and a log per job.
+Their sum over-counts a run with rounds (its checkpoints are gone before its last modules are written), so
+the total is the larger of the two moments that hold the most. The check compares it with the free space
+of RUN's filesystem less `keep_free`, and refuses in one line.
+
+Example:
+    >>> need = estimate(plan, workers=1)
+    >>> check_disk(Path("RUN"), need, keep_free=1 << 30)   # MfggufError when it cannot fit
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from mfgguf.config import shared_tensor_names
+from mfgguf.errors import MfggufError
+from mfgguf.train.fanout.plan import RunPlan
+
+F32 = 4
+JSON_PER_STEP = 64  # bytes of one loss-history entry in a module's JSON and a checkpoint's header, rounded up
+JSON_FIXED = 64 << 10  # the rest of a module's JSON (its held-out curve, options, shapes), rounded up
+PER_TENSOR = 256  # a safetensors header's entry for one tensor, rounded up
+PLOT_AND_LOG = 256 << 10  # one job's loss plot (PNG) and log file, rounded up from the largest written so far
+
+
+def _bytes(shape) -> int:
+    n = F32
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _shared(plan: RunPlan, r: int) -> int:
+    """Bytes of the private trunk copies a job of round r trains (0 in an FFN-only round, or without --shared)."""
+    from mfgguf.train.experts.pieces import SharedCopies
+
+    choice = SharedCopies(plan.cfg, plan.tc, r).choice
+    shapes = plan.trunk.get("tensors") or {}
+    return sum(_bytes(shapes[n]) + PER_TENSOR for n in shared_tensor_names(plan.cfg, choice) if n in shapes)
+
+
+def _ffn(plan: RunPlan) -> int:
+    """Bytes of one expert's FFN and router means (complement's learned rows are a mean's size)."""
+    c = plan.cfg
+    per_layer = 3 * c.dim * c.expert_ff * F32 + 2 * c.dim * F32 + 4 * PER_TENSOR
+    return c.n_layers * per_layer
+
+
+def _moments(plan: RunPlan) -> int:
+    """One expert's per-layer second moments (f32 in the file, float64 while a checkpoint holds them)."""
+    return plan.cfg.n_layers * plan.cfg.dim * plan.cfg.dim * F32
+
+
+def estimate(plan: RunPlan, workers: int, outer_momentum: float = 0.0) -> dict[str, int]:
+    """Bytes the jobs of `plan` will add to RUN, by what writes them (each at its own peak), and "total": the most
+    they hold at once. `workers` jobs run at once. With rounds the peak is at the start of the last round (every
+    expert's checkpoint, every earlier round's modules) or at the end (every module, the moments, the final
+    sync's rewrite), whichever is larger; checkpoints that are on disk already add nothing."""
+    tc, R, todo = plan.tc, plan.rounds, plan.todo
+    history = plan.steps * JSON_PER_STEP
+    module = {r: _ffn(plan) + _shared(plan, r) + JSON_FIXED + history for r in range(1, R + 1)}
+    gathers = tc.shared != "none" and R > 1  # the last round also gathers second moments (tailstats.py)
+    ckpt = max(3 * (_ffn(plan) + _shared(plan, r)) for r in range(1, R + 1)) + history
+    ckpt += 2 * _moments(plan) if gathers else 0
+    experts = {i for i, _ in todo}
+    inflight = 2 * min(workers, len(todo)) * ckpt  # a save writes the new checkpoint beside the old
+    kept = len(experts - set(plan.checkpoints)) * ckpt if R > 1 else 0  # each expert's, between its rounds
+    trunk = int(plan.trunk.get("bytes") or 0) + (_shared(plan, 1) if outer_momentum else 0)
+    syncs = (R - plan.first_round + 1) if tc.shared != "none" and todo else 0
+    rewrite = len(experts) * (_ffn(plan) + JSON_FIXED + history) if syncs else 0  # the final sync's FFN + means
+    out = {
+        "modules": sum(module[r] for _, r in todo) + rewrite,
+        "checkpoints": kept + inflight,
+        "moments": len(experts) * _moments(plan) if gathers else 0,
+        "syncs": syncs * trunk,
+        "other": (_moments(plan) + JSON_FIXED if todo else 0) + len(todo) * PLOT_AND_LOG,
+    }
+    end = out["modules"] + out["moments"] + out["syncs"] + out["other"] + inflight
+    before_last = sum(module[r] for _, r in todo if r < R) + kept + inflight + max(0, syncs - 1) * trunk + out["other"]
+    out["total"] = max(end, before_last)
+    return out
+
+
+def check_disk(run: Path, need: dict[str, int], keep_free: int) -> dict:
+    """Refuse, in one line and before anything is written, a run whose estimate (`estimate`) does not fit in
+    the free space of RUN's filesystem less `keep_free` bytes; else {need, free} for the run's record."""
+    free = shutil.disk_usage(run).free
+    if need["total"] + keep_free > free:
+        parts = ", ".join(f"{k} {gb(v)}" for k, v in need.items() if k != "total" and v)
+        keep = f" and --keep-free asks to leave {gb(keep_free)}" if keep_free else ""
+        raise MfggufError(f"not enough disk for this run: it will hold up to {gb(need['total'])} at once ({parts}),"
+                          f" {gb(free)} is"
+                          f" free on {run}'s filesystem{keep}; free some space, put RUN on a larger disk, or train"
+                          f" fewer experts now (--experts); nothing was trained")
+    return {"need_bytes": need["total"], "free_bytes": free, "parts": {k: v for k, v in need.items() if k != "total"}}
+
+
+def gb(n: float) -> str:
+    """Bytes as a reader wants them: three digits and a decimal unit, as `df -H` prints them."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+__all__ = ["check_disk", "estimate", "gb"]

@@ -1,0 +1,98 @@
+"""What a `train-experts` command has left to do, counted before anything trains.
+
+Its jobs (expert, round) in the order they run, the tokens each trains, and how far each already is
+(the checkpoint a killed run left behind). The whole run's progress line (view.py) and the disk check
+(disk.py) read it. Every job of a run trains the same schedule: one TrainConfig over the trunk's preset,
+the schedule's steps cut into `rounds` equal parts.
+
+Example:
+    >>> plan = run_plan(RunDir("RUN"), [1, 2, 3], trunk_meta, 1, JobOptions(TrainOptions(tokens=20_480)), trained=[1])
+    >>> plan.todo, plan.total_tokens
+    (((2, 1), (3, 1)), 61440)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mfgguf.config import ModelConfig, TrainConfig, get_preset
+from mfgguf.options import JobOptions
+from mfgguf.run import RunDir
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    experts: tuple[int, ...]  # the selected experts
+    rounds: int  # R: every expert trains R rounds, a sync after each (1: no rounds)
+    first_round: int  # the round this command starts in (the trunk's syncs so far + 1)
+    steps: int  # optimizer steps of one expert's whole schedule (every round together)
+    per_step: int  # tokens per optimizer step
+    todo: tuple[tuple[int, int], ...]  # the (expert, round) jobs left, in the order they run
+    cfg: ModelConfig  # the trunk's shape, which every expert shares
+    tc: TrainConfig  # every job's training options over the trunk's preset
+    trunk: dict = field(repr=False)  # the trunk's record (its tensors' shapes: disk.py)
+    at_step: dict = field(default_factory=dict)  # (expert, round) -> schedule step its checkpoint holds
+    checkpoints: tuple[int, ...] = ()  # experts with a checkpoint on disk now (a killed job's, or between rounds)
+
+    def span(self, r: int) -> tuple[int, int]:
+        """Round r's schedule steps [first, end)."""
+        from mfgguf.train.rounds.ends import round_end
+
+        return (round_end(self.steps, self.rounds, r - 1) if r > 1 else 0), round_end(self.steps, self.rounds, r)
+
+    def job_tokens(self, r: int) -> int:
+        """The tokens one job of round r trains."""
+        a, b = self.span(r)
+        return (b - a) * self.per_step
+
+    def resumed_tokens(self, job: tuple[int, int]) -> int:
+        """The tokens of `job` its checkpoint already holds (0: none, or one from before its round)."""
+        a, b = self.span(job[1])
+        return (min(max(self.at_step.get(job, 0), a), b) - a) * self.per_step
+
+    @property
+    def total_jobs(self) -> int:
+        return len(self.experts) * self.rounds
+
+    @property
+    def total_tokens(self) -> int:
+        """The whole run's training tokens: every selected expert's schedule, done or not."""
+        return len(self.experts) * self.steps * self.per_step
+
+    @property
+    def done_tokens(self) -> int:
+        """The tokens trained before this command: jobs finished, and what their checkpoints hold of the others."""
+        return self.total_tokens - sum(self.job_tokens(r) - self.resumed_tokens((i, r)) for i, r in self.todo)
+
+
+def job_config(trunk: dict, opts: JobOptions) -> tuple[ModelConfig, TrainConfig]:
+    """The shape and the TrainConfig every expert job of this trunk trains with (as train-expert resolves them)."""
+    from mfgguf.train.whole.branch import at_branch_lr
+
+    cfg = ModelConfig.from_dict(trunk["config"])
+    tc = at_branch_lr(opts.train.train_config(get_preset(trunk.get("preset") or "small").expert), trunk, opts.train)
+    return cfg, tc
+
+
+def run_plan(rd: RunDir, ids: list[int], trunk: dict, rounds: int, opts: JobOptions, trained: list[int]) -> RunPlan:
+    """The jobs left of `ids` over `rounds` rounds, `trained` being the experts that finished the current round."""
+    from mfgguf.train.engine import checkpoint as ckpt_io
+    from mfgguf.train.engine.driver import schedule_steps
+
+    cfg, tc = job_config(trunk, opts)
+    first = int(trunk.get("round", 0)) + 1
+    todo = () if trunk.get("final") else (
+        tuple((i, first) for i in ids if i not in trained)
+        + tuple((i, r) for r in range(first + 1, rounds + 1) for i in ids))
+    at_step, held = {}, []
+    for i, r in todo:
+        if r == first:  # a killed job's checkpoint (or the previous round's, which its span clamps away)
+            state = ckpt_io.peek(rd.checkpoint_dir(i))
+            at_step[(i, r)] = int(state.get("step", 0)) if state else 0
+            held += [i] if state else []
+    return RunPlan(experts=tuple(ids), rounds=rounds, first_round=first, steps=schedule_steps(tc, cfg.ctx_len),
+                   per_step=tc.batch_size * cfg.ctx_len, todo=todo, cfg=cfg, tc=tc, trunk=trunk, at_step=at_step,
+                   checkpoints=tuple(held))
+
+
+__all__ = ["RunPlan", "job_config", "run_plan"]
