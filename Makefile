@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(VENV)/bin/mfgguf demo --out demo-run
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # Standard library only: it needs no venv. Re-running it checks the file's sha256 and does nothing more.
 smollm2:

@@ -1,8 +1,10 @@
 """README's "Start from a real model" path through the CLI, on the real SmolLM2 base.
 
-Every `mfgguf` line of the section runs as written, but for the training tokens: 4,096 (one step)
-instead of 32,768, so the path fits in a test (the README's own sizes are timed in
-docs/base-model.md). The corpus keeps the README's size: with less, a domain's held-out split can
+Every `mfgguf` line of the section runs as written, but for the sizes of its training and scoring:
+4,096 training tokens (one step) instead of 32,768 and 512 held-out tokens a domain for the
+before/after losses (and so for the router statistics' sample) instead of 4,096, so the path fits in
+a test (the README's own sizes are timed in docs/base-model.md); the perplexity lines print JSON,
+which the checks read. The corpus keeps the README's size: with less, a domain's held-out split can
 fall under one perplexity window (which files `study` samples depends on where the venv lives).
 Skipped with a one-line reason where the base is not fetched.
 """
@@ -21,7 +23,7 @@ from mfgguf.base.known import cached
 from mfgguf.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALLER = {"--tokens": "4096"}  # one step of 16 x 256
+SMALLER = {"--tokens": "4096", "--eval-tokens": "512"}  # one step of 16 x 256; a small scoring sample
 
 pytestmark = pytest.mark.skipif(cached("smollm2") is None, reason="SmolLM2-135M-Instruct is not fetched: run `make smollm2`")
 
@@ -33,30 +35,25 @@ def _steps() -> list[list[str]]:
     for line in block.splitlines():
         if line.startswith("mfgguf "):
             args = shlex.split(line, comments=True)[1:]
-            steps.append([SMALLER.get(args[i - 1], a) if i else a for i, a in enumerate(args)])
+            args = [SMALLER.get(args[i - 1], a) if i else a for i, a in enumerate(args)]
+            steps.append(args + ["--json"] if args[0] == "perplexity" else args)
     return steps
-
-
-def _ppl(runner: CliRunner, model: str, domains: list[str]) -> dict:
-    """{domain: result} on those domains' held-out text (the README's own perplexity lines score all five)."""
-    files = [a for d in domains for a in ("--data", f"smol/run/data/heldout/{d}.txt")]
-    r = runner.invoke(app, ["perplexity", model, *files, "--json"])
-    assert r.exit_code == 0, r.output
-    return json.loads(r.output[r.output.index("{"):])["domains"]
 
 
 def test_readme_real_base_path_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
-    steps = _steps()
+    steps, ppl = _steps(), {}
     assert [s[0] for s in steps][:2] == ["import-base", "prepare"] and "chat" in [s[0] for s in steps]
     for args in steps:
         r = runner.invoke(app, args, input="/quit\n" if args[0] == "chat" else None)
         assert r.exit_code == 0, f"mfgguf {shlex.join(args)}:\n{r.output}"
+        if args[0] == "perplexity":
+            ppl[args[1]] = json.loads(r.output[r.output.index("{"):])["domains"]
         if args[0] == "train-expert":  # the base's own held-out loss is the "before"
             assert re.search(r"own domain \w+ [\d.]+->[\d.]+", r.output), r.output
     domains = json.loads(Path("smol/run/run.json").read_text())["domains"]
     trained = [domains[int(s[s.index("--expert") + 1]) - 1] for s in steps if s[0] == "train-expert"]
     assert trained == ["cpp", "man"]  # what the README's comments say the two experts are
-    base, moe = _ppl(runner, "smol/base.gguf", trained), _ppl(runner, "smol/moe.gguf", trained)
+    base, moe = ppl["smol/base.gguf"], ppl["smol/moe.gguf"]
     assert all(moe[d]["ppl"] != base[d]["ppl"] for d in trained)  # one step moves them; 32,768 tokens lower them
