@@ -176,11 +176,16 @@ class Block(nn.Module):
         return out
 
     def forward(self, x, cos, sin, route: str, hook=None, layer: int = 0):
-        h = x + self.attention(self.attn_norm(x), cos, sin)
-        n = self.ffn_norm(h)  # (B, T, C): the vector the router and all FFNs see
+        h, n = self.ffn_input(x, cos, sin)
         if hook is not None:
             hook(layer, n)
         return h + self.anchor(n) + self.moe(n, route)
+
+    def ffn_input(self, x, cos, sin):  # x: (B, T, C) -> h, n: (B, T, C), (B, T, C)
+        """(the residual after attention, its ffn_norm: the vector the router and all FFNs see); the forward's first
+        half, which a pass that only measures the FFN inputs (train/experts/stats_pass.py) stops after."""
+        h = x + self.attention(self.attn_norm(x), cos, sin)
+        return h, self.ffn_norm(h)
 
 
 class Transformer(nn.Module):

@@ -4,17 +4,18 @@ Ridge routing needs, per layer, each expert's mean FFN input (dim,), which exper
 and G, the second moment of the FFN inputs over the union of the shards (dim x dim). Module format
 1 stored each expert's own second moment M_i: for the `1b` preset 50 MB per expert, more than the
 expert's weights, read and hashed at every assembly. `pool_router_stats` computes
-G = sum_i n_i M_i / sum_i n_i once, with the statistics pass restat.py uses: trunk + one expert in
-memory, forward only, over the same sample of each expert's shard that its training measured
-(4 x that expert's eval_tokens, windows spread over the shard), experts one after another. With
-that sample it is the very G that format 1 pooled at assembly, so the router is unchanged.
+G = sum_i n_i M_i / sum_i n_i once, with the statistics restat.py measures, layer-streamed
+(stats_pass.py: one layer of trunk + expert in memory, no head), over the same sample of each
+expert's shard that its training measured (4 x that expert's eval_tokens, windows spread over the
+shard), experts one after another. With that sample it is the very G that format 1 pooled at
+assembly, so the router is unchanged.
 
 Experts that complement the seed (train/experts/complement.py) are measured with their own forward, the
 two-way MoE of [seed, expert] they trained as.
 
 `--source trunk` measures G instead with the trunk alone over the mixed training data: no expert
 needed, but the deeper layers' FFN inputs then lack the experts' contribution; measured worse
-(docs/assembly.md), kept as an option.
+(docs/studies/routing.md), kept as an option.
 
 Output: modules/router_stats.safetensors (`router_stats.blk.{l}.second_moment`, f32) and its JSON,
 recorded in the manifest with their hashes; the JSON names the trunk and every expert (sha256) it
@@ -29,7 +30,7 @@ Example:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -38,12 +39,11 @@ from mfgguf.config import ModelConfig, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.run.records import ModuleMeta
 from mfgguf.run import RunDir, module_name, read_module, trained_expert, write_router_stats
-from mfgguf.train.experts.complement import ROUTE, load_module, two_way
-from mfgguf.train.experts.expert import build_expert_model, load_trunk_meta
-from mfgguf.train.engine.loop import evaluate, load_tokens, resolve_device, resolve_precision
+from mfgguf.train.experts.expert import load_trunk_meta
+from mfgguf.train.engine.loop import load_tokens, resolve_device, resolve_precision
 from mfgguf.train.rounds.restat import precision_of
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
-from mfgguf.train.engine.weights import read_safetensors, trunk_alone
+from mfgguf.train.experts.stats_pass import stream_stats
 
 SOURCES = ("experts", "trunk")
 
@@ -74,31 +74,27 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
     per = int(tokens or trunk_source_tokens(trunk))
     stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
     if source == "trunk":
-        model, route = trunk_alone(rd.module_file(0), cfg, dev)
-        evaluate(model, load_tokens(rd.train_tokens, "the trunk's training tokens"), per, route, dev,
-                 trunk_pass_precision(trunk, dev), hook=stats.hook)
+        stream_stats(cfg, rd.module_file(0), load_tokens(rd.train_tokens, "the trunk's training tokens"), per,
+                     stats.hook, forward="trunk", dev=dev, precision=trunk_pass_precision(trunk, dev))
     else:
         ids = range(1, info.n_experts + 1) if experts is None else [rd.check_expert_index(int(i)) for i in experts]
         if not ids:
             raise MfggufError("no experts to pool router statistics over; pass --experts with at least one")
-        metas = {i: trained_expert(rd, trunk.sha256, i, "mfgguf router-stats") for i in ids}
-        prec = precision_of(next(iter(metas.values())).json)
-        comp = any(m.json.get("complement") for m in metas.values())  # complementing experts: their own forward
-        if comp and not all(m.json.get("complement") for m in metas.values()):
+        metas = {i: _Brief.of(trained_expert(rd, trunk.sha256, i, "mfgguf router-stats")) for i in ids}
+        prec = next(iter(metas.values())).precision
+        comp = any(m.complement for m in metas.values())  # complementing experts: their own forward
+        if comp and not all(m.complement for m in metas.values()):
             raise MfggufError("some experts complement the seed and some do not; retrain them alike (all with or all"
                               " without `train-expert --complement`) before `mfgguf router-stats`")
-        model = build_expert_model(rd, cfg, 0, dev, bf16_trunk=prec == "bf16", init="seed" if comp else "random",
-                                   trunk_path=rd.module_file(0))
-        model, route = (two_way(model, dev, prec == "bf16"), ROUTE) if comp else (model, "single")
         with _Bar(len(metas), progress) as bar:
             for i in metas:
                 bar.update(module_name(i))
-                tensors = dict(read_safetensors(rd.module_file(i)))
-                load_module(model, tensors) if comp else model.load_expert(tensors)
-                n = int(tokens or _stats_tokens(metas[i]))  # the sample the expert's own statistics measured
-                evaluate(model, load_tokens(rd.shard(i), f"shard {i}"), n, route, dev, prec, hook=stats.hook)
+                n = int(tokens or metas[i].stats_tokens)  # the sample the expert's own statistics measured
+                stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(i), f"shard {i}"), n, stats.hook,
+                             forward="complement" if comp else "single", expert_path=rd.module_file(i), dev=dev,
+                             precision=prec)
                 bar.advance()
-        per = int(tokens or max(_stats_tokens(m) for m in metas.values()))
+        per = int(tokens or max(m.stats_tokens for m in metas.values()))
         return _write(rd, stats, trunk, "experts", {module_name(i): m.sha256 for i, m in metas.items()}, per,
                       "trunk + each expert over its shard", t0)
     return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
@@ -139,6 +135,21 @@ def trunk_source_tokens(trunk: ModuleMeta | dict) -> int:
         return stats_tokens(asdict(get_preset(str(t.preset or "small")).expert))
     except MfggufError:  # a trunk of a preset this version does not know
         return stats_tokens({"eval_tokens": 4096})
+
+
+@dataclass(frozen=True)
+class _Brief:
+    """What the pass needs of an expert's record: a record whole holds its loss history, and a hundred of them
+    held at once grew the pass's memory with the number of experts (docs/distributed.md)."""
+
+    sha256: str
+    precision: str
+    complement: bool
+    stats_tokens: int
+
+    @classmethod
+    def of(cls, meta: ModuleMeta) -> "_Brief":
+        return cls(str(meta.sha256), precision_of(meta.json), bool(meta.json.get("complement")), _stats_tokens(meta))
 
 
 def _stats_tokens(meta: ModuleMeta) -> int:
