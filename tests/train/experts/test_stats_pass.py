@@ -107,6 +107,11 @@ def test_the_trunk_alone_forward(trained_run):
     _same(new, old)
 
 
+def _tensors() -> list[torch.Tensor]:
+    """Every tensor the garbage collector tracks; by type(), since isinstance() on a dead weak proxy raises."""
+    return [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
+
+
 def test_it_holds_one_layer_never_the_trunk(trained_run):
     """At every hook call, the weights the pass holds (every float tensor born since it started, but the sample's
     activations and the statistics' own sums) add up to one layer of trunk + expert: never the trunk. The same
@@ -117,14 +122,14 @@ def test_it_holds_one_layer_never_the_trunk(trained_run):
     trunk_bytes = sum(4 * t.numel() for _, t in read_safetensors(rd.module_file(0)))
     layer_bytes = sum(4 * t.numel() for f in (0, 1) for k, t in read_safetensors(rd.module_file(f)) if k.startswith("blk.0."))
     st = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
-    before = [t for t in gc.get_objects() if isinstance(t, torch.Tensor)]
+    before = _tensors()
     own = {id(t) for t in [*st.sum, *st.sq, *before]}
     peak = {"streamed": 0, "in memory": 0}
 
     def watching(name):
         def h(layer, n):  # n: (b, win, C), the shape every activation starts with
             st.hook(layer, n)
-            live = {id(t): t for t in gc.get_objects() if isinstance(t, torch.Tensor) and t.is_floating_point()
+            live = {id(t): t for t in _tensors() if t.is_floating_point()
                     and not t.is_meta and id(t) not in own and tuple(t.shape[:2]) != tuple(n.shape[:2])}
             peak[name] = max(peak[name], sum(t.untyped_storage().nbytes() for t in live.values()))
         return h
