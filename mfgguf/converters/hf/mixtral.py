@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from mfgguf.converters.hf.target import HFTensor, Target, expert_rows, whole
+from mfgguf.converters.hf.target import HFTensor, Target, routed_experts
 from mfgguf.errors import MfggufError
 from mfgguf.gguf.schema import blk
 
@@ -31,12 +31,7 @@ class Mixtral(Target):
                               " no transformers class computes; assemble it with --layout granitemoe (qwen2moe) to export it")
 
     def moe(self, l: int) -> list[HFTensor]:
-        src, p = self.src, f"model.layers.{l}.block_sparse_moe."
-        out = [self._t(p + "gate.weight", whole(src, blk(l, "ffn_gate_inp")))]
-        for e in range(self.s.n_experts):
-            for f in ("gate", "up", "down"):
-                out.append(self._t(f"{p}experts.{e}.{W[f]}.weight", expert_rows(src, blk(l, f"ffn_{f}_exps"), e)))
-        return out
+        return routed_experts(self, l, f"model.layers.{l}.block_sparse_moe.", W)
 
     def moe_config(self) -> dict:
         return {"intermediate_size": self.src.shape(blk(0, "ffn_gate_exps"))[1], "num_local_experts": self.s.n_experts,

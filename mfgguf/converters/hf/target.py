@@ -164,11 +164,20 @@ class Target:
         raise NotImplementedError
 
 
-def qwen_experts(t: Target, l: int) -> list[HFTensor]:
-    """Qwen-MoE checkpoint names: `mlp.gate` (the router) and `mlp.experts.{e}.{gate,up,down}_proj`, one per expert."""
-    src, p = t.src, f"model.layers.{l}.mlp."
-    out = [t._t(p + "gate.weight", whole(src, blk(l, "ffn_gate_inp")))]
+def routed_experts(t: Target, l: int, prefix: str, names: dict[str, str]) -> list[HFTensor]:
+    """The router `{prefix}gate` and one `{prefix}experts.{e}.{names[f]}` per expert and projection f (gate, up,
+    down): how Mixtral (`block_sparse_moe.`, w1/w3/w2) and Qwen-MoE (`mlp.`, gate_proj/up_proj/down_proj) name them."""
+    src = t.src
+    out = [t._t(prefix + "gate.weight", whole(src, blk(l, "ffn_gate_inp")))]
     for e in range(t.s.n_experts):
         for f in ("gate", "up", "down"):
-            out.append(t._t(f"{p}experts.{e}.{f}_proj.weight", expert_rows(src, blk(l, f"ffn_{f}_exps"), e)))
+            out.append(t._t(f"{prefix}experts.{e}.{names[f]}.weight", expert_rows(src, blk(l, f"ffn_{f}_exps"), e)))
     return out
+
+
+QWEN_NAMES = {f: f"{f}_proj" for f in ("gate", "up", "down")}
+
+
+def qwen_experts(t: Target, l: int) -> list[HFTensor]:
+    """Qwen-MoE checkpoint names: `mlp.gate` (the router) and `mlp.experts.{e}.{gate,up,down}_proj`, one per expert."""
+    return routed_experts(t, l, f"model.layers.{l}.mlp.", QWEN_NAMES)
