@@ -6,8 +6,8 @@ vocabulary a third of an expert step's activations (docs/studies/speed.md has th
 gradient is known as soon as the loss is: d(mean CE)/d logits = (softmax - onehot) / N. So each chunk of
 positions computes its logits, its loss and at once the gradient it sends to x, and lets its logits go;
 the backward pass only scales what was kept by the incoming gradient. No logits are recomputed (as a
-checkpointed head would, once more per step), and peak memory holds one chunk's logits whatever N and
-the vocabulary are (the fused linear cross-entropy of Liger-Kernel, for the CPU).
+checkpointed head would, once more per step), and peak memory holds one chunk's logits whatever N is
+(the fused linear cross-entropy of Liger-Kernel, for the CPU).
 
 Only a frozen head takes this path (an expert's step, where the head is the trunk's, held in bf16): a head
 that trains goes through autograd as before, where autocast casts its f32 weight once a step (its cast
@@ -25,6 +25,19 @@ import torch
 import torch.nn.functional as F
 
 LOGITS_CHUNK = 1 << 22  # logits elements per chunk (4 bytes each in f32): one chunk stays in cache
+FP32_CHUNK_ROWS = 512  # positions per chunk at least where the head runs fp32 (no native bf16): LOGITS_CHUNK is 85
+#                        positions at SmolLM2's vocabulary, too short for the fp32 kernels to near the peak; taller
+#                        chunks did not pay in bf16 (docs/studies/speed.md, the AVX2 section)
+FP32_LOGITS_MAX = 1 << 25  # ... but no more logits than this a chunk (a bound whatever the vocabulary); the micro-batch
+#                            plan (train/whole/trunk.py) still counts a LOGITS_CHUNK, so every CPU plans alike
+
+
+def head_chunk_rows(vocab: int, dtype: torch.dtype) -> int:
+    """Positions the training head computes the logits of at once, its matmuls in `dtype`."""
+    rows = LOGITS_CHUNK // vocab
+    if dtype == torch.float32:
+        rows = max(rows, min(FP32_CHUNK_ROWS, FP32_LOGITS_MAX // vocab))
+    return max(1, rows)
 
 
 class ChunkedHeadLoss(torch.autograd.Function):
@@ -64,5 +77,7 @@ def head_cross_entropy(x, weight, y):  # x: (..., C), weight: (V, C), y: (...) -
     if not torch.is_grad_enabled() or not x.requires_grad or weight.requires_grad:
         return F.cross_entropy(F.linear(x, weight).float().reshape(-1, weight.size(0)), y.reshape(-1))
     x2 = x.reshape(-1, x.size(-1))  # (N, C)
-    chunk = max(1, LOGITS_CHUNK // weight.size(0))
+    dev = x.device.type
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype  # the matmuls' dtype
+    chunk = head_chunk_rows(weight.size(0), dt)
     return ChunkedHeadLoss.apply(x2, weight, y.reshape(-1), chunk)

@@ -54,13 +54,20 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), fields: dict[str, str] | No
     return set((f.get("flags") or f.get("Features") or "").split())
 
 
+# Environment variables that hold torch's kernels to a lower instruction set than the CPU has (how an AVX-512
+# machine stands in for an AVX2-only one): a figure taken under them says so.
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
-    """The CPU a figure was measured on: its model name, the SPEED_FLAGS it has, and the cores this process sees."""
+    """The CPU a figure was measured on: its model name, the SPEED_FLAGS it has, the cores this process sees, and
+    (`held_to`) the ISA_LIMITS set in the environment, where any is."""
     fields = cpuinfo_fields(cpuinfo)
     flags = cpu_flags(fields=fields)
+    held = {k: os.environ[k] for k in ISA_LIMITS if os.environ.get(k)}
     return {"model": fields.get("model name") or fields.get("Processor") or "unknown",
             "flags": [f for f in SPEED_FLAGS if f in flags], "cores": len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+            if hasattr(os, "sched_getaffinity") else os.cpu_count(), **({"held_to": held} if held else {})}
 
 
 def process_age(stat: Path = Path("/proc/self/stat"), uptime: Path = Path("/proc/uptime")) -> float | None:

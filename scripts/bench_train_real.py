@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 CONFIGS = ("expert", "expert-upper", "expert-whole-batch", "expert-recompute", "expert-attn", "full", "full-ckpt", "full-micro2",
            "lora", "lora-ckpt", "lora-bf16", "lora-bf16-micro2")
-LEVERS = ("expert-compile", "expert-attn-compile", "expert-unfused-head", "expert-micro1", "expert-micro2")  # measured on request (--configs): none is train-expert's default
+LEVERS = ("expert-compile", "expert-attn-compile", "expert-unfused-head", "expert-micro1", "expert-micro2",
+          "expert-short-head")  # measured on request (--configs): none is train-expert's default
 LORA_RANK = 16
 
 
@@ -159,6 +160,10 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
                          ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=lr_scales(model, tc) if copies else None,
                          keep=frozenset(), resume_from=None, micro=micro)
     impl.resume()
+    if kind.endswith("-short-head"):  # the head's chunks of LOGITS_CHUNK logits in fp32 too (85 positions at SmolLM2)
+        import mfgguf.head_loss
+
+        mfgguf.head_loss.FP32_CHUNK_ROWS = 0
     if kind.endswith("-unfused-head"):
         impl._fwd = lambda xm, ym, route: unfused_head_loss(model, xm, ym, route)
     model.train()

@@ -23,6 +23,7 @@ def _unfused(x, w, y):
 
 def test_f32_loss_and_gradient_are_the_unfused_ones(monkeypatch):
     monkeypatch.setattr("mfgguf.head_loss.LOGITS_CHUNK", 7_000)  # 7 positions a chunk: 22 chunks, the last short
+    monkeypatch.setattr("mfgguf.head_loss.FP32_CHUNK_ROWS", 1)
     x, w, y = _case(False)
     want = _unfused(x, w, y)
     (0.25 * want).backward()  # a micro-batch's share of the step: the incoming gradient is not 1
@@ -76,3 +77,12 @@ def test_no_grad_is_plain_cross_entropy():
     x, w, y = _case(False)
     with torch.no_grad():
         assert torch.equal(head_cross_entropy(x, w, y), _unfused(x, w, y))
+
+
+def test_an_fp32_head_takes_taller_chunks_within_a_bound():
+    from mfgguf.head_loss import FP32_LOGITS_MAX, LOGITS_CHUNK, head_chunk_rows
+
+    assert head_chunk_rows(49152, torch.bfloat16) == LOGITS_CHUNK // 49152 == 85  # bf16: as before (level or slower taller)
+    assert head_chunk_rows(49152, torch.float32) == 512
+    assert head_chunk_rows(151936, torch.float32) * 151936 <= FP32_LOGITS_MAX  # a large vocabulary stays bounded
+    assert head_chunk_rows(10**9, torch.float32) == 1

@@ -37,6 +37,16 @@ def test_cpu_names_the_model_and_the_speed_flags_it_has(tmp_path):
     assert missing["model"] == "unknown" and missing["flags"] == []
 
 
+def test_cpu_says_when_torch_is_held_to_a_lower_instruction_set(tmp_path, monkeypatch):
+    from mfgguf.machine import ISA_LIMITS, cpu
+
+    for k in ISA_LIMITS:
+        monkeypatch.delenv(k, raising=False)
+    assert "held_to" not in cpu(tmp_path / "missing")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert cpu(tmp_path / "missing")["held_to"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def test_process_age_reads_the_start_time_against_the_uptime(tmp_path):
     import os
 

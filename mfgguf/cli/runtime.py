@@ -72,9 +72,11 @@ def perplexity_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
     lora: Path = typer.Option(None, "--lora", help="A llama.cpp LoRA adapter GGUF of MODEL to apply (`train-base"
                               " --mode lora` writes OUT/lora.gguf for the base's `assemble --experts none` file)."),
+    chunks: int = typer.Option(None, "--chunks", help="Score only each domain's first N windows (llama.cpp's"
+                               " --chunks): a quick look."),
 ):
     r = perplexity_files(model, data=data or None, run=run, ctx=ctx, progress=not as_json and sys.stderr.isatty(),
-                         lora=lora)
+                         lora=lora, chunks=chunks)
     if as_json:
         typer.echo(json.dumps(r, indent=2))
         return

@@ -260,7 +260,7 @@ def document_nll(model, documents: list, *, ctx: int | None = None, batch: int |
 
 def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path | None = None, ctx: int | None = None,
                      batch: int | None = None, threads: int | None = None, progress: bool = True,
-                     lora: Path | None = None) -> dict:
+                     lora: Path | None = None, chunks: int | None = None) -> dict:
     """Perplexity of MODEL, computed by llama.cpp, on text files or on a RUN's held-out split.
 
     With --data FILE (repeatable) each file is UTF-8 text tokenized by the GGUF's own tokenizer
@@ -269,13 +269,17 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
     that is shorter; at most the trained context), each evaluated fresh with its second half
     scored, as llama.cpp's perplexity tool does. Reports every domain with its token counts and
     the token-weighted overall figure. --lora ADAPTER scores MODEL with a llama.cpp LoRA adapter
-    applied (the lora.gguf `train-base --mode lora` writes, on the base's dense GGUF).
+    applied (the lora.gguf `train-base --mode lora` writes, on the base's dense GGUF). --chunks N
+    scores only each domain's first N windows, as llama.cpp's perplexity tool's --chunks: a quick
+    look, where the whole split is the figure to report.
 
     Example:
         >>> perplexity_files("model.gguf", run="RUN", ctx=128)["overall"]["ppl"]
     """
     if (data is None) == (run is None) or (data is not None and not data):
         raise MfggufError("pass either --data FILE or --run RUN (one of the two)")
+    if chunks is not None and chunks < 1:
+        raise MfggufError(f"--chunks {chunks}: pass a number of windows of at least 1, or leave it out to score everything")
     if run is not None:
         domains = RunDir(run).heldout_tokens()
     else:
@@ -291,6 +295,8 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
     with cm as llm:
         if data is not None:  # the GGUF's own tokenizer, run by llama.cpp
             domains = {k: np.asarray(llm.tokenize(v.encode("utf-8"), add_bos=False, special=False)) for k, v in texts.items()}
+        if chunks is not None:  # whole windows only: what follows the N-th is not read
+            domains = {k: v[: chunks * ctx] for k, v in domains.items()}
         return _by_domain_llm(llm, domains, ctx, progress)
 
 

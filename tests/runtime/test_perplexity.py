@@ -153,3 +153,16 @@ def test_documents_split_at_eos_add_up_to_the_domain(tiny_gguf, trained_run):
     targets = np.concatenate([np.arange(s + 32 + 1, s + 64) for s in range(0, len(toks) - 63, 64)])
     assert docs[:, 1].tolist() == np.bincount(doc_of[targets])[np.unique(doc_of[targets])].tolist()
     assert "documents" not in perplexity_by_domain(tiny_gguf, {"d": toks}, ctx=64)["domains"]["d"]
+
+
+def test_chunks_scores_each_domains_first_windows(tiny_gguf, trained_run):
+    runner = CliRunner()
+    r = runner.invoke(app, ["perplexity", str(tiny_gguf), "--run", str(trained_run), "--ctx", "64", "--chunks", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    for d, toks in _heldout(trained_run).items():
+        assert len(toks) >= 3 * 64  # the cap binds on every domain, so the test tells a cap from none
+        assert res["domains"][d] == {**perplexity(tiny_gguf, toks[: 2 * 64], ctx=64), "tokens_per_s": res["domains"][d]["tokens_per_s"]}
+        assert res["domains"][d]["n_windows"] == 2
+    r = runner.invoke(app, ["perplexity", str(tiny_gguf), "--run", str(trained_run), "--chunks", "0"])
+    assert r.exit_code == 1 and "--chunks 0" in r.output and "Traceback" not in r.output
