@@ -40,14 +40,19 @@ def head_chunk_rows(vocab: int, dtype: torch.dtype) -> int:
     return max(1, rows)
 
 
+def matmul_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
+    """The dtype the head's matmuls run in: autocast's where it is on (as autograd would cast), else the head's."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else w.dtype
+
+
 class ChunkedHeadLoss(torch.autograd.Function):
     """mean_i CE(x_i @ w.T, y_i), chunk by chunk, for a frozen w; x -> loss, with x's gradient made in forward."""
 
     @staticmethod
     def forward(ctx, x, w, y, chunk: int):  # x: (N, C), w: (V, C), y: (N,) int64 -> () f32
         N = y.numel()
-        dev = x.device.type
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else w.dtype
+        dt = matmul_dtype(x, w)
         wc = w.to(dt)  # (V, C): cast once for every chunk (a bf16 head is not copied)
         gx = torch.empty_like(x)  # (N, C)
         total = torch.zeros((), dtype=torch.float32, device=x.device)
@@ -77,7 +82,5 @@ def head_cross_entropy(x, weight, y):  # x: (..., C), weight: (V, C), y: (...) -
     if not torch.is_grad_enabled() or not x.requires_grad or weight.requires_grad:
         return F.cross_entropy(F.linear(x, weight).float().reshape(-1, weight.size(0)), y.reshape(-1))
     x2 = x.reshape(-1, x.size(-1))  # (N, C)
-    dev = x.device.type
-    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype  # the matmuls' dtype
-    chunk = head_chunk_rows(weight.size(0), dt)
+    chunk = head_chunk_rows(weight.size(0), matmul_dtype(x, weight))
     return ChunkedHeadLoss.apply(x2, weight, y.reshape(-1), chunk)

@@ -49,20 +49,6 @@ def time_head(w, positions: int, rows: int, bf16: bool, repeats: int) -> float:
     return (time.perf_counter() - t) / repeats
 
 
-def matmul_gflops(dtype, n: int = 2048, seconds: float = 3.0) -> float:
-    """The matmul peak of one precision (2048^3), as bench_train.matmul_peak measures both: an emulated bf16
-    (no native support) would take minutes there."""
-    import torch
-
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    it, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        it += 1
-    return 2 * n**3 * it / (time.perf_counter() - t0) / 1e9
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=49152)
@@ -73,12 +59,12 @@ def main() -> None:
     a = ap.parse_args()
 
     import torch
-    from bench_train import cpu_flags
+    from bench_train import cpu_flags, matmul_peak
 
     from mfgguf.train.engine.loop import resolve_precision
 
     precisions = ["fp32"] + (["bf16"] if resolve_precision("auto", torch.device("cpu")) == "bf16" else [])
-    peak = {f"{p}_gflops": round(matmul_gflops(torch.bfloat16 if p == "bf16" else torch.float32), 1) for p in precisions}
+    peak = {k: round(v, 1) for k, v in matmul_peak().items()}
     print(json.dumps({"bench": "head_chunk", **cpu_flags(), **peak}), flush=True)
     flops = 4 * a.positions * a.vocab * a.dim  # logits and x's gradient: two (N, C) x (C, V) products
     for prec in precisions:
