@@ -281,6 +281,18 @@ def _tfidf(docs: list[np.ndarray], max_terms: int) -> tuple[np.ndarray, np.ndarr
     return terms.astype(np.int64), idf, X
 
 
+def nearest_cluster(doc: np.ndarray, centres: np.ndarray, terms: np.ndarray, idf: np.ndarray) -> int:
+    """The cluster (0-based: expert k+1's) whose centre is nearest a new document's tf-idf vector, as `_tfidf` weighs
+    a training document; centres, terms, idf as `partition_cluster` made them (data/clusters.safetensors)."""
+    column = np.full(max(int(terms.max()), int(np.max(doc, initial=0))) + 1, -1, dtype=np.int64)
+    column[terms] = np.arange(len(terms))
+    u, tf = np.unique(column[np.asarray(doc, dtype=np.int64)], return_counts=True)
+    tf, u = tf[u >= 0], u[u >= 0]
+    v = np.zeros(len(terms), dtype=np.float32)  # (n_terms,)
+    v[u] = tf * idf[u]
+    return int(np.argmax(centres @ v))  # the norm of v does not change the argmax
+
+
 def partition(name: str, docs: list[np.ndarray], domains: list[str], n: int, *, overlap: float = 0.0,
               seed: int = 0) -> Partition:
     """Dispatch to `partition_label` / `partition_random` / `partition_cluster`; weights = token counts."""

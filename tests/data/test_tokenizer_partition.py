@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mfgguf.data.partition import (composition, partition, partition_cluster, partition_label, partition_random,
-                                   split_heldout)
+from mfgguf.data.partition import (_tfidf, composition, nearest_cluster, partition, partition_cluster, partition_label,
+                                   partition_random, split_heldout)
 from mfgguf.data.sources import load_documents
 from mfgguf.data.tokenizer import (EOS_ID, EOS_TOKEN, encode_documents, load_tokenizer, token_dtype,
                                    train_tokenizer)
@@ -151,6 +151,22 @@ def test_cluster_partition_is_balanced_and_separates_code_from_prose(corpus):
     assert np.allclose(np.linalg.norm(p.centres, axis=1), 1, atol=1e-4)
     again = partition_cluster([ids[i] for i in sel], 2, domains=domains, seed=0)
     assert all(np.array_equal(a, b) for a, b in zip(p.shards, again.shards))
+
+
+def test_nearest_cluster_weighs_a_document_as_the_partition_did(corpus):
+    """A training document's nearest centre by `nearest_cluster` is the one the partition's own tf-idf matrix is most
+    similar to, for every document (the same terms, counts and idf); most documents sit in their nearest cluster."""
+    docs, _, ids = corpus
+    domains = [d.domain for d in docs]
+    p = partition_cluster(ids, 4, domains=domains, seed=1)
+    _, _, X = _tfidf(ids, 4096)
+    want = np.argmax(X.dot(p.centres), axis=1)  # (docs,)
+    got = np.array([nearest_cluster(d, p.centres, p.terms, p.idf) for d in ids])
+    assert np.array_equal(got, want)
+    label = np.zeros(len(ids), dtype=np.int64)
+    for k, s in enumerate(p.shards):
+        label[s] = k
+    assert (got == label).mean() > 0.7, (got == label).mean()  # the balance moves a few to their second choice
 
 
 def test_cluster_partition_balanced_with_more_clusters_and_overlap(corpus):

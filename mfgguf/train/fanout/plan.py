@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mfgguf.config import ModelConfig, TrainConfig, get_preset
+from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions
 from mfgguf.run import RunDir
 
@@ -95,4 +96,20 @@ def run_plan(rd: RunDir, ids: list[int], trunk: dict, rounds: int, opts: JobOpti
                    checkpoints=tuple(held))
 
 
-__all__ = ["RunPlan", "job_config", "run_plan"]
+def check_shards(rd: RunDir, plan: RunPlan) -> None:
+    """Refuse, before anything trains, a run with an expert left to train whose shard holds less than one context:
+    its job would fail only when its turn came, after the others' hours (a cluster partition of many experts over
+    little text makes such shards)."""
+    import numpy as np
+
+    need = plan.cfg.ctx_len + 1
+    short = {i: len(np.load(rd.shard(i), mmap_mode="r")) for i in sorted({i for i, _ in plan.todo})}
+    short = {i: n for i, n in short.items() if n < need}
+    if short:
+        which = ", ".join(f"{i} ({n} tokens)" for i, n in list(short.items())[:6]) + (", ..." if len(short) > 6 else "")
+        raise MfggufError(f"expert shard(s) {which} hold less than one context of {need} tokens; nothing was trained:"
+                          " prepare again with fewer experts or more text (--max-chars-per-domain), or leave them out"
+                          " with --experts")
+
+
+__all__ = ["RunPlan", "check_shards", "job_config", "run_plan"]

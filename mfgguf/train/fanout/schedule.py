@@ -37,7 +37,7 @@ from mfgguf.run import (RunDir, finished_against, module_name, read_module_meta,
                    trained_copies, write_json)
 from mfgguf.train.fanout.disk import check_disk, estimate, gb
 from mfgguf.train.fanout.jobs import Job
-from mfgguf.train.fanout.plan import run_plan
+from mfgguf.train.fanout.plan import check_shards, run_plan
 from mfgguf.train.fanout.view import LiveView, RunProgress, print_summary
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
@@ -98,7 +98,8 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     worker); False starts a child process per job (docs/benchmarks.md, the recipe's wall).
     Before anything trains it counts the disk the jobs left will write (module files, checkpoints at their
     peak, private trunk copies, syncs' trunks, router statistics) and refuses in one line where that and
-    `keep_free` bytes do not fit in the free space of RUN's filesystem. While it runs it shows the whole
+    `keep_free` bytes do not fit in the free space of RUN's filesystem, or where an expert left to train has a
+    shard shorter than one context. While it runs it shows the whole
     run: experts done of all, tokens done of all, tokens/s and the ETA.
 
     Example:
@@ -116,6 +117,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     opts = replace(job, train=replace(job.train, rounds=rounds))
     _drop_finished_checkpoints(rd, ids, trunk)
     plan = run_plan(rd, ids, trunk, rounds, opts, [i for i in ids if _trained(rd, i, trunk, int(trunk.get("round", 0)) + 1)])
+    check_shards(rd, plan)
     n_workers, threads = plan_workers(trunk.get("preset", "small"), workers) if ray is None else (len(ids), 1)
     need = estimate(plan, n_workers, outer_momentum)
     disk = check_disk(rd.root, need, keep_free)

@@ -146,6 +146,27 @@ def test_a_run_that_cannot_fit_refuses_before_training(three_run, tmp_path):
         train_experts(run, job=JOB, keep_free=10**18, progress=False)
 
 
+def test_a_shard_shorter_than_a_context_refuses_before_training(three_run, tmp_path):
+    """A shard with less than one context (as a cluster partition of many experts over little text makes) stops the
+    command in one line before any job, not when its own job's turn comes."""
+    import numpy as np
+
+    run = copy_run(three_run, tmp_path / "run")
+    rd = RunDir(run)
+    short = np.load(rd.shard(2))[:40].copy()  # (40,) tokens: under tiny's context of 64 + 1
+    np.save(rd.shard(2), short)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    r = CliRunner().invoke(app, ["train-experts", str(run), *ARGS])
+    assert r.exit_code == 1, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: expert shard(s) 2 (40 tokens) hold less than one context"), r.stderr
+    assert "nothing was trained" in lines[0] and "--experts" in lines[0]
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    r = CliRunner().invoke(app, ["train-experts", str(run), *ARGS, "--experts", "1"])  # leaving it out trains the rest
+    assert r.exit_code == 0, r.output
+    assert rd.module_file(1).is_file() and not rd.module_file(2).is_file()
+
+
 # ---- SIGKILL at any moment ----------------------------------------------------------------------
 
 

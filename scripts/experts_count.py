@@ -1,0 +1,351 @@
+"""How many experts, at one data budget: the cluster MoE at several N against what a practitioner runs instead, at
+equal training FLOPs, on one test split (docs/studies/experts-count.md).
+
+For each N and seed S, one RUN (OUT/n<N>-s<S>/run):
+  1. `import-base` (every expert --expert-ff wide: the same width at every N, so equal tokens are equal FLOPs) and
+     `prepare study --partition cluster --experts N`: prepare's own split seed is fixed, so the train, validation and
+     test documents are the same at every N (checked: the test split's digest is in every row); only the
+     training documents' grouping into clusters changes;
+  2. `train-experts --tokens D/N --seed S`: D training tokens in all, whatever N;
+  3. `mfgguf eval --seed S`: the MoE (ridge router, top-k chosen on validation), the base, oracle routing. The
+     baselines (--baselines: continued pretraining and one LoRA, FLOP-matched; wall-clock-matched on request) train
+     once, in the run of --baselines-at: their data is every training document (the union of the clusters, the same
+     documents at every N) and their budget the experts' FLOPs, equal at every N (each row records its experts'
+     FLOPs and the summary checks they agree). A LoRA per cluster (the stream, domain unknown) trains only where N
+     is small enough (--cluster-loras-at);
+  4. each test document through its cluster's expert alone, and the chosen MoE on the same documents
+     (mfgguf/eval/cluster_routing.py): the per-document oracle of a cluster MoE;
+  5. one JSON line appended to OUT/study.jsonl.
+A finished (N, S) is not run again and each stage resumes its own partial work, so the study stops and resumes across
+sittings. OUT/study.md and OUT/study.png (test perplexity on the mix against N, and against training FLOPs) are
+written from study.jsonl (alone with --summary-only).
+
+    python scripts/experts_count.py --out experts-count --experts 4,16,100 --tokens 409600 --seeds 1
+    python scripts/experts_count.py --out experts-count --summary-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NAMES = {"moe": "MoE (router, top-k chosen on validation)", "moe top-1": "MoE top-1", "moe top-2": "MoE top-2",
+         "oracle": "oracle routing (each domain through its best expert)", "base": "the base",
+         "flop": "continued pretraining, FLOP-matched", "wallclock": "continued pretraining, wall-clock-matched",
+         "lora": "one LoRA r16, FLOP-matched", "lora-domain": "a LoRA per cluster, the right adapter",
+         "lora-stream": "a LoRA per cluster, chosen by each document's opening",
+         "cluster-routed": "each document through its cluster's expert (by document)",
+         "moe by document": "the MoE, by document",
+         "moe stream": "the MoE on the cluster LoRAs' stream (after each opening)"}
+BASELINES = ("flop", "wallclock", "lora", "lora-domain", "lora-stream")
+
+
+def mfgguf(*args, log: Path) -> None:
+    """One CLI verb in its own process, its output appended to `log`; the study stops where one fails."""
+    line = "mfgguf " + shlex.join(map(str, args))
+    with open(log, "a") as f:
+        f.write(f"$ {line}\n")
+        f.flush()
+        t0 = time.perf_counter()
+        rc = subprocess.call([sys.executable, "-m", "mfgguf", *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
+                             cwd=ROOT)
+        f.write(f"# rc={rc} in {time.perf_counter() - t0:.1f} s\n")
+    if rc:
+        sys.exit(f"experts_count: `mfgguf {args[0]}` failed (exit {rc}); see {log}")
+
+
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def run_one(a, n: int, seed: int, out: Path) -> Path:
+    """Import, prepare, train and evaluate one (N, seed), each stage only where its output is missing."""
+    run = out / f"n{n}-s{seed}" / "run"
+    log = run.parent / "study.log"
+    run.parent.mkdir(parents=True, exist_ok=True)
+    if not (run / "modules" / "trunk.json").is_file():
+        mfgguf("import-base", a.base, "--out", run, "--expert-ff", a.expert_ff, "--force", log=log)
+    if not (run / "run.json").is_file():
+        mfgguf("prepare", "study", "--out", run, "--experts", n, "--partition", "cluster", "--max-chars-per-domain",
+               a.max_chars_per_domain, "--heldout-frac", a.heldout_frac, "--valid-frac", a.valid_frac,
+               "--no-progress", log=log)
+    per_expert = a.tokens // n
+    t0 = time.perf_counter()
+    mfgguf("train-experts", run, "--tokens", per_expert, "--batch-size", a.batch_size, "--seed", seed,
+           *(("--lr", a.lr) if a.lr else ()), "--eval-tokens", 512, "--curve-tokens", 512, log=log)  # in a log: a line a job
+    train_s = time.perf_counter() - t0
+    if not (run / "eval" / "report.json").is_file():
+        base = [b for b, at in ((a.baselines, a.baselines_at), ("lora-domain", a.cluster_loras_at))
+                if n == at]
+        mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", "--quants", "", "--max-tokens", a.max_tokens,
+               "--baselines", ",".join(base) or "none", "--dense-schedules", "cosine", "--full-lrs", a.full_lr,
+               "--lora-lrs", a.lora_lr, "--seed", seed, log=log)
+    routed = run / "eval" / "cluster-routing.json"
+    if not routed.is_file() and (not a.route_at or n in a.route_at):
+        route_by_cluster(a, run, routed, log)
+    return run
+
+
+def route_by_cluster(a, run: Path, path: Path, log: Path) -> None:
+    """eval/cluster-routing.json: each test document through its cluster's expert alone, and the chosen MoE on the
+    same documents (mfgguf/eval/cluster_routing.py): the oracle of a cluster MoE, per document."""
+    from mfgguf.eval.cluster_routing import cluster_routed
+    from mfgguf.run import RunDir
+    from mfgguf.run.files import write_json
+
+    rep = read_json(run / "eval" / "report.json")
+    moe = run / "eval" / "models" / rep["models"][rep["best"]]["file"]
+    t0 = time.perf_counter()
+    r = cluster_routed(RunDir(run), moe, run / "eval" / "scratch", a.max_tokens)
+    write_json(path, {**r, "moe_label": rep["best"], "wall_s": time.perf_counter() - t0})
+    with open(log, "a") as f:
+        f.write(f"# cluster routing: {r['routed']['overall']['ppl']:.4f} against the MoE's {r['moe']['overall']['ppl']:.4f}"
+                f" per document, {time.perf_counter() - t0:.0f} s\n")
+
+
+def split_digest(run: Path) -> str:
+    """sha256 over the test split's files: every row must have scored the same test split."""
+    from mfgguf.run import sha256_file
+
+    h = hashlib.sha256()
+    for f in sorted((run / "data" / "heldout").iterdir()):
+        h.update(f"{f.name}:{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def result_row(a, run: Path, n: int, seed: int) -> dict:
+    """study.jsonl's line for one finished RUN: each model's test perplexity (mix and per domain), training FLOPs and
+    walls, the cluster partition's balance."""
+    from mfgguf.machine import cpu
+    from mfgguf.run import RunDir, read_module_meta
+
+    rep = read_json(run / "eval" / "report.json")
+    res, models, flops = rep["results"], rep["models"], rep["flops"]["models"]
+
+    def figures(label: str) -> dict:
+        return {"ppl": res[label]["overall"]["ppl"], "domains": {d: v["ppl"] for d, v in res[label]["domains"].items()}}
+
+    methods = {}
+    for name, m in models.items():
+        if m["kind"] == "moe" and name in res and m.get("seed_gate") is None:
+            methods[f"moe top-{m['top_k']}"] = {**figures(name), "label": name,
+                                                "validation_ppl": rep.get("validation", {}).get(name, {}).get("ppl")}
+            if name == rep["best"]:
+                methods["moe"] = {**figures(name), "label": name}
+        elif m["kind"] == "dense" and name in res:
+            methods[m["baseline"]] = {**figures(name), "label": name, "flops": flops.get(name, {}).get("flops")}
+    base = "trunk alone"
+    methods["base"] = figures(base)
+    methods["oracle"] = {"ppl": rep["oracle"]["mixed"]["ppl"], "experts": rep["oracle"]["experts"]}
+    if stream := rep.get("domain_stream"):  # by document, on the tokens after each one's opening (the honest part)
+        for key, label in (("lora-stream", stream["lora"]), ("moe stream", stream["moe"])):
+            methods[key] = {"ppl": stream["results"][label]["after_choice"]["ppl"]}
+    routed = read_json(run / "eval" / "cluster-routing.json")
+    if routed:  # every document from an empty KV cache: comparable with each other, not with the rows above
+        methods["cluster-routed"] = {"ppl": routed["routed"]["overall"]["ppl"],
+                                     "domains": {d: v["ppl"] for d, v in routed["routed"]["domains"].items()}}
+        methods["moe by document"] = {"ppl": routed["moe"]["overall"]["ppl"],
+                                      "domains": {d: v["ppl"] for d, v in routed["moe"]["domains"].items()}}
+    rd = RunDir(run)
+    info = read_json(run / "run.json")
+    metas = {int(s["id"]): read_module_meta(rd, int(s["id"])) for s in info["shards"]}
+    toks = sorted(int(s["tokens"]) for s in info["shards"])
+    purity = [max(s["domains"].values()) / max(1, s["tokens"]) for s in info["shards"]] if "domains" in info["shards"][0] else []
+    expert_flops = flops["moe (trunk + every expert)"]["flops"]
+    return {"n": n, "seed": seed, "tokens": a.tokens, "tokens_per_expert": a.tokens // n, "expert_ff": a.expert_ff,
+            "batch_size": a.batch_size, "expert_params": sum(sum(x * y for x, y in m["tensors"].values())
+                                                              for m in metas.values()) // n,
+            "training_flops": expert_flops, "methods": methods,
+            "train_wall_s": sum(float(m["wall_s"]) for m in metas.values()),
+            "critical_path_s": max(float(m["wall_s"]) for m in metas.values()),
+            "eval_wall_s": rep.get("wall_s"), "clusters": {"tokens_min": toks[0], "tokens_median": statistics.median(toks),
+                                                          "tokens_max": toks[-1],
+                                                          "purity_mean": round(statistics.mean(purity), 3) if purity else None},
+            "test_split_sha256": split_digest(run), "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
+            "machine": cpu()}
+
+
+# ---- the summary ------------------------------------------------------------------------------------------------
+
+
+def load_rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def spread(vals: list[float]) -> dict:
+    return {"mean": statistics.mean(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per N: each method's test perplexity on the mix over seeds; the dense baselines (trained once, at one N, on the
+    same documents for the same FLOPs) are every N's reference."""
+    by_n: dict[int, dict[str, list[float]]] = {}
+    for r in rows:
+        for m, v in r["methods"].items():
+            by_n.setdefault(r["n"], {}).setdefault(m, []).append(v["ppl"])
+    refs: dict[str, list[float]] = {}
+    for r in rows:
+        for m in BASELINES + ("base",):
+            if m in r["methods"]:
+                refs.setdefault(m, []).append(r["methods"][m]["ppl"])
+    table = {n: {m: spread(v) for m, v in ms.items()} for n, ms in sorted(by_n.items())}
+    ref = {m: spread(v) for m, v in refs.items()}
+    digests = {r["test_split_sha256"] for r in rows}
+    fl = [r["training_flops"] for r in rows]
+    return {"table": table, "reference": ref, "one_test_split": len(digests) == 1,
+            "flops_spread": (max(fl) / min(fl) - 1) if fl else None}
+
+
+def markdown(rows: list[dict], s: dict) -> str:
+    r0 = rows[0]
+    L = ["# How many experts at one data budget", "",
+         f"{r0['tokens']:,} training tokens in all, split by `prepare --partition cluster` into N experts of "
+         f"{r0['expert_ff']} units a layer ({r0['expert_params']:,} parameters each), each trained on its cluster "
+         f"for {r0['tokens']:,}/N tokens (batch {r0['batch_size']} sequences); the same test split at every N: "
+         f"{'yes' if s['one_test_split'] else 'NO'}; the experts' training FLOPs agree within "
+         f"{100 * s['flops_spread']:.2f}%. Test perplexity on the mix of every domain (mean, min-max over seeds).", ""]
+    ref = s["reference"]
+    L += ["| N | seeds | tokens an expert | MoE (chosen) | top-1 | top-2 | oracle | MoE / base | MoE / continued "
+          "| MoE / LoRA | by document: MoE / cluster-routed | train wall s | clusters' tokens min / median / max |",
+          "|" + "---|" * 13]
+    for n, t in s["table"].items():
+        rs = [r for r in rows if r["n"] == n]
+        moe = t.get("moe", {}).get("mean")
+        ratio = lambda k: f"{moe / ref[k]['mean']:.3f}" if moe and k in ref else ""  # noqa: E731
+        c = rs[0]["clusters"]
+        L.append(f"| {n} | {len(rs)} | {rs[0]['tokens_per_expert']:,} | {_cell(t.get('moe'))} | {_cell(t.get('moe top-1'))} "
+                 f"| {_cell(t.get('moe top-2'))} | {_cell(t.get('oracle'))} | {ratio('base')} | {ratio('flop')} "
+                 f"| {ratio('lora')} | {_ratio(t, 'moe by document', 'cluster-routed')} "
+                 f"| {statistics.mean(r['train_wall_s'] for r in rs):.0f} "
+                 f"| {c['tokens_min']:,} / {c['tokens_median']:,.0f} / {c['tokens_max']:,} |")
+    L += ["", "| reference (trained once, every N's) | test perplexity on the mix |", "|---|---|"]
+    L += [f"| {NAMES[m]} | {_cell(v)} |" for m, v in ref.items()]
+    L += ["", "Per domain (seed means):", "",
+          "| model | " + " | ".join(sorted(rows[0]["methods"]["base"]["domains"])) + " |",
+          "|---|" + "---|" * len(rows[0]["methods"]["base"]["domains"])]
+    doms = sorted(rows[0]["methods"]["base"]["domains"])
+    seen = set()
+    for r in rows:
+        for m in ("moe", *BASELINES, "base"):
+            key = ("base" if m == "base" or m in BASELINES else f"N={r['n']}", m)
+            if m not in r["methods"] or "domains" not in r["methods"][m] or key in seen:
+                continue
+            seen.add(key)
+            same = [x["methods"][m]["domains"] for x in rows if m in x["methods"] and (key[0] == "base" or x["n"] == r["n"])]
+            name = NAMES[m] if key[0] == "base" else f"MoE N={r['n']}"
+            L.append(f"| {name} | " + " | ".join(f"{statistics.mean(d[k] for d in same):.3f}" for k in doms) + " |")
+    cpus = {f"{r['machine']['model']} ({', '.join(r['machine']['flags'])}; {r['machine']['cores']} cores)" for r in rows}
+    L += ["", "CPU: " + "; ".join(sorted(cpus)) + "."]
+    return "\n".join(L) + "\n"
+
+
+def _ratio(t: dict, a: str, b: str) -> str:
+    return f"{t[a]['mean'] / t[b]['mean']:.3f}" if a in t and b in t else ""
+
+
+def _cell(v: dict | None) -> str:
+    if not v:
+        return ""
+    return f"{v['mean']:.3f}" + (f" ({v['min']:.3f}-{v['max']:.3f})" if v["n"] > 1 else "")
+
+
+def plot(rows: list[dict], s: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    ns = list(s["table"])
+    for m, style in (("moe", "o-"), ("oracle", "s--")):
+        ys = [s["table"][n].get(m, {}).get("mean") for n in ns]
+        ax.plot([n for n, y in zip(ns, ys) if y], [y for y in ys if y], style, label=NAMES[m])
+    for m, v in s["reference"].items():
+        ax.axhline(v["mean"], lw=1, ls=":", color={"base": "k"}.get(m), label=NAMES[m])
+    ax.set_xscale("log")
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("experts N (same training tokens in all)")
+    ax.set_ylabel("test perplexity, mix")
+    ax.legend(fontsize=7)
+    for r in rows:
+        bx.scatter(r["training_flops"], r["methods"]["moe"]["ppl"], marker="o", label=f"MoE N={r['n']} s{r['seed']}")
+        for m in ("flop", "lora", "wallclock"):
+            if m in r["methods"]:
+                bx.scatter(r["methods"][m].get("flops") or r["training_flops"], r["methods"][m]["ppl"], marker="x",
+                           label=NAMES[m])
+    bx.set_xscale("log")
+    bx.set_xlabel("training FLOPs")
+    bx.set_ylabel("test perplexity, mix")
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_summary(out: Path) -> None:
+    rows = load_rows(out / "study.jsonl")
+    if not rows:
+        sys.exit(f"experts_count: no finished run in {out / 'study.jsonl'} yet")
+    s = summarize(rows)
+    (out / "study.md").write_text(markdown(rows, s))
+    plot(rows, s, out / "study.png")
+    print(f"experts_count: {out / 'study.md'}, {out / 'study.png'}")
+
+
+def parse(argv=None):
+    ints = lambda x: [int(v) for v in x.split(",") if v]  # noqa: E731
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("experts-count"))
+    ap.add_argument("--base", default="smollm2", help="any `import-base` source")
+    ap.add_argument("--experts", type=ints, default=[4, 16, 100], help="the values of N")
+    ap.add_argument("--tokens", type=int, default=409_600, help="D: training tokens in all, split evenly over N experts")
+    ap.add_argument("--seeds", type=ints, default=[1], help="train-expert's and the baselines' seeds")
+    ap.add_argument("--expert-ff", type=int, default=192, help="every expert's width (192 on SmolLM2: ~10M parameters)")
+    ap.add_argument("--batch-size", type=int, default=4, help="sequences a step: small, so N=100's experts take steps")
+    ap.add_argument("--lr", type=float, default=None, help="the experts' peak LR (default: the preset's)")
+    ap.add_argument("--max-chars-per-domain", type=int, default=2_000_000, help="prepare's cap on each domain's text")
+    ap.add_argument("--heldout-frac", type=float, default=0.02, help="prepare's test share")
+    ap.add_argument("--valid-frac", type=float, default=0.05, help="prepare's validation share")
+    ap.add_argument("--baselines-at", type=int, default=None, help="the N whose run trains the dense baselines"
+                    " (default: the first N)")
+    ap.add_argument("--baselines", default="flop,lora", help="eval --baselines of that run (flop, wallclock, lora)")
+    ap.add_argument("--cluster-loras-at", type=int, default=0, help="the N whose run also trains a LoRA per cluster"
+                    " (0: none)")
+    ap.add_argument("--route-at", type=ints, default=[], help="the N whose runs score each test document through its"
+                    " cluster's expert (default: every N)")
+    ap.add_argument("--full-lr", default="3e-4", help="continued pretraining's LR (the protocol study's choice)")
+    ap.add_argument("--lora-lr", default="3e-3", help="the LoRAs' LR (the protocol study's choice)")
+    ap.add_argument("--max-tokens", type=int, default=8192, help="eval --max-tokens: test tokens scored a domain")
+    ap.add_argument("--summary-only", action="store_true", help="write study.md and study.png from study.jsonl")
+    a = ap.parse_args(argv)
+    a.baselines_at = a.baselines_at or a.experts[0]
+    return a
+
+
+def main(argv=None) -> None:
+    a = parse(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    if not a.summary_only:
+        done = {(r["n"], r["seed"]) for r in load_rows(a.out / "study.jsonl")}
+        # the baselines' N first: every other N is compared with them
+        for n in sorted(a.experts, key=lambda n: n != a.baselines_at):
+            for seed in a.seeds:
+                if (n, seed) in done:
+                    continue
+                run = run_one(a, n, seed, a.out)
+                with open(a.out / "study.jsonl", "a") as f:
+                    f.write(json.dumps(result_row(a, run, n, seed)) + "\n")
+    write_summary(a.out)
+
+
+if __name__ == "__main__":
+    main()
