@@ -90,6 +90,25 @@ def test_train_base_passes_the_seed_and_retrains_for_another(monkeypatch, tmp_pa
     assert Path(calls[0][1]) == tmp_path and calls[0][0] == "train-base"
 
 
+def test_train_base_reuses_a_training_whose_step_did_not_divide_the_tokens(monkeypatch, tmp_path):
+    """FLOP-matched tokens come in the experts' steps (batch 4 x 256 here); train-base trains whole steps of its own
+    batch (16 x 256), so it saw fewer than asked. Its record's request is what a rerun of eval matches: training it
+    again would replace the finished baseline (train-base --force) for the same result."""
+    run = tmp_path / "grid-full-lr0.0003"
+    (run / "modules").mkdir(parents=True)
+    (run / "modules" / "trunk.json").write_text("{}")
+    (run / "modules" / "trunk.safetensors").write_bytes(b"")
+    record = {"tokens_seen": 282_624, "train": {"tokens": 283_648},
+              "continued": {"mode": "full", "lr": 3e-4, "shards": [1, 2], "from_trunk_sha256": "abc", "seed": 1}}
+    calls = []
+    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i: json.loads(json.dumps(record)))
+    monkeypatch.setattr(imported, "run_stage", lambda name, args: calls.append([str(a) for a in args]))
+    kw = dict(mode="full", lr=3e-4, shards=[1, 2], trunk_sha256="abc", seed=1)
+    assert imported.train_base(RunDir(tmp_path), run, tokens=283_648, **kw) == record and calls == []
+    imported.train_base(RunDir(tmp_path), run, tokens=287_744, **kw)  # another budget: trained again
+    assert len(calls) == 1
+
+
 def test_a_dense_baseline_is_trained_with_the_seed_and_again_for_another(monkeypatch, tmp_path):
     from mfgguf.eval.baselines import scratch
 

@@ -160,7 +160,10 @@ def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shar
     files = (view.module_meta(0), view.module_file(0), *(run / n for n in needs))
     if not force and all(f.is_file() for f in files):
         m = read_module_meta(view, 0)
-        if m.get("tokens_seen") == tokens and all(m["continued"].get(k) == v for k, v in want.items()):
+        # train-base trains whole steps of its own batch, which may not divide the tokens asked for: the record's
+        # request is what must match (a record older than that field, its tokens seen)
+        asked = (m.get("train") or {}).get("tokens", m.get("tokens_seen"))
+        if tokens in (asked, m.get("tokens_seen")) and all(m["continued"].get(k) == v for k, v in want.items()):
             return m
     run_stage(f"train-base {run.name}", ["train-base", rd.root, "-o", run, "--mode", mode, "--tokens", tokens, "--lr", lr,
                                          "--shards", ",".join(map(str, shards)), "--no-progress", "--force",
