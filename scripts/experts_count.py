@@ -27,17 +27,17 @@ written from study.jsonl (alone with --summary-only).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from protocol_study import mfgguf, read_json, split_digest  # noqa: E402  (one way a study runs a verb)
 
 NAMES = {"moe": "MoE (router, top-k chosen on validation)", "moe top-1": "MoE top-1", "moe top-2": "MoE top-2",
          "oracle": "oracle routing (each domain through its best expert)", "base": "the base",
@@ -48,24 +48,6 @@ NAMES = {"moe": "MoE (router, top-k chosen on validation)", "moe top-1": "MoE to
          "moe by document": "the MoE, by document",
          "moe stream": "the MoE on the cluster LoRAs' stream (after each opening)"}
 BASELINES = ("flop", "wallclock", "lora", "lora-domain", "lora-stream")
-
-
-def mfgguf(*args, log: Path) -> None:
-    """One CLI verb in its own process, its output appended to `log`; the study stops where one fails."""
-    line = "mfgguf " + shlex.join(map(str, args))
-    with open(log, "a") as f:
-        f.write(f"$ {line}\n")
-        f.flush()
-        t0 = time.perf_counter()
-        rc = subprocess.call([sys.executable, "-m", "mfgguf", *map(str, args)], stdout=f, stderr=subprocess.STDOUT,
-                             cwd=ROOT)
-        f.write(f"# rc={rc} in {time.perf_counter() - t0:.1f} s\n")
-    if rc:
-        sys.exit(f"experts_count: `mfgguf {args[0]}` failed (exit {rc}); see {log}")
-
-
-def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def run_one(a, n: int, seed: int, out: Path) -> Path:
@@ -111,16 +93,6 @@ def route_by_cluster(a, run: Path, path: Path, log: Path) -> None:
     with open(log, "a") as f:
         f.write(f"# cluster routing: {r['routed']['overall']['ppl']:.4f} against the MoE's {r['moe']['overall']['ppl']:.4f}"
                 f" per document, {time.perf_counter() - t0:.0f} s\n")
-
-
-def split_digest(run: Path) -> str:
-    """sha256 over the test split's files: every row must have scored the same test split."""
-    from mfgguf.run import sha256_file
-
-    h = hashlib.sha256()
-    for f in sorted((run / "data" / "heldout").iterdir()):
-        h.update(f"{f.name}:{sha256_file(f)}\n".encode())
-    return h.hexdigest()
 
 
 def result_row(a, run: Path, n: int, seed: int) -> dict:

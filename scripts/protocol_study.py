@@ -60,8 +60,9 @@ NAMES = {"moe@1": "MoE top-1 (gate chosen on validation)", "moe": "MoE (top-k an
 RATE, PROCESS_S, SYNC_S, LAST_SYNC_S, MEASURE_S, MOE_MEASURE_S = 3.5e11, 13.0, 16.0, 120.0, 4560.0, 360.0
 
 
-def mfgguf(*args, log: Path, dry: bool) -> None:
-    """One CLI verb in its own process, output appended to `log` (printed only, with --dry-run); stops on failure."""
+def mfgguf(*args, log: Path, dry: bool = False) -> None:
+    """One CLI verb in its own process, output appended to `log` (printed only, with --dry-run); stops on failure
+    (the message names the study script that ran it: scripts/experts_count.py runs its verbs through this too)."""
     line = "mfgguf " + shlex.join(map(str, args))
     if dry:
         print(line)
@@ -74,7 +75,7 @@ def mfgguf(*args, log: Path, dry: bool) -> None:
                              cwd=ROOT)
         f.write(f"# rc={rc} in {time.perf_counter() - t0:.1f} s\n")
     if rc:
-        sys.exit(f"protocol_study: `mfgguf {args[0]}` failed (exit {rc}); see {log}")
+        sys.exit(f"{Path(sys.argv[0]).stem}: `mfgguf {args[0]}` failed (exit {rc}); see {log}")
 
 
 def read_json(path: Path) -> dict | None:
