@@ -12,7 +12,9 @@ For each N and seed S, one RUN (OUT/n<N>-s<S>/run):
      once, in the run of --baselines-at: their data is every training document (the union of the clusters, the same
      documents at every N) and their budget the experts' FLOPs, equal at every N (each row records its experts'
      FLOPs and the summary checks they agree). A LoRA per cluster (the stream, domain unknown) trains only where N
-     is small enough (--cluster-loras-at);
+     is small enough (--cluster-loras-at). With --score moe, the MoE alone instead, scored as eval scores it (ridge,
+     f16, top-1 or top-2 chosen on validation, test once): a later seed's run, compared with the first seed's
+     baselines;
   4. each test document through its cluster's expert alone, and the chosen MoE on the same documents
      (mfgguf/eval/cluster_routing.py): the per-document oracle of a cluster MoE;
   5. one JSON line appended to OUT/study.jsonl.
@@ -21,6 +23,7 @@ sittings. OUT/study.md and OUT/study.png (test perplexity on the mix against N, 
 written from study.jsonl (alone with --summary-only).
 
     python scripts/experts_count.py --out experts-count --experts 4,16,100 --tokens 409600 --seeds 1
+    python scripts/experts_count.py --out experts-count --experts 16,100 --seeds 2 --score moe
     python scripts/experts_count.py --out experts-count --summary-only
 """
 
@@ -66,7 +69,9 @@ def run_one(a, n: int, seed: int, out: Path) -> Path:
     mfgguf("train-experts", run, "--tokens", per_expert, "--batch-size", a.batch_size, "--seed", seed,
            *(("--lr", a.lr) if a.lr else ()), "--eval-tokens", 512, "--curve-tokens", 512, log=log)  # in a log: a line a job
     train_s = time.perf_counter() - t0
-    if not (run / "eval" / "report.json").is_file():
+    if a.score == "moe":
+        score_moe(a, run, log)
+    elif not (run / "eval" / "report.json").is_file():
         base = [b for b, at in ((a.baselines, a.baselines_at), ("lora-domain", a.cluster_loras_at))
                 if n == at]
         mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", "--quants", "", "--max-tokens", a.max_tokens,
@@ -78,6 +83,35 @@ def run_one(a, n: int, seed: int, out: Path) -> Path:
     return run
 
 
+def score_moe(a, run: Path, log: Path) -> None:
+    """--score moe: the MoE alone, scored as `eval` scores it (ridge router, f16, top-1 and top-2 chosen on validation,
+    test scored once, the same measuring process and settings) into eval/measured/top<k>.<split>.json and
+    eval/measured/chosen; no baseline, oracle or timing. A second seed costs its training and about five minutes."""
+    from mfgguf.eval.measure import measure
+    from mfgguf.run import RunDir
+    from mfgguf.run.files import write_json
+
+    rd, models, got = RunDir(run), run / "eval" / "models", run / "eval" / "measured"
+    models.mkdir(parents=True, exist_ok=True)
+    got.mkdir(parents=True, exist_ok=True)
+    domains = list(rd.heldout_tokens(1))
+
+    def scored(k: int, split: str) -> dict:
+        path = got / f"top{k}.{split}.json"
+        if not path.is_file():
+            gguf = models / f"moe-ridge-top{k}-f16.gguf"
+            if not gguf.is_file():
+                mfgguf("assemble", run, "-o", gguf, "--quant", "f16", "--top-k", k, "--router", "ridge", "--quiet",
+                       log=log)
+            write_json(path, measure(gguf, rd, domains, max_tokens=a.max_tokens, ctx=None, decode_tokens=0,
+                                     split=split))
+        return read_json(path)
+
+    k = min((1, 2), key=lambda k: scored(k, "validation")["overall"]["ppl"])
+    (got / "chosen").write_text(f"{k}\n")
+    scored(k, "test")
+
+
 def route_by_cluster(a, run: Path, path: Path, log: Path) -> None:
     """eval/cluster-routing.json: each test document through its cluster's expert alone, and the chosen MoE on the
     same documents (mfgguf/eval/cluster_routing.py): the oracle of a cluster MoE, per document."""
@@ -85,43 +119,66 @@ def route_by_cluster(a, run: Path, path: Path, log: Path) -> None:
     from mfgguf.run import RunDir
     from mfgguf.run.files import write_json
 
-    rep = read_json(run / "eval" / "report.json")
-    moe = run / "eval" / "models" / rep["models"][rep["best"]]["file"]
+    if rep := read_json(run / "eval" / "report.json"):
+        label, moe = rep["best"], run / "eval" / "models" / rep["models"][rep["best"]]["file"]
+    else:  # --score moe
+        k = int((run / "eval" / "measured" / "chosen").read_text())
+        label, moe = f"moe ridge top-{k}", run / "eval" / "models" / f"moe-ridge-top{k}-f16.gguf"
     t0 = time.perf_counter()
     r = cluster_routed(RunDir(run), moe, run / "eval" / "scratch", a.max_tokens)
-    write_json(path, {**r, "moe_label": rep["best"], "wall_s": time.perf_counter() - t0})
+    write_json(path, {**r, "moe_label": label, "wall_s": time.perf_counter() - t0})
     with open(log, "a") as f:
         f.write(f"# cluster routing: {r['routed']['overall']['ppl']:.4f} against the MoE's {r['moe']['overall']['ppl']:.4f}"
                 f" per document, {time.perf_counter() - t0:.0f} s\n")
 
 
-def result_row(a, run: Path, n: int, seed: int) -> dict:
-    """study.jsonl's line for one finished RUN: each model's test perplexity (mix and per domain), training FLOPs and
-    walls, the cluster partition's balance."""
-    from mfgguf.machine import cpu
-    from mfgguf.run import RunDir, read_module_meta
+def _figures(r: dict) -> dict:
+    return {"ppl": r["overall"]["ppl"], "domains": {d: v["ppl"] for d, v in r["domains"].items()}}
 
-    rep = read_json(run / "eval" / "report.json")
+
+def eval_methods(rep: dict) -> dict:
+    """Each model of an `eval` report: the MoE at each top-k, the chosen one, the dense baselines, base, oracle."""
     res, models, flops = rep["results"], rep["models"], rep["flops"]["models"]
-
-    def figures(label: str) -> dict:
-        return {"ppl": res[label]["overall"]["ppl"], "domains": {d: v["ppl"] for d, v in res[label]["domains"].items()}}
-
     methods = {}
     for name, m in models.items():
         if m["kind"] == "moe" and name in res and m.get("seed_gate") is None:
-            methods[f"moe top-{m['top_k']}"] = {**figures(name), "label": name,
+            methods[f"moe top-{m['top_k']}"] = {**_figures(res[name]), "label": name,
                                                 "validation_ppl": rep.get("validation", {}).get(name, {}).get("ppl")}
             if name == rep["best"]:
-                methods["moe"] = {**figures(name), "label": name}
+                methods["moe"] = {**_figures(res[name]), "label": name}
         elif m["kind"] == "dense" and name in res:
-            methods[m["baseline"]] = {**figures(name), "label": name, "flops": flops.get(name, {}).get("flops")}
-    base = "trunk alone"
-    methods["base"] = figures(base)
+            methods[m["baseline"]] = {**_figures(res[name]), "label": name, "flops": flops.get(name, {}).get("flops")}
+    methods["base"] = _figures(res["trunk alone"])
     methods["oracle"] = {"ppl": rep["oracle"]["mixed"]["ppl"], "experts": rep["oracle"]["experts"]}
     if stream := rep.get("domain_stream"):  # by document, on the tokens after each one's opening (the honest part)
         for key, label in (("lora-stream", stream["lora"]), ("moe stream", stream["moe"])):
             methods[key] = {"ppl": stream["results"][label]["after_choice"]["ppl"]}
+    return methods
+
+
+def measured_methods(run: Path) -> dict:
+    """`--score moe`'s figures: the MoE at the top-k validation chose (test), and each top-k's validation."""
+    got = run / "eval" / "measured"
+    k = int((got / "chosen").read_text())
+    methods = {}
+    for kk in (1, 2):
+        test, valid = read_json(got / f"top{kk}.test.json"), read_json(got / f"top{kk}.validation.json")
+        if test:
+            methods[f"moe top-{kk}"] = {**_figures(test), "label": f"moe ridge top-{kk}",
+                                        "validation_ppl": valid["overall"]["ppl"]}
+    methods["moe"] = {**methods[f"moe top-{k}"], "label": f"moe ridge top-{k}"}
+    return methods
+
+
+def result_row(a, run: Path, n: int, seed: int) -> dict:
+    """study.jsonl's line for one finished RUN: each model's test perplexity (mix and per domain), training FLOPs and
+    walls, the cluster partition's balance."""
+    from mfgguf.flops import module_flops
+    from mfgguf.machine import cpu
+    from mfgguf.run import RunDir, read_module_meta
+
+    rep = read_json(run / "eval" / "report.json")
+    methods = eval_methods(rep) if rep else measured_methods(run)
     routed = read_json(run / "eval" / "cluster-routing.json")
     if routed:  # every document from an empty KV cache: comparable with each other, not with the rows above
         methods["cluster-routed"] = {"ppl": routed["routed"]["overall"]["ppl"],
@@ -133,14 +190,16 @@ def result_row(a, run: Path, n: int, seed: int) -> dict:
     metas = {int(s["id"]): read_module_meta(rd, int(s["id"])) for s in info["shards"]}
     toks = sorted(int(s["tokens"]) for s in info["shards"])
     purity = [max(s["domains"].values()) / max(1, s["tokens"]) for s in info["shards"]] if "domains" in info["shards"][0] else []
-    expert_flops = flops["moe (trunk + every expert)"]["flops"]
+    # an imported base's trunk trains nothing: the experts' FLOPs are the run's
+    expert_flops = (rep["flops"]["models"]["moe (trunk + every expert)"]["flops"] if rep
+                    else sum(module_flops(m) for m in metas.values()))
     return {"n": n, "seed": seed, "tokens": a.tokens, "tokens_per_expert": a.tokens // n, "expert_ff": a.expert_ff,
             "batch_size": a.batch_size, "expert_params": sum(sum(x * y for x, y in m["tensors"].values())
                                                               for m in metas.values()) // n,
             "training_flops": expert_flops, "methods": methods,
             "train_wall_s": sum(float(m["wall_s"]) for m in metas.values()),
             "critical_path_s": max(float(m["wall_s"]) for m in metas.values()),
-            "eval_wall_s": rep.get("wall_s"), "clusters": {"tokens_min": toks[0], "tokens_median": statistics.median(toks),
+            "eval_wall_s": (rep or {}).get("wall_s"), "clusters": {"tokens_min": toks[0], "tokens_median": statistics.median(toks),
                                                           "tokens_max": toks[-1],
                                                           "purity_mean": round(statistics.mean(purity), 3) if purity else None},
             "test_split_sha256": split_digest(run), "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
@@ -202,10 +261,8 @@ def markdown(rows: list[dict], s: dict) -> str:
                  f"| {c['tokens_min']:,} / {c['tokens_median']:,.0f} / {c['tokens_max']:,} |")
     L += ["", "| reference (trained once, every N's) | test perplexity on the mix |", "|---|---|"]
     L += [f"| {NAMES[m]} | {_cell(v)} |" for m, v in ref.items()]
-    L += ["", "Per domain (seed means):", "",
-          "| model | " + " | ".join(sorted(rows[0]["methods"]["base"]["domains"])) + " |",
-          "|---|" + "---|" * len(rows[0]["methods"]["base"]["domains"])]
-    doms = sorted(rows[0]["methods"]["base"]["domains"])
+    doms = sorted(rows[0]["methods"]["moe"]["domains"])
+    L += ["", "Per domain (seed means):", "", "| model | " + " | ".join(doms) + " |", "|---|" + "---|" * len(doms)]
     seen = set()
     for r in rows:
         for m in ("moe", *BASELINES, "base"):
@@ -296,6 +353,8 @@ def parse(argv=None):
                     " cluster's expert (default: every N)")
     ap.add_argument("--full-lr", default="3e-4", help="continued pretraining's LR (the protocol study's choice)")
     ap.add_argument("--lora-lr", default="3e-3", help="the LoRAs' LR (the protocol study's choice)")
+    ap.add_argument("--score", choices=("eval", "moe"), default="eval", help="eval: `mfgguf eval` in each run (the"
+                    " baselines in one); moe: the MoE alone, as eval scores it (a later seed's run)")
     ap.add_argument("--max-tokens", type=int, default=8192, help="eval --max-tokens: test tokens scored a domain")
     ap.add_argument("--summary-only", action="store_true", help="write study.md and study.png from study.jsonl")
     a = ap.parse_args(argv)

@@ -74,3 +74,23 @@ def test_a_row_of_another_split_or_budget_is_flagged(tmp_path):
 def test_summary_of_nothing_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no finished run"):
         ec.write_summary(Path(tmp_path))
+
+
+def test_a_later_seed_scored_moe_alone_joins_the_first_seeds_references(tmp_path):
+    """--score moe: the row holds the MoE at the top-k validation chose; base and baselines come from the eval run."""
+    got = tmp_path / "eval" / "measured"
+    got.mkdir(parents=True)
+    figures = lambda ppl: {"overall": {"ppl": ppl}, "domains": {d: {"ppl": ppl} for d in DOMAINS}}  # noqa: E731
+    for k, valid, test in ((1, 4.9, 4.5), (2, 4.7, 4.3)):
+        (got / f"top{k}.validation.json").write_text(json.dumps(figures(valid)))
+    (got / "top2.test.json").write_text(json.dumps(figures(4.3)))
+    (got / "chosen").write_text("2\n")
+    methods = ec.measured_methods(tmp_path)
+    assert methods["moe"]["ppl"] == 4.3 and methods["moe"]["label"] == "moe ridge top-2"
+    assert "moe top-1" not in methods and methods["moe top-2"]["validation_ppl"] == 4.7
+    later = {**_row(16, 2, 4.3), "methods": methods}
+    rows = [later, *ROWS]
+    s = ec.summarize(rows)
+    assert s["table"][16]["moe"]["n"] == 2 and s["reference"]["base"]["n"] == 4
+    line = next(x for x in ec.markdown(rows, s).splitlines() if x.startswith("| 16 |"))
+    assert line.split("|")[9].strip() == f"{(4.1 + 4.3) / 2 / 4.0:.3f}"  # MoE / continued, over both seeds
