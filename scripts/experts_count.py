@@ -299,8 +299,8 @@ def plot(rows: list[dict], s: dict, path: Path) -> None:
     for m, style in (("moe", "o-"), ("oracle", "s--")):
         ys = [s["table"][n].get(m, {}).get("mean") for n in ns]
         ax.plot([n for n, y in zip(ns, ys) if y], [y for y in ys if y], style, label=NAMES[m])
-    for m, v in s["reference"].items():
-        ax.axhline(v["mean"], lw=1, ls=":", color={"base": "k"}.get(m), label=NAMES[m])
+    for i, (m, v) in enumerate(s["reference"].items()):  # a colour each: the lines are the comparison
+        ax.axhline(v["mean"], lw=1.2, ls=":", color="k" if m == "base" else f"C{i + 2}", label=NAMES[m])
     ax.set_xscale("log")
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.set_xlabel("experts N (same training tokens in all)")
