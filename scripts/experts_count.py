@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from protocol_study import mfgguf, read_json, split_digest  # noqa: E402  (one way a study runs a verb)
+from protocol_study import mfgguf, read_json, split_digest, spread  # noqa: E402  (one way a study runs a verb)
 
 NAMES = {"moe": "MoE (router, top-k chosen on validation)", "moe top-1": "MoE top-1", "moe top-2": "MoE top-2",
          "oracle": "oracle routing (each domain through its best expert)", "base": "the base",
@@ -213,10 +213,6 @@ def load_rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
 
 
-def spread(vals: list[float]) -> dict:
-    return {"mean": statistics.mean(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
-
-
 def summarize(rows: list[dict]) -> dict:
     """Per N: each method's test perplexity on the mix over seeds; the dense baselines (trained once, at one N, on the
     same documents for the same FLOPs) are every N's reference."""
@@ -289,11 +285,9 @@ def _cell(v: dict | None) -> str:
 
 
 def plot(rows: list[dict], s: dict, path: Path) -> None:
-    import matplotlib
+    from mfgguf.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     ns = list(s["table"])
     for m, style in (("moe", "o-"), ("oracle", "s--")):
@@ -317,7 +311,7 @@ def plot(rows: list[dict], s: dict, path: Path) -> None:
     bx.set_ylabel("test perplexity, mix")
     bx.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, plt)  # in one piece, as every plot of the project
 
 
 def write_summary(out: Path) -> None:
