@@ -13,7 +13,9 @@ other than dim / n_heads.
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,27 @@ def readable(qtype) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class BaseTensor:
+    """One tensor of the base file, as its header describes it."""
+
+    name: str
+    shape: tuple[int, ...]  # numpy order (slowest first)
+    qtype: object  # gguf.GGMLQuantizationType
+    data_offset: int  # absolute, in the file
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def n_bytes(self) -> int:
+        import gguf
+
+        block, size = gguf.GGML_QUANT_SIZES[self.qtype]
+        return self.n_elements // block * size
+
+
 class GGUFBase:
     """A base model in one GGUF file (a known family's dense architecture)."""
 
@@ -47,13 +70,20 @@ class GGUFBase:
     def __init__(self, path: Path):
         import gguf
 
+        from mfgguf.gguf.header import read_gguf_header
+
         self.path = Path(path)
         what = f"base {self.path.name}"
-        try:
-            self.reader = gguf.GGUFReader(self.path)
-        except Exception as e:  # gguf-py raises ValueError/struct errors on a damaged or foreign file
+        try:  # our parser, not gguf-py's reader: that one takes seconds over a real base's vocabulary
+            self.header = read_gguf_header(self.path)
+            self.tensors = {t.name: BaseTensor(t.name, t.shape, gguf.GGMLQuantizationType(t.ggml_type),
+                                               self.header.data_offset + t.offset) for t in self.header.tensors}
+        except (MfggufError, ValueError) as e:  # a damaged or foreign file; ValueError: a type ggml does not have
             raise MfggufError(f"{self.path} is not a readable GGUF file, damaged or truncated ({e}); fetch or copy it"
                               " again") from None
+        if (end := max((t.data_offset + t.n_bytes for t in self.tensors.values()), default=0)) > self.header.size:
+            raise MfggufError(f"{self.path} is not a readable GGUF file, damaged or truncated (its tensors end at byte"
+                              f" {end:,}, the file at {self.header.size:,}); fetch or copy it again")
         arch = self._kv("general.architecture", what)
         fam = by_gguf_arch(arch)
         if fam is None:
@@ -68,13 +98,12 @@ class GGUFBase:
         n_heads = int(self._kv(f"{a}.attention.head_count", what))
         dim = int(self._kv(f"{a}.embedding_length", what))
         key_len = int(self._kv(f"{a}.attention.key_length", what, dim // n_heads)) if fam.free_head_dim else 0
-        self.tensors = {t.name: t for t in self.reader.tensors}
         factors: tuple[float, ...] = ()
         if (rf := self.tensors.pop("rope_freqs.weight", None)) is not None:
-            if not fam.rope_freqs or rf.tensor_type.name != "F32" or int(rf.n_elements) != (key_len or dim // n_heads) // 2:
-                raise MfggufError(f"{what} has a rope_freqs tensor of {int(rf.n_elements)} {rf.tensor_type.name}, which"
+            if not fam.rope_freqs or rf.qtype.name != "F32" or rf.n_elements != (key_len or dim // n_heads) // 2:
+                raise MfggufError(f"{what} has a rope_freqs tensor of {rf.n_elements} {rf.qtype.name}, which"
                                   f" mfgguf's model does not compute; it reads {(key_len or dim // n_heads) // 2} F32 factors of a llama")
-            factors = tuple(float(x) for x in np.asarray(rf.data, np.float32).reshape(-1))
+            factors = tuple(float(x) for x in self._raw(rf).view(np.float32))
         verdict: dict[str, bool] = {}
         tied = "output.weight" not in self.tensors
         emb = self.tensors.get("token_embd.weight")
@@ -83,7 +112,7 @@ class GGUFBase:
         self.shape = BaseShape(
             dim=dim, n_layers=int(self._kv(f"{a}.block_count", what)), n_heads=n_heads,
             n_kv_heads=int(self._kv(f"{a}.attention.head_count_kv", what, n_heads)),
-            ff=int(self._kv(f"{a}.feed_forward_length", what)), vocab_size=int(emb.shape[1]),
+            ff=int(self._kv(f"{a}.feed_forward_length", what)), vocab_size=emb.shape[0],
             rope_theta=float(self._kv(f"{a}.rope.freq_base", what, 10000.0)),
             norm_eps=float(self._kv(f"{a}.attention.layer_norm_rms_epsilon", what)),
             ctx_len=int(self._kv(f"{a}.context_length", what)), tied=tied, family=fam.name, rope_freq_factors=factors,
@@ -98,12 +127,11 @@ class GGUFBase:
         for name, t in self.tensors.items():
             if name not in want:
                 raise MfggufError(f"{what} has tensor {name}, which mfgguf's model has no place for")
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # ggml dims are fastest first
-            if shape != want[name]:
-                raise MfggufError(f"{what}: tensor {name} has shape {list(shape)}, expected {list(want[name])}")
-            kind = t.tensor_type.name
+            if t.shape != want[name]:
+                raise MfggufError(f"{what}: tensor {name} has shape {list(t.shape)}, expected {list(want[name])}")
+            kind = t.qtype.name
             if kind not in verdict:
-                verdict[kind] = readable(t.tensor_type)
+                verdict[kind] = readable(t.qtype)
             if not verdict[kind]:
                 raise MfggufError(f"{what}: tensor {name} is {kind}, which gguf-py {gguf_version()} cannot dequantize;"
                                   f" convert the base to f16 or q8_0 with llama.cpp's llama-quantize first")
@@ -113,12 +141,12 @@ class GGUFBase:
 
     def _kv(self, key: str, what: str, default=MfggufError):
         """A key's value; a missing key is `default`, or one line naming it when there is none."""
-        f = self.reader.get_field(key)
-        if f is None:
+        v = self.header.value(key, MfggufError)
+        if v is MfggufError:
             if default is MfggufError:
                 raise MfggufError(f"{what} has no {key} key; is it a complete GGUF?")
             return default
-        return f.contents()
+        return v
 
     @property
     def tokenizer_json(self) -> Path | None:
@@ -131,13 +159,8 @@ class GGUFBase:
         if name == "output.weight" and self.shape.tied:
             name = "token_embd.weight"
         t = self.tensors[name]
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            raw = np.frombuffer(pread_exact(fd, int(t.n_bytes), int(t.data_offset), f"base {self.path.name}"), np.uint8)
-        finally:
-            os.close(fd)
-        kind = t.tensor_type.name
+        shape, raw = t.shape, self._raw(t)
+        kind = t.qtype.name
         if kind == "F32":
             return raw.view(np.float32).reshape(shape)
         if kind == "F16":
@@ -145,18 +168,28 @@ class GGUFBase:
         if kind == "BF16":
             return bf16_to_f32(raw.view(np.uint16)).reshape(shape)
         rows = raw.reshape(int(np.prod(shape[:-1])), -1)  # (rows, bytes per row)
-        return gguf.quants.dequantize(rows, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        return gguf.quants.dequantize(rows, t.qtype).astype(np.float32, copy=False).reshape(shape)
+
+    def _raw(self, t: BaseTensor) -> np.ndarray:
+        """A tensor's bytes, read from the file now."""
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return np.frombuffer(pread_exact(fd, t.n_bytes, t.data_offset, f"base {self.path.name}"), np.uint8)
+        finally:
+            os.close(fd)
 
     def write_vocab(self, path: Path) -> None:
         """A vocab-only GGUF (every key-value of the base, no tensors): llama.cpp loads it with vocab_only."""
         import gguf
 
         w = gguf.GGUFWriter(str(path), self.arch)
-        for name, f in self.reader.fields.items():
-            if name.startswith("GGUF.") or name == "general.architecture":
+        for name, vt, v in self.header.kv:
+            if name == "general.architecture":
                 continue
-            vt = f.types[0]
-            w.add_key_value(name, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+            if vt == "ARRAY":  # (item type, items)
+                w.add_key_value(name, v[1], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType[v[0]])
+            else:
+                w.add_key_value(name, v, gguf.GGUFValueType[vt])
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()

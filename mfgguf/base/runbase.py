@@ -37,17 +37,12 @@ class BaseFiles:
     @property
     def tokenizer_json(self) -> Path: return self.root / "tokenizer.json"
 
-    def _reader(self):
-        import gguf
-
-        return gguf.GGUFReader(self.vocab)
-
     def special_id(self, kind: str) -> int | None:
-        f = self._reader().get_field(f"tokenizer.ggml.{kind}_token_id")
-        return None if f is None else int(f.contents())
+        v = _vocab_header(self.vocab, self.vocab.stat().st_mtime_ns).value(f"tokenizer.ggml.{kind}_token_id")
+        return None if v is None else int(v)
 
     def token(self, i: int) -> str:
-        return self._reader().get_field("tokenizer.ggml.tokens").contents(i)
+        return _vocab_header(self.vocab, self.vocab.stat().st_mtime_ns).value("tokenizer.ggml.tokens")[i]
 
     def gguf_kv(self) -> tuple[list[tuple[str, str, object]], int, int]:
         """(every tokenizer.* key-value of the base, as layout.header_parts takes them; its vocabulary size;
@@ -56,12 +51,18 @@ class BaseFiles:
 
 
 @functools.lru_cache(maxsize=4)
-def _vocab_kv(path: Path, mtime_ns: int) -> tuple[list[tuple[str, str, object]], int, int]:
-    """gguf_kv of one vocab.gguf version. Our own header parser, not gguf-py's reader: that one builds
-    numpy views item by item, seconds for a real base's vocabulary on every plan (docs/benchmarks.md)."""
+def _vocab_header(path: Path, mtime_ns: int):
+    """The header of one vocab.gguf version. Our own parser, not gguf-py's reader: that one builds numpy views
+    item by item, seconds for a real base's vocabulary on every read (docs/benchmarks.md)."""
     from mfgguf.gguf.header import read_gguf_header
 
-    h = read_gguf_header(path)
+    return read_gguf_header(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _vocab_kv(path: Path, mtime_ns: int) -> tuple[list[tuple[str, str, object]], int, int]:
+    """gguf_kv of one vocab.gguf version."""
+    h = _vocab_header(path, mtime_ns)
     kv = [(k, t, v) for k, t, v in h.kv if k.startswith("tokenizer.")]
     return kv, len(h.value("tokenizer.ggml.tokens")), int(h.value(f"{h.value('general.architecture')}.context_length"))
 

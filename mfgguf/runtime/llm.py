@@ -49,17 +49,17 @@ def read_header(path: Path) -> dict:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise MfggufError(f"{path} is not a GGUF file (it does not start with 'GGUF'); pass a .gguf written by `mfgguf assemble`")
-    from gguf import GGUFReader
+    from mfgguf.gguf.header import read_gguf_header
 
-    try:
-        reader = GGUFReader(str(path), "r")
-    except Exception as e:  # truncated or corrupt: gguf-py raises assorted errors
-        raise MfggufError(f"{path} is a damaged GGUF ({type(e).__name__}: {e}); re-create it with `mfgguf assemble`") from None
-
-    def field(key):
-        f = reader.get_field(key)
-        return None if f is None else f.contents()
-
+    try:  # our parser, not gguf-py's reader: that one takes seconds over a real base's vocabulary on every load
+        h = read_gguf_header(path)
+        short = _data_end(h) > h.size
+    except MfggufError as e:
+        raise MfggufError(f"{path} is a damaged GGUF: {str(e).removeprefix(f'{path} ')}; re-create it with `mfgguf assemble`") from None
+    if short:
+        raise MfggufError(f"{path} is a damaged GGUF: its tensors end past the file's {h.size:,} bytes (truncated);"
+                          " re-create it with `mfgguf assemble`")
+    field = h.value
     arch = field("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise MfggufError(
@@ -69,15 +69,29 @@ def read_header(path: Path) -> dict:
     n_ctx = field(f"{arch}.context_length")
     if not n_ctx:
         raise MfggufError(f"{path} lacks {arch}.context_length; re-create it with `mfgguf assemble`")
-    tokens = reader.get_field("tokenizer.ggml.tokens")
+    tokens = field("tokenizer.ggml.tokens")
     return {
         "path": path,
         "arch": arch,
         "context_length": int(n_ctx),
-        "n_vocab": len(tokens.data) if tokens is not None else None,
+        "n_vocab": len(tokens) if tokens is not None else None,
         "name": field("general.name"),
         "chat_template": field("tokenizer.chat_template"),
     }
+
+
+def _data_end(h) -> int:
+    """Where the last tensor's bytes end, by the header (ggml's block sizes from gguf-py's table)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    end = h.data_offset
+    for t in h.tensors:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+        n = 1
+        for d in t.shape:
+            n *= d
+        end = max(end, h.data_offset + t.offset + n // block * size)
+    return end
 
 
 def check_ctx(header: dict, n_ctx: int | None) -> int:

@@ -30,6 +30,12 @@ def test_truncated_gguf_is_reported(tiny_gguf, tmp_path):
     bad.write_bytes(tiny_gguf.read_bytes()[:100])  # magic right, the rest cut off
     with pytest.raises(MfggufError, match="damaged GGUF"):
         read_header(bad)
+    import gguf
+
+    end = max(int(t.data_offset + t.n_bytes) for t in gguf.GGUFReader(tiny_gguf).tensors)  # gguf-py's reading
+    bad.write_bytes(tiny_gguf.read_bytes()[: end - 64])  # the header whole, the last tensor's bytes cut short
+    with pytest.raises(MfggufError, match="damaged GGUF: its tensors end past"):
+        read_header(bad)
 
 
 def _bad_inputs(tiny_gguf, gpt2_gguf, tmp_path):
