@@ -26,38 +26,35 @@ import torch
 from mfgguf.converters.plan.layout import model_config
 from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
 from mfgguf.converters.merge import DEFAULT_DENSITY, merge_arrays
+from mfgguf.gguf.header import read_gguf_header
 from mfgguf.gguf.schema import UNNORMALISED_TOPK
 from mfgguf.errors import MfggufError
 from mfgguf.model import Transformer, trunk_model
 from mfgguf.run import SHARED_PREFIX, RunDir, read_module_meta
 
 
-def _field(reader, key: str):
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    if len(f.types) > 1:  # array
-        return [f.parts[i].tolist()[0] if f.parts[i].dtype != np.uint8 else bytes(f.parts[i]).decode() for i in f.data]
-    v = f.parts[f.data[0]]
-    return bytes(v).decode() if v.dtype == np.uint8 else v.tolist()[0]
-
-
 def gguf_provenance(path: Path) -> dict:
     """experts, top_k, layout, router and the router rows per layer (list of (N, dim) f32) of a file."""
-    import gguf
-
-    r = gguf.GGUFReader(path)
-    experts = _field(r, "mfgguf.experts") or []
-    complement = bool(_field(r, "mfgguf.complement"))  # routed slot 0 is the seed
+    h = read_gguf_header(path)  # our parser: gguf-py's reader takes seconds over a real base's vocabulary
+    value = h.value
+    experts = value("mfgguf.experts") or []
+    complement = bool(value("mfgguf.complement"))  # routed slot 0 is the seed
     rows = {}
-    for t in r.tensors:
-        if t.name.endswith("ffn_gate_inp.weight"):
-            rows[int(t.name.split(".")[1])] = np.array(t.data, dtype=np.float32).reshape(len(experts) + complement, -1)
-    return {"experts": [int(e) for e in experts], "top_k": int(_field(r, "mfgguf.top_k") or 0),
-            "layout": _field(r, "mfgguf.layout"), "router": _field(r, "mfgguf.router"),
-            "merge": _field(r, "mfgguf.merge") or "none",
-            "merge_density": float(_field(r, "mfgguf.merge_density") or DEFAULT_DENSITY),
-            "router_rows": [rows[l] for l in sorted(rows)], "complement": complement, "arch": _field(r, "general.architecture")}
+    with open(path, "rb") as f:
+        for t in h.tensors:
+            if t.name.endswith("ffn_gate_inp.weight"):
+                dtype = {0: np.float32, 1: np.float16}.get(t.ggml_type)  # ggml's F32, F16: what assembly writes
+                if dtype is None:
+                    raise MfggufError(f"{path}: {t.name} is ggml type {t.ggml_type}; router rows are F32 or F16")
+                f.seek(h.data_offset + t.offset)
+                n = int(np.prod(t.shape))
+                rows[int(t.name.split(".")[1])] = np.fromfile(f, dtype, n).astype(np.float32).reshape(
+                    len(experts) + complement, -1)  # (N, dim)
+    return {"experts": [int(e) for e in experts], "top_k": int(value("mfgguf.top_k") or 0),
+            "layout": value("mfgguf.layout"), "router": value("mfgguf.router"),
+            "merge": value("mfgguf.merge") or "none",
+            "merge_density": float(value("mfgguf.merge_density") or DEFAULT_DENSITY),
+            "router_rows": [rows[l] for l in sorted(rows)], "complement": complement, "arch": value("general.architecture")}
 
 
 def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list[int], merge: str,
