@@ -1,10 +1,11 @@
 """README's "Start from a real model" path through the CLI, on the real SmolLM2 base.
 
 Every `mfgguf` line of the section runs as written, but for the sizes of its training and scoring:
-4,096 training tokens (one step) instead of 32,768, and 512 held-out tokens a domain for the
-before/after losses and the curve (and so for the router statistics' sample) instead of 4,096, so
-the path fits in a test (the README's own sizes are timed in docs/base-model.md); the perplexity
-lines print JSON, which the checks read, and score one window of each domain (`--chunks 1`). The
+1,024 training tokens (one step of 4 sequences) instead of 32,768, and 256 held-out tokens a domain
+for the before/after losses and the curve (and so for the router statistics' sample) instead of
+4,096, so the path fits in a test on a CPU without bf16 too (the README's own sizes are timed in
+docs/base-model.md); the perplexity lines print JSON, which the checks read, and score one window
+of 256 tokens of each domain (`--chunks 1 --ctx 256`). The
 corpus keeps the README's size: with less, a domain's held-out split can fall under one perplexity
 window (which files `study` samples depends on where the venv lives).
 Skipped with a one-line reason where the base is not fetched.
@@ -24,8 +25,9 @@ from mfgguf.base.known import cached
 from mfgguf.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALLER = {"--tokens": "4096", "--eval-tokens": "512"}  # one step of 16 x 256; a small scoring sample
-EXTRA = {"train-expert": ["--curve-tokens", "512"], "perplexity": ["--json", "--chunks", "1"]}  # the curve scores the same sample; one window a domain
+SMALLER = {"--tokens": "1024", "--eval-tokens": "256"}  # one step of 4 x 256; a small scoring sample
+EXTRA = {"train-expert": ["--batch-size", "4", "--curve-tokens", "256"],  # the curve scores the same sample
+         "perplexity": ["--json", "--chunks", "1", "--ctx", "256"]}  # one short window a domain
 
 pytestmark = pytest.mark.skipif(cached("smollm2") is None, reason="SmolLM2-135M-Instruct is not fetched: run `make smollm2`")
 

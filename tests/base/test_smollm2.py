@@ -25,7 +25,7 @@ BASE = cached("smollm2")
 pytestmark = pytest.mark.skipif(BASE is None, reason="SmolLM2-135M-Instruct is not fetched: run `make smollm2`")
 
 QUESTION = "Who wrote Romeo and Juliet?"  # every build of the base answers it (q8_0, f32, the Q4_1 file)
-FAST = ["--eval-tokens", "512", "--no-progress"]  # scoring and statistics on a small sample: the test is the path
+FAST = ["--eval-tokens", "256", "--no-progress"]  # scoring and statistics on a small sample: the test is the path
 
 runner = CliRunner()
 
@@ -82,7 +82,7 @@ def test_import_is_the_q4_1_file(run, tmp_path):
 
 
 def test_expert_trains_and_a_subset_assembles(run, tmp_path):
-    out = cli("train-expert", run, "--expert", "1", "--tokens", "4096", *FAST)
+    out = cli("train-expert", run, "--expert", "1", "--tokens", "2048", *FAST)  # two steps of 8 x 128
     before, after = map(float, re.search(r"own domain \w+ ([\d.]+)->([\d.]+)", out).groups())  # the base scored once
     assert after < before
     moe = tmp_path / "moe.gguf"
