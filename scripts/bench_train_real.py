@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 CONFIGS = ("expert", "expert-upper", "expert-whole-batch", "expert-recompute", "expert-attn", "full", "full-ckpt", "full-micro2",
            "lora", "lora-ckpt", "lora-bf16", "lora-bf16-micro2")
 LEVERS = ("expert-compile", "expert-attn-compile", "expert-unfused-head", "expert-micro1", "expert-micro2",
-          "expert-short-head")  # measured on request (--configs): none is train-expert's default
+          "expert-micro4", "expert-micro8", "expert-short-head")  # measured on request (--configs): none is train-expert's default
 LORA_RANK = 16
 
 
@@ -143,7 +143,8 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     tc = replace(get_preset("small").expert, batch_size=batch, compile="off")
     dev = torch.device("cpu")
     plan = plan_activations(cfg, batch)
-    plan_of = {"whole-batch": (False, batch), "recompute": (True, batch), "micro1": (False, 1), "micro2": (False, 2)}
+    plan_of = {"whole-batch": (False, batch), "recompute": (True, batch), "micro1": (False, 1), "micro2": (False, 2),
+               "micro4": (False, 4), "micro8": (False, 8)}
     recompute, micro = next((v for k, v in plan_of.items() if f"-{k}" in kind), plan)  # expert-micro2-unfused-head: both
     if kind.endswith("-compile"):
         tc = replace(tc, compile="on")
