@@ -47,9 +47,10 @@ def run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def seed_experts(run) -> Path:
-    """Experts 2 and 3 trained at learning rate 0: their FFNs are the seed exactly (and they record statistics)."""
+    """Experts 2 and 3 trained at learning rate 0 (one step of 2 x 128): their FFNs are the seed exactly (and they
+    record statistics)."""
     for i in (2, 3):
-        cli("train-expert", run, "--expert", str(i), "--tokens", "1024", "--lr", "0", *FAST)
+        cli("train-expert", run, "--expert", str(i), "--tokens", "256", "--batch-size", "2", "--lr", "0", *FAST)
     return run
 
 
@@ -130,7 +131,7 @@ def test_relabel_writes_a_run_of_the_imported_base_that_trains_and_assembles(see
     em = tmp_path / "em"
     out = cli("relabel", seed_experts, "-o", em, "--experts", "2,3", "--prefix", "32", "--tokens", "3000", "--no-progress")
     assert "documents" in out and not (em / "tokenizer.json").exists()  # the base's tokenizer lives in base/
-    cli("train-expert", em, "--expert", "2", "--tokens", "1024", "--lr", "0", *FAST)
+    cli("train-expert", em, "--expert", "2", "--tokens", "256", "--batch-size", "2", "--lr", "0", *FAST)
     moe = tmp_path / "em.gguf"
     cli("assemble", em, "-o", moe, "--experts", "2", "--quant", "q8_0", "-q")
     with loaded(moe) as llm:
