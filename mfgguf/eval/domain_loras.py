@@ -37,10 +37,23 @@ class DomainAdapter:
     tokens: int
     lr: float
     run: Path  # the RUN train-base wrote; its lora.gguf is the adapter
+    weights: tuple[int, ...] = ()  # the shard's tokens of each of `domains`, where run.json counts them
 
     @property
     def adapter(self) -> Path:
         return self.run / ADAPTER_FILE
+
+
+def domain_owners(adapters: list[DomainAdapter]) -> dict[str, DomainAdapter]:
+    """Each domain's adapter, the one a client that knows the domain picks: the adapter of the shard holding most of
+    that domain's tokens. A label shard holds one domain, so that is its own; a cluster holds several, and a domain
+    goes to the cluster with most of it (the last shard listing it, where shards do not count their tokens)."""
+    best: dict[str, tuple[int, DomainAdapter]] = {}
+    for a in adapters:
+        for d, w in zip(a.domains, a.weights or (0,) * len(a.domains)):
+            if d not in best or w >= best[d][0]:
+                best[d] = (w, a)
+    return {d: a for d, (_, a) in best.items()}
 
 
 def measure_domain_loras(base_gguf: Path, adapters: list[DomainAdapter], rd: RunDir, domains: list[str], *,
@@ -52,13 +65,13 @@ def measure_domain_loras(base_gguf: Path, adapters: list[DomainAdapter], rd: Run
     named by their RUN's folder, documents chosen on their first `choose_tokens`), measured in a process of its own."""
     from mfgguf.eval.measure import measure, measure_stream
 
-    by_domain = {d: a for a in adapters for d in a.domains}
+    by_domain = domain_owners(adapters)
     paths = {d: str(a.adapter) for d, a in by_domain.items()}
     r = measure(base_gguf, rd, domains, max_tokens=max_tokens, ctx=ctx, decode_tokens=0, split=split, adapters=paths)
     for d, v in r["domains"].items():
         v["adapter"] = by_domain[d].run.name if d in by_domain else None
     if stream:
-        candidates, own = stream_candidates(paths)
+        candidates, own = stream_candidates(paths, [str(a.adapter) for a in adapters])  # every adapter a candidate
         r["stream"] = measure_stream(base_gguf, rd, domains, max_tokens=max_tokens, ctx=ctx, candidates=candidates,
                                      own=own, choose_tokens=choose_tokens, split=split)
     return r

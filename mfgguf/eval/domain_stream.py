@@ -52,12 +52,13 @@ def split_documents(tokens, eos: int) -> list[np.ndarray]:
     return [np.concatenate(([eos], t[a:b])) for a, b in zip(bounds, bounds[1:]) if b > a]  # each (1 + b - a,)
 
 
-def stream_candidates(adapters: dict[str, str]) -> tuple[dict[str, str | None], dict[str, str]]:
-    """({name: adapter path, the base first with None}, {domain: its own candidate}) from {domain: adapter path}.
+def stream_candidates(adapters: dict[str, str], every=()) -> tuple[dict[str, str | None], dict[str, str]]:
+    """({name: adapter path, the base first with None}, {domain: its own candidate}) from {domain: adapter path}
+    and `every` adapter path (a cluster's adapter may be no domain's own, and is still a candidate).
 
     An adapter is named by the folder it lives in (the RUN `train-base` wrote, e.g. lora-shard1); a domain absent
     from `adapters` has the base as its own (what the oracle serves it)."""
-    names = {a: Path(a).parent.name for a in dict.fromkeys(adapters.values())}
+    names = {a: Path(a).parent.name for a in dict.fromkeys([*adapters.values(), *every])}
     if len(set(names.values())) < len(names):
         raise MfggufError(f"two adapters share a folder name ({sorted(names.values())}); keep each lora.gguf in a"
                           " folder of its own")

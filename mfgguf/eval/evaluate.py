@@ -280,7 +280,7 @@ def _domain_stream(ev: Evaluation, models: dict, best: str) -> dict:
     lora = next((k for k, m in models.items() if m.get("adapters")), None)
     if lora is None:
         return {}
-    candidates, own = stream_candidates(models[lora]["adapters"])
+    candidates, own = stream_candidates(models[lora]["adapters"], models[lora].get("every_adapter", ()))
     results = {}
     for name, cands, mine in ((lora, candidates, own), (best, {best: None}, None)):
         _say(f"measure {name} on the unknown-domain stream")

@@ -39,3 +39,23 @@ def test_one_adapter_per_shard_flop_matched_and_scored_with_its_domain(base_run,
         for d in a.domains:
             assert r["domains"][d]["adapter"] == a.run.name
             assert r["domains"][d]["ppl"] < perplexity(base, np.asarray(held[d]), ctx=64)["ppl"]
+
+
+def test_on_clusters_each_domain_goes_to_the_cluster_holding_most_of_it_and_every_adapter_is_a_candidate(tmp_path):
+    """A cluster shard holds several domains (run.json counts each one's tokens): the client that knows the domain picks
+    the cluster with most of it, and the stream, which does not know it, chooses among every cluster's adapter."""
+    from mfgguf.eval.domain_loras import DomainAdapter, domain_owners
+    from mfgguf.eval.domain_stream import BASE, stream_candidates
+
+    runs = [tmp_path / f"lora-shard{i}" for i in (1, 2, 3)]
+    a1 = DomainAdapter(1, ("c", "python", "man"), 100, 1e-3, runs[0], (600, 400, 10))
+    a2 = DomainAdapter(2, ("c", "english"), 100, 1e-3, runs[1], (20, 500))
+    a3 = DomainAdapter(3, ("man", "python", "c"), 100, 1e-3, runs[2], (300, 100, 5))  # holds no domain's majority of c
+    owners = domain_owners([a1, a2, a3])
+    assert {d: a.shard for d, a in owners.items()} == {"c": 1, "python": 1, "man": 3, "english": 2}
+    label = [DomainAdapter(1, ("c",), 1, 1e-3, runs[0]), DomainAdapter(2, ("python",), 1, 1e-3, runs[1])]
+    assert {d: a.shard for d, a in domain_owners(label).items()} == {"c": 1, "python": 2}  # a label shard: its own domain
+    only_one = {"c": str(a1.adapter), "python": str(a1.adapter)}  # every domain owned by one cluster
+    cands, own = stream_candidates(only_one, [str(a.adapter) for a in (a1, a2, a3)])
+    assert list(cands) == [BASE, "lora-shard1", "lora-shard2", "lora-shard3"]
+    assert own == {"c": "lora-shard1", "python": "lora-shard1"}

@@ -38,7 +38,7 @@ from mfgguf.config import ModelConfig
 from mfgguf.converters.lora_adapter import ADAPTER_FILE
 from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
-from mfgguf.eval.domain_loras import DomainAdapter
+from mfgguf.eval.domain_loras import DomainAdapter, domain_owners
 from mfgguf.flops import continued_step_flops, module_flops
 from mfgguf.run import RunDir, link_or_copy, read_json, read_module, read_module_meta, update_manifest
 from mfgguf.stages import run_stage
@@ -184,7 +184,9 @@ def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: boo
         shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
         train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=first,
                    force=force, needs=(ADAPTER_FILE,), seed=seed)
-        adapters.append(DomainAdapter(shard, tuple(m.get("shard_domains") or ()), tokens, lr, run))
+        held = m.get("shard_domains") or ()  # {domain: tokens} where run.json counts them
+        weights = tuple(int(held[d]) for d in held) if isinstance(held, dict) else ()
+        adapters.append(DomainAdapter(shard, tuple(held), tokens, lr, run, weights))
     return adapters
 
 
@@ -218,8 +220,9 @@ def _trained(p: BasePlan) -> Trained:
     metas = [read_module_meta(RunDir(a.run), 0) for a in p.adapters] or [read_module_meta(RunDir(p.run), 0)]
     spent, seen = sum(module_flops(m) for m in metas), sum(m["tokens_seen"] for m in metas)
     row = {"kind": "dense", "baseline": p.key, "mode": p.mode, "tokens": p.tokens, "lr": p.lr}
-    if p.adapters:  # the base's GGUF, each domain scored with its shard's adapter
-        row["adapters"] = {d: str(a.adapter) for a in p.adapters for d in a.domains}
+    if p.adapters:  # the base's GGUF, each domain scored with its shard's adapter; every one a candidate of the stream
+        row["adapters"] = {d: str(a.adapter) for d, a in domain_owners(list(p.adapters)).items()}
+        row["every_adapter"] = [str(a.adapter) for a in p.adapters]
     return Trained(p.key, p.label, p.run, f"base-{p.key}", row=row,
                    flops={"tokens": seen, "flops": spent, "lr": p.lr, "mode": p.mode,
                           "flops_per_token": spent / max(1, seen), f"budget_{_KIND[p.key].budget}": p.budget})
