@@ -51,6 +51,8 @@ NAMES = {"moe": "MoE (router, top-k chosen on validation)", "moe top-1": "MoE to
          "moe by document": "the MoE, by document",
          "moe stream": "the MoE on the cluster LoRAs' stream (after each opening)"}
 BASELINES = ("flop", "wallclock", "lora", "lora-domain", "lora-stream")
+EVERY_N = ("flop", "wallclock", "lora")  # trained on every training document: one reference for every N (a LoRA per
+# cluster depends on N's clusters, so it is compared within its N)
 
 
 def run_one(a, n: int, seed: int, out: Path) -> Path:
@@ -222,7 +224,7 @@ def summarize(rows: list[dict]) -> dict:
             by_n.setdefault(r["n"], {}).setdefault(m, []).append(v["ppl"])
     refs: dict[str, list[float]] = {}
     for r in rows:
-        for m in BASELINES + ("base",):
+        for m in EVERY_N + ("base",):
             if m in r["methods"]:
                 refs.setdefault(m, []).append(r["methods"][m]["ppl"])
     table = {n: {m: spread(v) for m, v in ms.items()} for n, ms in sorted(by_n.items())}
@@ -243,8 +245,9 @@ def markdown(rows: list[dict], s: dict) -> str:
          f"{100 * s['flops_spread']:.2f}%. Test perplexity on the mix of every domain (mean, min-max over seeds).", ""]
     ref = s["reference"]
     L += ["| N | seeds | tokens an expert | MoE (chosen) | top-1 | top-2 | oracle | MoE / base | MoE / continued "
-          "| MoE / LoRA | by document: MoE / cluster-routed | train wall s | clusters' tokens min / median / max |",
-          "|" + "---|" * 13]
+          "| MoE / LoRA | by document: MoE / cluster-routed | stream: MoE / a LoRA per cluster | train wall s "
+          "| clusters' tokens min / median / max |",
+          "|" + "---|" * 14]
     for n, t in s["table"].items():
         rs = [r for r in rows if r["n"] == n]
         moe = t.get("moe", {}).get("mean")
@@ -253,6 +256,7 @@ def markdown(rows: list[dict], s: dict) -> str:
         L.append(f"| {n} | {len(rs)} | {rs[0]['tokens_per_expert']:,} | {_cell(t.get('moe'))} | {_cell(t.get('moe top-1'))} "
                  f"| {_cell(t.get('moe top-2'))} | {_cell(t.get('oracle'))} | {ratio('base')} | {ratio('flop')} "
                  f"| {ratio('lora')} | {_ratio(t, 'moe by document', 'cluster-routed')} "
+                 f"| {_ratio(t, 'moe stream', 'lora-stream')} "
                  f"| {statistics.mean(r['train_wall_s'] for r in rs):.0f} "
                  f"| {c['tokens_min']:,} / {c['tokens_median']:,.0f} / {c['tokens_max']:,} |")
     L += ["", "| reference (trained once, every N's) | test perplexity on the mix |", "|---|---|"]
@@ -262,12 +266,12 @@ def markdown(rows: list[dict], s: dict) -> str:
     seen = set()
     for r in rows:
         for m in ("moe", *BASELINES, "base"):
-            key = ("base" if m == "base" or m in BASELINES else f"N={r['n']}", m)
+            key = ("base" if m == "base" or m in EVERY_N else f"N={r['n']}", m)
             if m not in r["methods"] or "domains" not in r["methods"][m] or key in seen:
                 continue
             seen.add(key)
             same = [x["methods"][m]["domains"] for x in rows if m in x["methods"] and (key[0] == "base" or x["n"] == r["n"])]
-            name = NAMES[m] if key[0] == "base" else f"MoE N={r['n']}"
+            name = NAMES[m] if key[0] == "base" else f"MoE N={r['n']}" if m == "moe" else f"{NAMES[m]}, N={r['n']}"
             L.append(f"| {name} | " + " | ".join(f"{statistics.mean(d[k] for d in same):.3f}" for k in doms) + " |")
     cpus = {f"{r['machine']['model']} ({', '.join(r['machine']['flags'])}; {r['machine']['cores']} cores)" for r in rows}
     L += ["", "CPU: " + "; ".join(sorted(cpus)) + "."]
