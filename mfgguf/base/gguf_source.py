@@ -49,17 +49,11 @@ class BaseTensor:
     shape: tuple[int, ...]  # numpy order (slowest first)
     qtype: object  # gguf.GGMLQuantizationType
     data_offset: int  # absolute, in the file
+    n_bytes: int
 
     @property
     def n_elements(self) -> int:
         return math.prod(self.shape)
-
-    @property
-    def n_bytes(self) -> int:
-        import gguf
-
-        block, size = gguf.GGML_QUANT_SIZES[self.qtype]
-        return self.n_elements // block * size
 
 
 class GGUFBase:
@@ -77,11 +71,11 @@ class GGUFBase:
         try:  # our parser, not gguf-py's reader: that one takes seconds over a real base's vocabulary
             self.header = read_gguf_header(self.path)
             self.tensors = {t.name: BaseTensor(t.name, t.shape, gguf.GGMLQuantizationType(t.ggml_type),
-                                               self.header.data_offset + t.offset) for t in self.header.tensors}
+                                               self.header.data_offset + t.offset, t.nbytes) for t in self.header.tensors}
         except (MfggufError, ValueError) as e:  # a damaged or foreign file; ValueError: a type ggml does not have
             raise MfggufError(f"{self.path} is not a readable GGUF file, damaged or truncated ({e}); fetch or copy it"
                               " again") from None
-        if (end := max((t.data_offset + t.n_bytes for t in self.tensors.values()), default=0)) > self.header.size:
+        if (end := self.header.tensors_end()) > self.header.size:
             raise MfggufError(f"{self.path} is not a readable GGUF file, damaged or truncated (its tensors end at byte"
                               f" {end:,}, the file at {self.header.size:,}); fetch or copy it again")
         arch = self._kv("general.architecture", what)

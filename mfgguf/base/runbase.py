@@ -38,11 +38,14 @@ class BaseFiles:
     def tokenizer_json(self) -> Path: return self.root / "tokenizer.json"
 
     def special_id(self, kind: str) -> int | None:
-        v = _vocab_header(self.vocab, self.vocab.stat().st_mtime_ns).value(f"tokenizer.ggml.{kind}_token_id")
+        v = self._header().value(f"tokenizer.ggml.{kind}_token_id")
         return None if v is None else int(v)
 
     def token(self, i: int) -> str:
-        return _vocab_header(self.vocab, self.vocab.stat().st_mtime_ns).value("tokenizer.ggml.tokens")[i]
+        return self._header().value("tokenizer.ggml.tokens")[i]
+
+    def _header(self):
+        return _vocab_header(self.vocab, self.vocab.stat().st_mtime_ns)  # parsed once a version of the file
 
     def gguf_kv(self) -> tuple[list[tuple[str, str, object]], int, int]:
         """(every tokenizer.* key-value of the base, as layout.header_parts takes them; its vocabulary size;

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,15 @@ class TensorInfo:
     ggml_type: int
     offset: int  # relative to the data section
 
+    @property
+    def nbytes(self) -> int:
+        """Its bytes in the file, by ggml's block sizes (gguf-py's table: every type ggml has, a foreign base's too).
+        A type ggml does not have raises ValueError."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
+        return math.prod(self.shape) // block * size
+
 
 @dataclass
 class Header:
@@ -49,6 +59,10 @@ class Header:
 
     def value(self, key: str, default=None):
         return kv_value(self.kv, key, default)
+
+    def tensors_end(self) -> int:
+        """The byte where the last tensor ends; past `size`, the file is truncated. ValueError for an unknown type."""
+        return max((self.data_offset + t.offset + t.nbytes for t in self.tensors), default=self.data_offset)
 
 
 def kv_value(kv: list[tuple[str, str, object]], key: str, default=None):

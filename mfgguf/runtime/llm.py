@@ -53,8 +53,8 @@ def read_header(path: Path) -> dict:
 
     try:  # our parser, not gguf-py's reader: that one takes seconds over a real base's vocabulary on every load
         h = read_gguf_header(path)
-        short = _data_end(h) > h.size
-    except MfggufError as e:
+        short = h.tensors_end() > h.size
+    except (MfggufError, ValueError) as e:  # ValueError: a tensor type ggml does not have
         raise MfggufError(f"{path} is a damaged GGUF: {str(e).removeprefix(f'{path} ')}; re-create it with `mfgguf assemble`") from None
     if short:
         raise MfggufError(f"{path} is a damaged GGUF: its tensors end past the file's {h.size:,} bytes (truncated);"
@@ -78,20 +78,6 @@ def read_header(path: Path) -> dict:
         "name": field("general.name"),
         "chat_template": field("tokenizer.chat_template"),
     }
-
-
-def _data_end(h) -> int:
-    """Where the last tensor's bytes end, by the header (ggml's block sizes from gguf-py's table)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    end = h.data_offset
-    for t in h.tensors:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
-        n = 1
-        for d in t.shape:
-            n *= d
-        end = max(end, h.data_offset + t.offset + n // block * size)
-    return end
 
 
 def check_ctx(header: dict, n_ctx: int | None) -> int:

@@ -11,8 +11,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, finished_against, read_manifest, router_stats_stale
 from mfgguf.gguf.fileio import truncated
@@ -20,7 +18,7 @@ from mfgguf.gguf.header import Header, read_gguf_header
 from mfgguf.converters.plan.modules import Module, PooledStatsNeeded, load_module, read_header
 from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
 from mfgguf.converters.routing.stats import StatsBlock, block_start
-from mfgguf.gguf.schema import (QTYPE_BY_ID, SHARED_EXPERT_ARCHS, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS, RS_SOURCE_COUNTS, RS_SOURCES, blk)
+from mfgguf.gguf.schema import (SHARED_EXPERT_ARCHS, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS, RS_SOURCE_COUNTS, RS_SOURCES, blk)
 
 
 # ---- the file we start from ----------------------------------------------------------------------
@@ -85,7 +83,7 @@ class Source:
         if gate is None or gate.shape[1] != s.anchor_ff + s.ff:
             raise MfggufError(f"{path}'s expert tensors are not {s.anchor_ff} anchor + {s.ff} expert rows wide, as its"
                               " mfgguf keys say; re-assemble it")
-        data_end = max(t.offset + tensor_nbytes(t) for t in h.tensors) + h.data_offset
+        data_end = h.tensors_end()
         if data_end > h.size:
             raise MfggufError(f"{path} is shorter than its header says; it is truncated: re-assemble it")
         if stats.offset != block_start(data_end) or stats.end != h.size:
@@ -101,12 +99,6 @@ class Source:
         if len(set(remove)) != len(remove):
             raise MfggufError(f"--remove lists slot {next(k for k in remove if remove.count(k) > 1)} twice; list each once")
         return [p for p in range(self.n) if p + 1 not in remove]
-
-
-def tensor_nbytes(t) -> int:
-    q = QTYPE_BY_ID[t.ggml_type]
-    rows = int(np.prod(t.shape[:-1])) if len(t.shape) > 1 else 1
-    return rows * q.row_bytes(t.shape[-1])
 
 
 # ---- the experts to add --------------------------------------------------------------------------
