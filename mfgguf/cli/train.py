@@ -236,13 +236,15 @@ def router_stats_cmd(
                                " default: each expert's own statistics' sample (16,384 for every preset; 4 x its eval tokens)."),
     experts: str = typer.Option(None, "--experts", help="Experts to pool over, e.g. 1,3 or 1-4 (default all; the ones"
                                 " `assemble --experts` takes)."),
+    forward_pass: bool = typer.Option(False, "--forward-pass", help="Measure every expert with a forward pass over"
+                                      " its shard, even where its training recorded its second moments."),
     device: str = _DEVICE, progress: bool = _PROGRESS,
 ):
     from mfgguf.options import parse_experts
     from mfgguf.train.experts.pooled import pool_router_stats
 
     m = pool_router_stats(run, source=source, tokens=tokens, device=device, progress=progress,
-                          experts=parse_experts(experts))
+                          experts=parse_experts(experts), forward_pass=forward_pass)
     typer.echo(f"router statistics: second moments over {m['router_stats_count']:,} tokens ({m['router_stats_on']}),"
                f" {Path(run) / 'modules' / m['file']}, {m['seconds']:.1f} s")
 

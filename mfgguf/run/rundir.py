@@ -36,6 +36,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,19 +246,23 @@ def data_view(src: RunDir, out: Path, *, keep_checkpoints: bool = False) -> RunD
 # ---- modules and the manifest --------------------------------------------------------------------
 
 
-def write_module(run: RunDir, index: int, tensors: dict, meta: dict) -> dict:
+def write_module(run: RunDir, index: int, tensors: dict, meta: dict,
+                 beside: Callable[[str], object] | None = None) -> dict:
     """Write module `index` (safetensors of GGUF-named tensors + JSON), then record it in the manifest.
 
     `tensors` maps names to torch tensors or numpy arrays (router statistics included for
     experts). `meta` should carry kind, preset, config, trunk_sha256 (experts), shard,
     partition, tokens_seen, final_loss, heldout_loss, router_stats_count (experts).
+    `beside(sha256)` writes files that name the module (an expert's second moments) after its
+    weights and before its record: a job killed in between is not yet trained, so it runs again
+    and writes them, where the other order would leave a trained expert without them.
     Returns the full metadata written.
 
     Example:
         >>> write_module(RunDir("RUN"), 0, model.trunk_tensors(), {"kind": "trunk", ...})
     """
     path = run.module_file(index)
-    return _publish(run, index, save_f32(path, tensors, f"{MODULE_FORMAT}/{module_name(index)}"), meta)
+    return _publish(run, index, save_f32(path, tensors, f"{MODULE_FORMAT}/{module_name(index)}"), meta, beside)
 
 
 def write_module_streamed(run: RunDir, index: int, shapes: dict[str, tuple], read, meta: dict) -> dict:
@@ -266,9 +271,12 @@ def write_module_streamed(run: RunDir, index: int, shapes: dict[str, tuple], rea
     return _publish(run, index, save_f32_streamed(path, shapes, read, f"{MODULE_FORMAT}/{module_name(index)}"), meta)
 
 
-def _publish(run: RunDir, index: int, shapes: dict[str, list[int]], meta: dict) -> dict:
+def _publish(run: RunDir, index: int, shapes: dict[str, list[int]], meta: dict,
+             beside: Callable[[str], object] | None = None) -> dict:
     """The module file just written: its JSON record beside it and its manifest entry; the record."""
     full = ModuleMeta.from_json(module_meta_for(run.module_file(index), index, meta, shapes))
+    if beside is not None:
+        beside(full.sha256)
     write_json(run.module_meta(index), full.to_json())
     update_manifest(run, index, full)
     return full.to_json()

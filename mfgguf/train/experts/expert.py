@@ -38,7 +38,7 @@ from mfgguf.train.experts import pieces as pc
 from mfgguf.train.experts.base_score import reference_heldout
 from mfgguf.train.experts.pieces import expert_params  # noqa: F401  (the expert's trainable parameters, as before)
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
-from mfgguf.train.experts.tailstats import TailStats, write_moments
+from mfgguf.train.experts.tailstats import TailStats, moments_path, write_moments
 from mfgguf.train.rounds.ends import round_end
 from mfgguf.train.whole import branch as br
 from mfgguf.train.whole.trunk import plan_activations
@@ -263,9 +263,14 @@ def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, 
         **ffn.record(job),
     }
     means = {k: v for k, v in stats.tensors().items() if k.endswith(".mean")}  # the module keeps its means only
-    meta = write_module(rd, i, {**ffn.tensors(model), **shared.tensors(model), **means}, meta)
-    if stats.sq is not None:  # the final sync pools them instead of a pass (rounds/adopt.py)
-        write_moments(rd, i, stats, meta["sha256"])
+
+    def moments(sha256: str) -> None:  # before the record: a trained expert always has its moments
+        if stats.sq is not None:  # the pooled G takes them instead of a pass (pooled.py, rounds/adopt.py)
+            write_moments(rd, i, stats, sha256)
+        else:  # an earlier module's would only take disk: they name a module that is gone
+            moments_path(rd, i).unlink(missing_ok=True)
+
+    meta = write_module(rd, i, {**ffn.tensors(model), **shared.tensors(model), **means}, meta, beside=moments)
     loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout, curve=res.heldout_history,
                reference=before or None, title=f"{module_name(i)} ({job.preset}, {res.tokens_seen:,} tokens)")
     return meta

@@ -199,14 +199,21 @@ class RoundStart:
 
 
 def statistics(cfg: ModelConfig, tc: TrainConfig, steps: int) -> TailStats | None:
-    """The router statistics of training's last steps (`--stats-from train`), else None (a pass after). An expert
-    with shared copies and sync rounds also gathers their second moments, for the final sync's pooled G
-    (rounds/adopt.py). With one round its copy trained the whole schedule apart from the others', where
-    statistics from the copy routed far worse (docs/sync-rounds.md): the final sync measures them again."""
+    """The router statistics of training's last steps (`--stats-from train`), else None (a pass after). They
+    gather second moments too, which the pooled G takes instead of a pass (pooled.py; the final sync's
+    adopt.py for an expert with shared copies and sync rounds), except for an expert with shared copies and
+    one round: its copy trained the whole schedule apart from the others', where statistics from the copy
+    routed far worse (docs/sync-rounds.md), so the final sync measures them again."""
     if tc.stats_from == "pass":
         return None
     first = steps - tail_steps(stats_tokens(asdict(tc)), tc.batch_size * cfg.ctx_len, steps)
-    return TailStats(cfg.n_layers, cfg.dim, first, moments=tc.shared != "none" and tc.rounds > 1)
+    return TailStats(cfg.n_layers, cfg.dim, first, moments=gathers_moments(tc))
 
 
-__all__ = ["Job", "expert_params", "PlainFfn", "Complement", "SharedCopies", "BranchStart", "RoundStart", "statistics"]
+def gathers_moments(tc: TrainConfig) -> bool:
+    """Whether an expert trained with `tc` writes the second moments of its last steps beside its module."""
+    return tc.stats_from != "pass" and (tc.shared == "none" or tc.rounds > 1)
+
+
+__all__ = ["Job", "expert_params", "PlainFfn", "Complement", "SharedCopies", "BranchStart", "RoundStart", "statistics",
+           "gathers_moments"]

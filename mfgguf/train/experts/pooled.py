@@ -4,11 +4,15 @@ Ridge routing needs, per layer, each expert's mean FFN input (dim,), which exper
 and G, the second moment of the FFN inputs over the union of the shards (dim x dim). Module format
 1 stored each expert's own second moment M_i: for the `1b` preset 50 MB per expert, more than the
 expert's weights, read and hashed at every assembly. `pool_router_stats` computes
-G = sum_i n_i M_i / sum_i n_i once, with the statistics restat.py measures, layer-streamed
-(stats_pass.py: one layer of trunk + expert in memory, no head), over the same sample of each
-expert's shard that its training measured (4 x that expert's eval_tokens, windows spread over the
-shard), experts one after another. With that sample it is the very G that format 1 pooled at
-assembly, so the router is unchanged.
+G = sum_i n_i M_i / sum_i n_i once. Each M_i is the one expert i's training recorded where it did
+(its last steps' FFN inputs, the ones its means come from: tailstats.py, a file beside the module named
+by its sha256), read in a moment; otherwise (an expert trained with `--stats-from pass`, or by an
+earlier version, or `--forward-pass`) it is measured with the statistics restat.py measures,
+layer-streamed (stats_pass.py: one layer of trunk + expert in memory, no head), over the same sample of
+the expert's shard that its training measured (4 x that expert's eval_tokens, windows spread over the
+shard), experts one after another: the very G that format 1 pooled at assembly. The pass took 25 s an
+expert of SmolLM2 held to AVX2 (docs/base-model.md), the first half of `assemble` on the README's run;
+routing with the recorded moments instead: docs/studies/routing.md.
 
 Experts that complement the seed (train/experts/complement.py) are measured with their own forward, the
 two-way MoE of [seed, expert] they trained as.
@@ -44,13 +48,14 @@ from mfgguf.train.engine.loop import load_tokens, resolve_device, resolve_precis
 from mfgguf.train.rounds.restat import precision_of
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
 from mfgguf.train.experts.stats_pass import stream_stats
+from mfgguf.train.experts.tailstats import read_moments
 
 SOURCES = ("experts", "trunk")
 
 
 @torch.no_grad()
 def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None = None, device: str = "cpu",
-                      progress: bool = True, experts: list[int] | None = None) -> dict:
+                      progress: bool = True, experts: list[int] | None = None, forward_pass: bool = False) -> dict:
     """Compute the router's pooled statistics of RUN (modules/router_stats.safetensors), which assembly
     needs for the ridge router: the second moment of the FFN inputs over every expert's shard, from
     trunk + that expert (forward only, one expert in memory at a time). Run it after the experts are
@@ -58,6 +63,8 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
     they are missing or stale, do it for you).
     --source trunk uses the trunk alone over the mixed data (no experts needed; a worse router).
     --experts I,J pools over those experts only (the ones an assembly of a subset takes).
+    An expert whose training recorded its second moments gives those, unless --tokens or --forward-pass
+    asks for a forward pass over every expert's shard.
 
     Example:
         >>> pool_router_stats(Path("RUN"))["experts"]
@@ -86,17 +93,25 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
         if comp and not all(m.complement for m in metas.values()):
             raise MfggufError("some experts complement the seed and some do not; retrain them alike (all with or all"
                               " without `train-expert --complement`) before `mfgguf router-stats`")
+        recorded = 0
         with _Bar(len(metas), progress) as bar:
             for i in metas:
                 bar.update(module_name(i))
-                n = int(tokens or metas[i].stats_tokens)  # the sample the expert's own statistics measured
-                stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(i), f"shard {i}"), n, stats.hook,
-                             forward="complement" if comp else "single", expert_path=rd.module_file(i), dev=dev,
-                             precision=prec)
+                own = None if tokens or forward_pass else read_moments(rd, i, metas[i].sha256, cfg.n_layers, cfg.dim)
+                if own is not None:  # the moments its last training steps recorded
+                    stats.add(own)
+                    recorded += 1
+                else:
+                    n = int(tokens or metas[i].stats_tokens)  # the sample the expert's own statistics measured
+                    stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(i), f"shard {i}"), n, stats.hook,
+                                 forward="complement" if comp else "single", expert_path=rd.module_file(i), dev=dev,
+                                 precision=prec)
                 bar.advance()
         per = int(tokens or max(m.stats_tokens for m in metas.values()))
-        return _write(rd, stats, trunk, "experts", {module_name(i): m.sha256 for i, m in metas.items()}, per,
-                      "trunk + each expert over its shard", t0)
+        on = "trunk + each expert over its shard" + (
+            "" if not recorded else " (its training's last steps)" if recorded == len(metas)
+            else f" ({recorded} of {len(metas)} experts: their training's last steps)")
+        return _write(rd, stats, trunk, "experts", {module_name(i): m.sha256 for i, m in metas.items()}, per, on, t0)
     return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
 
 

@@ -8,9 +8,13 @@ is still moving while they are gathered (the LR is at the bottom of its decay by
 windows are training's random ones rather than the shard's first tokens;
 scripts/bench_stats_tokens.py measures what that costs routed perplexity.
 
-With `moments` they also gather each layer's second moment (x^T x), which the final `sync` of an expert
-with shared copies pools into the router's G instead of a forward pass of merged trunk + each expert
-(train/rounds/adopt.py); the module keeps its means only, the moments go beside it (`write_moments`).
+With `moments` they also gather each layer's second moment (x^T x): the router's pooled G is their
+count-weighted mean over the experts, so `router-stats` (and `assemble`, which runs it) pools them instead
+of a forward pass of trunk + each expert over its shard (pooled.py), and the final `sync` of experts with
+shared copies instead of one of merged trunk + each expert (train/rounds/adopt.py). The module keeps its
+means only; the moments go beside it (`write_moments`), each layer's upper triangle in f32 (the matrix is
+symmetric): half the full matrix's bytes, 20 MB an expert on SmolLM2, where the pass they spare took about
+25 s an expert.
 
 Exactness under recompute: a checkpointed block runs its forward twice (once, then again in the
 backward pass), so the hook keeps each layer's figures of the current micro-batch aside, the
@@ -97,31 +101,47 @@ class TailStats:
 
 
 def moments_path(rd: RunDir, i: int) -> Path:
-    """Where expert i's last-round second moments wait for the final sync (never read by assembly)."""
+    """Where expert i's second moments wait: for `router-stats` and assembly, or for the final sync."""
     return rd.rounds / "moments" / f"{module_name(i)}.safetensors"
 
 
+def upper_name(layer: int) -> str:
+    """A moments file's tensor: the layer's second moment, upper triangle row by row, (dim * (dim + 1) / 2,) f32."""
+    return f"{STATS_PREFIX}blk.{layer}.second_moment.upper"
+
+
 def write_moments(rd: RunDir, i: int, stats: RouterStats, module_sha256: str) -> Path:
-    """Expert i's per-layer second moments (f32, the pooled file's names), naming the module they belong to."""
+    """Expert i's per-layer second moments (f32, upper triangles), naming the module they belong to."""
     path = moments_path(rd, i)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.contiguous() for k, v in stats.tensors().items() if k.endswith(".second_moment")}
+    moments = [t for k, t in stats.tensors().items() if k.endswith(".second_moment")]
+    rows, cols = torch.triu_indices(*moments[0].shape) if moments else (None, None)
+    tensors = {upper_name(l): m[rows, cols].contiguous() for l, m in enumerate(moments)}  # (C(C+1)/2,)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"module_sha256": module_sha256, "count": str(stats.n)})
     return path
 
 
 def read_moments(rd: RunDir, i: int, module_sha256: str, n_layers: int, dim: int) -> RouterStats | None:
-    """Expert i's moments as RouterStats sums (count x moment), or None where absent or of another module."""
+    """Expert i's moments as RouterStats sums (count x moment), or None where absent, of another module, or of
+    another shape (a file this version did not write)."""
     path = moments_path(rd, i)
     if not path.is_file():
         return None
+    rows, cols = torch.triu_indices(dim, dim)
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
-        if meta.get("module_sha256") != module_sha256:
+        if meta.get("module_sha256") != module_sha256 or set(f.keys()) != {upper_name(l) for l in range(n_layers)}:
             return None
         out = RouterStats(n_layers, dim, second_moment=True)
         n = int(meta["count"])
         out.count = [n] * n_layers
-        out.sq = [f.get_tensor(f"{STATS_PREFIX}blk.{l}.second_moment").double() * n for l in range(n_layers)]
+        for l in range(n_layers):
+            upper = f.get_tensor(upper_name(l)).double()  # (C(C+1)/2,)
+            if upper.shape != rows.shape:
+                return None
+            m = torch.zeros(dim, dim, dtype=torch.float64)
+            m[rows, cols] = upper
+            m[cols, rows] = upper  # the lower triangle mirrors it
+            out.sq[l] = m * n
     return out

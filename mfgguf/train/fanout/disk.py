@@ -10,7 +10,10 @@ What the jobs left (plan.py) write, from the trunk's shape and the options, noth
                   checkpoint lives while its job runs; with rounds each expert keeps its own until its
                   last round. A save writes the new one beside the old before the rename: twice per job
                   running;
-  - moments:      with --shared and rounds, each expert's per-layer second moments until the final sync;
+  - moments:      each expert's per-layer second moments of its last steps (upper triangles, f32), which the
+                  router's pooled statistics take instead of a pass: beside the module for good, or with
+                  --shared and rounds until the final sync (none with --shared and one round, or
+                  --stats-from pass);
   - syncs:        each sync's merged trunk (the one before it stays under RUN/rounds/), and with
                   --outer-momentum the momentum of the merged tensors;
   - the rest:     the pooled router statistics, a loss plot and a log per job.
@@ -63,8 +66,14 @@ def _ffn(plan: RunPlan) -> int:
 
 
 def _moments(plan: RunPlan) -> int:
-    """One expert's per-layer second moments (f32 in the file, float64 while a checkpoint holds them)."""
+    """Per-layer (dim, dim) f32 matrices: the pooled router statistics' file; half of a checkpoint's float64 moments."""
     return plan.cfg.n_layers * plan.cfg.dim * plan.cfg.dim * F32
+
+
+def _moments_file(plan: RunPlan) -> int:
+    """One expert's moments file: each layer's upper triangle in f32 (tailstats.write_moments)."""
+    c = plan.cfg
+    return c.n_layers * (c.dim * (c.dim + 1) // 2 * F32 + PER_TENSOR)
 
 
 def estimate(plan: RunPlan, workers: int, outer_momentum: float = 0.0) -> dict[str, int]:
@@ -72,10 +81,12 @@ def estimate(plan: RunPlan, workers: int, outer_momentum: float = 0.0) -> dict[s
     they hold at once. `workers` jobs run at once. With rounds the peak is at the start of the last round (every
     expert's checkpoint, every earlier round's modules) or at the end (every module, the moments, the final
     sync's rewrite), whichever is larger; checkpoints that are on disk already add nothing."""
+    from mfgguf.train.experts.pieces import gathers_moments
+
     tc, R, todo = plan.tc, plan.rounds, plan.todo
     history = plan.steps * JSON_PER_STEP
     module = {r: _ffn(plan) + _shared(plan, r) + JSON_FIXED + history for r in range(1, R + 1)}
-    gathers = tc.shared != "none" and R > 1  # the last round also gathers second moments (tailstats.py)
+    gathers = gathers_moments(tc)  # the last round also gathers second moments (tailstats.py)
     ckpt = max(3 * (_ffn(plan) + _shared(plan, r)) for r in range(1, R + 1)) + history
     ckpt += 2 * _moments(plan) if gathers else 0
     experts = {i for i, _ in todo}
@@ -87,7 +98,7 @@ def estimate(plan: RunPlan, workers: int, outer_momentum: float = 0.0) -> dict[s
     out = {
         "modules": sum(module[r] for _, r in todo) + rewrite,
         "checkpoints": kept + inflight,
-        "moments": len(experts) * _moments(plan) if gathers else 0,
+        "moments": len(experts) * _moments_file(plan) if gathers else 0,
         "syncs": syncs * trunk,
         "other": (_moments(plan) + JSON_FIXED if todo else 0) + len(todo) * PLOT_AND_LOG,
     }

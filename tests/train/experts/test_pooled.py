@@ -17,8 +17,11 @@ from mfgguf.train.experts.expert import build_expert_model
 from mfgguf.train.engine.weights import read_safetensors
 from mfgguf.train.engine.loop import evaluate, load_tokens
 from mfgguf.train.experts.stats import RouterStats
+from mfgguf.train.experts.tailstats import moments_path, read_moments
 
 from tests.conftest import TINY_EXPERTS, copy_run
+
+REL = 0.15  # a recorded second moment's relative distance (Frobenius) from a pass's: 0.05-0.09 on the tiny run
 
 
 def _cli(*args):
@@ -26,11 +29,48 @@ def _cli(*args):
     return r.exit_code, r.output
 
 
-def test_pooled_equals_the_experts_own_second_moments_pooled_by_count(trained_run):
-    """G = sum_i n_i M_i / sum_i n_i, each M_i measured on trunk + expert i over its shard (what module format 1
-    stored per expert), over as many tokens as each expert's recorded mean (the very tokens, for a
-    `--stats-from pass` expert)."""
+def _pass_moments(rd: RunDir, cfg: ModelConfig, tokens: int):
+    """Each expert's (count, {tensor: f32}) of a forward pass of trunk + that expert over its shard."""
+    model = build_expert_model(rd, cfg, 0, torch.device("cpu"), bf16_trunk=False, trunk_path=rd.module_file(0))
+    for i in range(1, TINY_EXPERTS + 1):
+        model.load_expert({k: t for k, t in read_safetensors(rd.module_file(i)) if k.startswith("blk.")})
+        st = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
+        evaluate(model, load_tokens(rd.shard(i), "shard"), tokens, "single", torch.device("cpu"),
+                 read_module_meta(rd, i)["precision"], hook=st.hook)
+        yield i, st.n, st.tensors()
+
+
+def test_pooled_takes_the_moments_each_expert_recorded_and_they_measure_what_a_pass_does(trained_run):
+    """By default G = sum_i n_i M_i / sum_i n_i with each M_i the one expert i's last training steps recorded
+    (tailstats.py, beside the module): no forward pass. Those steps' windows are training's own and the expert
+    still moves under them, so M_i is close to, not equal to, a pass's over the shard."""
     rd = RunDir(trained_run)
+    cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
+    pooled = json.loads(rd.router_stats_meta.read_text())
+    assert pooled["router_stats_on"].endswith("(its training's last steps)"), pooled
+    own = {i: read_moments(rd, i, read_module_meta(rd, i)["sha256"], cfg.n_layers, cfg.dim) for i in range(1, TINY_EXPERTS + 1)}
+    assert all(m is not None for m in own.values())
+    n = sum(m.n for m in own.values())
+    assert pooled["router_stats_count"] == n
+    got = load_file(rd.router_stats)
+    for l in range(cfg.n_layers):
+        want = sum(m.sq[l].numpy() for m in own.values()) / n
+        np.testing.assert_allclose(got[f"{STATS_PREFIX}blk.{l}.second_moment"], want, rtol=1e-5, atol=1e-6)
+    for i, count, t in _pass_moments(rd, cfg, pooled["tokens_per_source"]):
+        for l in range(cfg.n_layers):
+            a, b = t[f"{STATS_PREFIX}blk.{l}.second_moment"].double().numpy(), own[i].sq[l].numpy() / own[i].n
+            assert np.linalg.norm(a - b) / np.linalg.norm(a) < REL, (i, l, np.linalg.norm(a - b) / np.linalg.norm(a))
+            assert np.allclose(b, b.T)  # the file keeps the upper triangle; the lower mirrors it
+
+
+def test_forward_pass_equals_the_experts_own_second_moments_pooled_by_count(trained_run, tmp_path):
+    """`--forward-pass`: G = sum_i n_i M_i / sum_i n_i, each M_i measured on trunk + expert i over its shard (what
+    module format 1 stored per expert), over as many tokens as each expert's recorded mean (the very tokens, for
+    a `--stats-from pass` expert)."""
+    run = copy_run(trained_run, tmp_path / "run")
+    code, text = _cli("router-stats", run, "--forward-pass", "--no-progress")
+    assert code == 0 and "(its training" not in text, text
+    rd = RunDir(run)
     cfg = ModelConfig.from_dict(read_module_meta(rd, 0)["config"])
     pooled = json.loads(rd.router_stats_meta.read_text())
     model = build_expert_model(rd, cfg, 0, torch.device("cpu"), bf16_trunk=False, trunk_path=rd.module_file(0))
@@ -105,3 +145,17 @@ def test_an_imported_base_passes_at_the_precision_its_experts_train_in():
     assert trunk_pass_precision({"precision": "fp32"}, cpu) == "fp32"  # a trunk trained here: as it trained
     assert trunk_pass_precision({"precision": "bf16"}, cpu) == "bf16"
     assert trunk_pass_precision({"precision": "fp32", "source": "base"}, cpu) == resolve_precision("auto", cpu)
+
+
+def test_an_expert_without_recorded_moments_is_measured_by_a_pass(trained_run, tmp_path):
+    """Moments absent (a `--stats-from pass` expert, or one from an earlier version) or of another module: that
+    expert alone gets the forward pass, and the record says how many came from training."""
+    run = copy_run(trained_run, tmp_path / "run")
+    rd = RunDir(run)
+    moments_path(rd, 2).unlink()
+    code, text = _cli("router-stats", run, "--no-progress")
+    assert code == 0 and f"{TINY_EXPERTS - 1} of {TINY_EXPERTS} experts: their training's last steps" in text, text
+    mixed = load_file(rd.router_stats)
+    code, text = _cli("router-stats", run, "--tokens", 4096, "--no-progress")  # --tokens: a pass over every expert
+    assert code == 0 and "training's last steps" not in text, text
+    assert not np.allclose(mixed[f"{STATS_PREFIX}blk.0.second_moment"], load_file(rd.router_stats)[f"{STATS_PREFIX}blk.0.second_moment"])

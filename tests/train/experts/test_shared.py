@@ -18,6 +18,7 @@ from mfgguf.train.experts.expert import build_expert_model, expert_params, train
 from mfgguf.options import TrainOptions
 from mfgguf.train.engine.loop import load_tokens, make_optimizer, run_loop
 from mfgguf.train.experts.shared import lr_scales, shared_names, shared_params
+from mfgguf.train.experts.tailstats import moments_path
 from tests.conftest import copy_run
 from tests.train.experts.test_expert import two_training_steps
 
@@ -71,7 +72,7 @@ def test_shared_attn_module_file_and_own_domain_gain(attn_run, trained_run):
         assert 0 < ((mu / w) ** 2).sum().item() <= cfg.dim * 1.01
     # One round: the copy trained the whole schedule apart, so the final sync measures its statistics again
     # rather than take the ones of its steps (sync-rounds.md): no second moments are gathered for it.
-    assert not (rd.rounds / "moments").exists()
+    assert not moments_path(rd, 1).exists()  # nor an FFN-only expert's from before
     # Training attention too buys more on the expert's own domain than the FFN alone, at the same tokens.
     (own,) = meta["shard_domains"]
     assert meta["heldout_loss"][own] < none["heldout_loss"][own] - 0.01, (meta["heldout_loss"], none["heldout_loss"])

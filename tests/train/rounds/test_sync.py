@@ -30,6 +30,7 @@ from mfgguf.options import TrainOptions
 from mfgguf.train.experts.pooled import pool_router_stats
 from mfgguf.train.rounds.ends import round_end
 from mfgguf.train.rounds.adopt import ON
+from mfgguf.train.experts.tailstats import read_moments
 from mfgguf.train.rounds.sync import sync
 from tests.conftest import TINY_EXPERTS, copy_run
 from tests.converters import llama_logits, reference_logits, rel_diff, text_sample
@@ -172,7 +173,8 @@ def test_final_sync_takes_the_last_rounds_statistics_without_a_pass(last_round, 
     rd, fin = RunDir(run), RunDir(finished)
     before = {i: load_file(rd.module_file(i)) for i in EXPERTS}
     L = _meta(run, 0)["config"]["n_layers"]
-    moments = {i: load_file(rd.rounds / "moments" / rd.module_file(i).name) for i in EXPERTS}
+    cfg = _meta(run, 0)["config"]
+    moments = {i: read_moments(rd, i, _meta(run, i)["sha256"], L, cfg["dim"]) for i in EXPERTS}
     code, out = _cli("sync", run, "--no-progress")
     assert code == 0 and f"router statistics of {TINY_EXPERTS} experts from their last round's steps" in out, out
     trunk = _meta(run, 0)
@@ -191,7 +193,8 @@ def test_final_sync_takes_the_last_rounds_statistics_without_a_pass(last_round, 
     assert router_stats_current(rd) and json.loads(rd.router_stats_meta.read_text())["router_stats_count"] == sum(counts)
     for l in range(L):
         k = f"{STATS_PREFIX}blk.{l}.second_moment"
-        want = sum(n * moments[i][k].astype(np.float64) for n, i in zip(counts, EXPERTS)) / sum(counts)
+        assert [moments[i].n for i in EXPERTS] == counts
+        want = sum(moments[i].sq[l].numpy() for i in EXPERTS) / sum(counts)
         assert np.allclose(g[k], want, rtol=1e-5, atol=1e-6), k
     assert not (rd.rounds / "moments").exists() or not any((rd.rounds / "moments").iterdir())
     code, out = _cli("assemble", run, "-o", tmp_path / "x.gguf")
@@ -319,9 +322,10 @@ def test_bad_rounds_one_clear_line(trained_run, tmp_path):
     before = sha256_file(RunDir(run).module_file(0))
     RunDir(run).module_meta(2).unlink()
     RunDir(run).module_file(2).unlink()
+    kept = sorted(RunDir(run).rounds.rglob("*"))  # the experts' second moments, from their training
     code, out = _cli("sync", run)
     assert code == 1 and "train-expert" in out and "--expert 2" in out
-    assert sha256_file(RunDir(run).module_file(0)) == before and not RunDir(run).rounds.exists()
+    assert sha256_file(RunDir(run).module_file(0)) == before and sorted(RunDir(run).rounds.rglob("*")) == kept
 
 
 def test_final_sync_without_restat_then_restat_per_expert_gives_the_same_files(finished, tmp_path):
