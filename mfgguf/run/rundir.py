@@ -16,18 +16,14 @@
       manifest.json             every finished module with its sha256
       checkpoints/<module>/     resumable training state
       rounds/sync_<k>/          `mfgguf sync`: the modules before and after merge k, and its plan
+      rounds/moments/           each expert's second moments of its last training steps (tailstats.py)
       plots/                    loss curves
 
-A module file is one safetensors file of GGUF-named tensors (see `model.trunk_name_map`); an
-expert's file also holds the mean of its FFN inputs per layer, `router_stats.blk.{l}.mean` (dim,),
-over `router_stats_count` tokens (the count lives in the JSON). The router's one dim x dim
-statistic, the second moment of the FFN inputs, is pooled once per trunk instead of stored per
-expert: `modules/router_stats.safetensors` (`router_stats.blk.{l}.second_moment`, from trunk +
-each expert over its shard sample, see train/experts/pooled.py). Module format 1 (earlier mfgguf)
-stored a second moment in every expert; such runs still assemble as they are. An expert trained
-with `--shared` also holds its trained copy of each chosen trunk tensor as `shared.<trunk GGUF
-name>` (f32, the trunk tensor's shape), listed in its JSON as `shared_tensors`; assembly merges
-them into the trunk it writes. The JSON beside it holds everything else (see `write_module`).
+A module file is one safetensors file of GGUF-named tensors (see `model.trunk_name_map`); an expert's also
+holds its FFN inputs' mean per layer, `router_stats.blk.{l}.mean` (dim,), and with `--shared` its trained
+copies `shared.<trunk GGUF name>` (f32; listed as `shared_tensors`, merged into the trunk at assembly). The
+router's dim x dim second moment is pooled once per trunk (train/experts/pooled.py), not stored per expert as
+module format 1 did (such runs still assemble). The JSON beside a module holds the rest (see `write_module`).
 No pickle anywhere: safetensors, numpy .npy (allow_pickle=False) and JSON only.
 """
 
@@ -246,16 +242,13 @@ def data_view(src: RunDir, out: Path, *, keep_checkpoints: bool = False) -> RunD
 # ---- modules and the manifest --------------------------------------------------------------------
 
 
-def write_module(run: RunDir, index: int, tensors: dict, meta: dict,
-                 beside: Callable[[str], object] | None = None) -> dict:
+def write_module(run: RunDir, index: int, tensors: dict, meta: dict, beside: Callable[[str], object] | None = None) -> dict:
     """Write module `index` (safetensors of GGUF-named tensors + JSON), then record it in the manifest.
 
     `tensors` maps names to torch tensors or numpy arrays (router statistics included for
     experts). `meta` should carry kind, preset, config, trunk_sha256 (experts), shard,
     partition, tokens_seen, final_loss, heldout_loss, router_stats_count (experts).
-    `beside(sha256)` writes files that name the module (an expert's second moments) after its
-    weights and before its record: a job killed in between is not yet trained, so it runs again
-    and writes them, where the other order would leave a trained expert without them.
+    `beside(sha256)` writes files naming the module before its record (a job killed between reruns).
     Returns the full metadata written.
 
     Example:
@@ -271,11 +264,10 @@ def write_module_streamed(run: RunDir, index: int, shapes: dict[str, tuple], rea
     return _publish(run, index, save_f32_streamed(path, shapes, read, f"{MODULE_FORMAT}/{module_name(index)}"), meta)
 
 
-def _publish(run: RunDir, index: int, shapes: dict[str, list[int]], meta: dict,
-             beside: Callable[[str], object] | None = None) -> dict:
+def _publish(run: RunDir, index: int, shapes: dict[str, list[int]], meta: dict, beside: Callable | None = None) -> dict:
     """The module file just written: its JSON record beside it and its manifest entry; the record."""
     full = ModuleMeta.from_json(module_meta_for(run.module_file(index), index, meta, shapes))
-    if beside is not None:
+    if beside is not None:  # before the record that makes the module count as trained
         beside(full.sha256)
     write_json(run.module_meta(index), full.to_json())
     update_manifest(run, index, full)

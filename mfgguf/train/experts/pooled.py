@@ -10,9 +10,8 @@ by its sha256), read in a moment; otherwise (an expert trained with `--stats-fro
 earlier version, or `--forward-pass`) it is measured with the statistics restat.py measures,
 layer-streamed (stats_pass.py: one layer of trunk + expert in memory, no head), over the same sample of
 the expert's shard that its training measured (4 x that expert's eval_tokens, windows spread over the
-shard), experts one after another: the very G that format 1 pooled at assembly. The pass took 25 s an
-expert of SmolLM2 held to AVX2 (docs/base-model.md), the first half of `assemble` on the README's run;
-routing with the recorded moments instead: docs/studies/routing.md.
+shard), experts one after another: the very G that format 1 pooled at assembly. The pass was half of
+`assemble` on the README's run (docs/base-model.md); how the recorded moments route: docs/studies/routing.md.
 
 Experts that complement the seed (train/experts/complement.py) are measured with their own forward, the
 two-way MoE of [seed, expert] they trained as.
@@ -109,8 +108,8 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
                 bar.advance()
         per = int(tokens or max(m.stats_tokens for m in metas.values()))
         on = "trunk + each expert over its shard" + (
-            "" if not recorded else " (its training's last steps)" if recorded == len(metas)
-            else f" ({recorded} of {len(metas)} experts: their training's last steps)")
+            "" if not recorded else ", from the experts' last training steps" if recorded == len(metas)
+            else f", {recorded} of {len(metas)} experts from their last training steps")
         return _write(rd, stats, trunk, "experts", {module_name(i): m.sha256 for i, m in metas.items()}, per, on, t0)
     return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
 

@@ -13,8 +13,7 @@ count-weighted mean over the experts, so `router-stats` (and `assemble`, which r
 of a forward pass of trunk + each expert over its shard (pooled.py), and the final `sync` of experts with
 shared copies instead of one of merged trunk + each expert (train/rounds/adopt.py). The module keeps its
 means only; the moments go beside it (`write_moments`), each layer's upper triangle in f32 (the matrix is
-symmetric): half the full matrix's bytes, 20 MB an expert on SmolLM2, where the pass they spare took about
-25 s an expert.
+symmetric): half the full matrix's bytes (what they cost and spare: docs/studies/routing.md).
 
 Exactness under recompute: a checkpointed block runs its forward twice (once, then again in the
 backward pass), so the hook keeps each layer's figures of the current micro-batch aside, the
