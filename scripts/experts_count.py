@@ -25,6 +25,7 @@ written from study.jsonl (alone with --summary-only).
     python scripts/experts_count.py --out experts-count --experts 4,16,100 --tokens 409600 --seeds 1
     python scripts/experts_count.py --out experts-count --experts 16,100 --seeds 2 --score moe
     python scripts/experts_count.py --out experts-count --summary-only
+    python scripts/experts_count.py --out experts-count --rerow   # after a later `mfgguf eval` in one of its runs
 """
 
 from __future__ import annotations
@@ -229,9 +230,14 @@ def summarize(rows: list[dict]) -> dict:
                 refs.setdefault(m, []).append(r["methods"][m]["ppl"])
     table = {n: {m: spread(v) for m, v in ms.items()} for n, ms in sorted(by_n.items())}
     ref = {m: spread(v) for m, v in refs.items()}
+    # each seed's MoE over the baseline of the same seed (over the baselines' mean where that seed trained none):
+    # the range of these is the spread a ratio carries once the baselines have seeds of their own
+    by_seed = {m: {r["seed"]: r["methods"][m]["ppl"] for r in rows if m in r["methods"]} for m in refs}
+    paired = {n: {m: spread([r["methods"]["moe"]["ppl"] / by_seed[m].get(r["seed"], ref[m]["mean"])
+                             for r in rows if r["n"] == n]) for m in refs} for n in by_n}
     digests = {r["test_split_sha256"] for r in rows}
     fl = [r["training_flops"] for r in rows]
-    return {"table": table, "reference": ref, "one_test_split": len(digests) == 1,
+    return {"table": table, "reference": ref, "paired": paired, "one_test_split": len(digests) == 1,
             "flops_spread": (max(fl) / min(fl) - 1) if fl else None}
 
 
@@ -251,7 +257,7 @@ def markdown(rows: list[dict], s: dict) -> str:
     for n, t in s["table"].items():
         rs = [r for r in rows if r["n"] == n]
         moe = t.get("moe", {}).get("mean")
-        ratio = lambda k: f"{moe / ref[k]['mean']:.3f}" if moe and k in ref else ""  # noqa: E731
+        ratio = lambda k: _paired(moe, ref.get(k), s["paired"][n].get(k))  # noqa: E731
         c = rs[0]["clusters"]
         L.append(f"| {n} | {len(rs)} | {rs[0]['tokens_per_expert']:,} | {_cell(t.get('moe'))} | {_cell(t.get('moe top-1'))} "
                  f"| {_cell(t.get('moe top-2'))} | {_cell(t.get('oracle'))} | {ratio('base')} | {ratio('flop')} "
@@ -259,7 +265,8 @@ def markdown(rows: list[dict], s: dict) -> str:
                  f"| {_ratio(t, 'moe stream', 'lora-stream')} "
                  f"| {statistics.mean(r['train_wall_s'] for r in rs):.0f} "
                  f"| {c['tokens_min']:,} / {c['tokens_median']:,.0f} / {c['tokens_max']:,} |")
-    L += ["", "| reference (trained once, every N's) | test perplexity on the mix |", "|---|---|"]
+    L += ["", "| reference (every training document: every N's; mean, min-max over seeds) | test perplexity on the mix |",
+          "|---|---|"]
     L += [f"| {NAMES[m]} | {_cell(v)} |" for m, v in ref.items()]
     doms = sorted(rows[0]["methods"]["moe"]["domains"])
     L += ["", "Per domain (seed means):", "", "| model | " + " | ".join(doms) + " |", "|---|" + "---|" * len(doms)]
@@ -276,6 +283,13 @@ def markdown(rows: list[dict], s: dict) -> str:
     cpus = {f"{r['machine']['model']} ({', '.join(r['machine']['flags'])}; {r['machine']['cores']} cores)" for r in rows}
     L += ["", "CPU: " + "; ".join(sorted(cpus)) + "."]
     return "\n".join(L) + "\n"
+
+
+def _paired(moe: float | None, ref: dict | None, per_seed: dict | None) -> str:
+    """The MoE's seed mean over the baseline's, and the range of the seeds' paired ratios where there are two."""
+    if not moe or not ref:
+        return ""
+    return f"{moe / ref['mean']:.3f}" + (f" ({per_seed['min']:.3f}-{per_seed['max']:.3f})" if per_seed["n"] > 1 else "")
 
 
 def _ratio(t: dict, a: str, b: str) -> str:
@@ -328,6 +342,20 @@ def write_summary(out: Path) -> None:
     print(f"experts_count: {out / 'study.md'}, {out / 'study.png'}")
 
 
+def rerow(a) -> None:
+    """Each row of OUT/study.jsonl read again from its run, with the row's own budget and width; replaced at once."""
+    from mfgguf.run.files import atomic_path
+
+    rows = []
+    for r in load_rows(a.out / "study.jsonl"):
+        run = a.out / f"n{r['n']}-s{r['seed']}" / "run"
+        like = argparse.Namespace(**{**vars(a), "tokens": r["tokens"], "expert_ff": r["expert_ff"],
+                                     "batch_size": r["batch_size"]})
+        rows.append(result_row(like, run, r["n"], r["seed"]) if run.is_dir() else r)
+    with atomic_path(a.out / "study.jsonl") as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def parse(argv=None):
     ints = lambda x: [int(v) for v in x.split(",") if v]  # noqa: E731
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -355,6 +383,8 @@ def parse(argv=None):
                     " baselines in one); moe: the MoE alone, as eval scores it (a later seed's run)")
     ap.add_argument("--max-tokens", type=int, default=8192, help="eval --max-tokens: test tokens scored a domain")
     ap.add_argument("--summary-only", action="store_true", help="write study.md and study.png from study.jsonl")
+    ap.add_argument("--rerow", action="store_true", help="rewrite every row of study.jsonl from its run (after a later"
+                    " `mfgguf eval` in it: a second seed's baselines, the cluster LoRAs), then the summary")
     a = ap.parse_args(argv)
     a.baselines_at = a.baselines_at or a.experts[0]
     return a
@@ -363,7 +393,9 @@ def parse(argv=None):
 def main(argv=None) -> None:
     a = parse(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    if not a.summary_only:
+    if a.rerow:
+        rerow(a)
+    elif not a.summary_only:
         done = {(r["n"], r["seed"]) for r in load_rows(a.out / "study.jsonl")}
         # the baselines' N first: every other N is compared with them
         for n in sorted(a.experts, key=lambda n: n != a.baselines_at):

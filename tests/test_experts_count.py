@@ -55,7 +55,10 @@ def test_baselines_of_one_run_are_every_ns_reference():
     line = next(x for x in md.splitlines() if x.startswith("| 100 |"))
     cells = [c.strip() for c in line.split("|")]
     assert cells[4] == "4.700 (4.600-4.800)"  # the seeds' mean and range
-    assert cells[8] == f"{4.7 / 5.0:.3f}" and cells[9] == f"{4.7 / 4.0:.3f}" and cells[10] == f"{4.7 / 4.2:.3f}"
+    # the ratio of seed means, then the range of the seeds' ratios (a seed without its own baseline: their mean)
+    assert cells[8] == f"{4.7 / 5.0:.3f} ({4.6 / 5.0:.3f}-{4.8 / 5.0:.3f})"
+    assert cells[9] == f"{4.7 / 4.0:.3f} ({4.6 / 4.0:.3f}-{4.8 / 4.0:.3f})"
+    assert cells[10] == f"{4.7 / 4.2:.3f} ({4.6 / 4.2:.3f}-{4.8 / 4.2:.3f})"
     assert cells[11] == f"{4.5 / 4.3:.3f}"  # by document: the MoE over its cluster-routed oracle
     line16 = next(x for x in md.splitlines() if x.startswith("| 16 |"))
     assert line16.split("|")[11].strip() == ""  # no per-document routing at N = 16
@@ -93,4 +96,21 @@ def test_a_later_seed_scored_moe_alone_joins_the_first_seeds_references(tmp_path
     s = ec.summarize(rows)
     assert s["table"][16]["moe"]["n"] == 2 and s["reference"]["base"]["n"] == 4
     line = next(x for x in ec.markdown(rows, s).splitlines() if x.startswith("| 16 |"))
-    assert line.split("|")[9].strip() == f"{(4.1 + 4.3) / 2 / 4.0:.3f}"  # MoE / continued, over both seeds
+    # MoE / continued, over both seeds; the later seed's MoE over the first seed's baseline
+    assert line.split("|")[9].strip() == f"{(4.1 + 4.3) / 2 / 4.0:.3f} ({4.1 / 4.0:.3f}-{4.3 / 4.0:.3f})"
+
+
+def test_baselines_with_seeds_of_their_own_pair_with_the_moe_of_their_seed():
+    """A second seed's eval trained the baselines again: each seed's MoE is divided by its own seed's baseline, the
+    references carry both seeds' range."""
+    second = _row(16, 2, 4.3, baselines=True)
+    second["methods"]["flop"] = _m(4.4, flops=2.0e14)
+    rows = [*ROWS, second]
+    s = ec.summarize(rows)
+    assert s["reference"]["flop"] == {"mean": pytest.approx(4.2), "min": 4.0, "max": 4.4, "n": 2}
+    assert s["paired"][16]["flop"] == {"mean": pytest.approx((4.1 / 4.0 + 4.3 / 4.4) / 2), "min": 4.3 / 4.4,
+                                       "max": 4.1 / 4.0, "n": 2}
+    md = ec.markdown(rows, s)
+    line = next(x for x in md.splitlines() if x.startswith("| 16 |"))
+    assert line.split("|")[9].strip() == f"{4.2 / 4.2:.3f} ({4.3 / 4.4:.3f}-{4.1 / 4.0:.3f})"
+    assert "| continued pretraining, FLOP-matched | 4.200 (4.000-4.400) |" in md
