@@ -125,11 +125,15 @@ def open_model(
     threads: int | None = None,
     verbose: bool = False,
     lora: Path | None = None,
+    flash_attn: bool = False,
 ):
     """Validate a GGUF and load it with llama-cpp-python; the caller must `close()` it.
 
     n_ctx defaults to the model's trained context (a longer one is an error). `lora` is a llama.cpp
     LoRA adapter GGUF of this model (`train-base --mode lora` writes one) applied at scale 1.
+    `flash_attn` turns on llama.cpp's fused attention, as llama.cpp's own tools do on a CPU by default
+    (llama-cpp-python's default is off): faster over long windows, with log-probabilities that differ
+    in about the fifth digit, so it is for scoring, where the windows are long.
     Prefer `loaded(...)`, which closes the model for you.
 
     Example:
@@ -163,6 +167,7 @@ def open_model(
             logits_all=logits_all,
             verbose=verbose,
             lora_path=str(lora) if lora is not None else None,
+            flash_attn=flash_attn,
         )
     except ValueError as e:  # llama.cpp rejected the file although the header looked right
         raise MfggufError(f"llama.cpp could not load {header['path']} ({e}); re-create it with `mfgguf assemble`") from None

@@ -148,7 +148,9 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None, lora: 
 
         header = read_header(model)
         ctx = check_ctx(header, ctx or min(WINDOW, header["context_length"]))
-        return loaded(model, n_ctx=ctx, n_batch=min(batch or BATCH, ctx), threads=threads, lora=lora), ctx
+        # flash attention, as llama-perplexity has it on a CPU: the windows are long, where it pays (docs/evaluation.md)
+        return loaded(model, n_ctx=ctx, n_batch=min(batch or BATCH, ctx), threads=threads, lora=lora,
+                      flash_attn=True), ctx
     ctx = check_ctx(model.mfgguf_header, ctx or getattr(model, "mfgguf_n_ctx", None))
     if ctx > model.n_ctx():
         raise MfggufError(f"--ctx {ctx} is longer than the open model's context {model.n_ctx()}; reopen it with n_ctx={ctx}")

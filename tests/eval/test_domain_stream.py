@@ -76,7 +76,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:  # (T, V) float64
 def _reference_nll(base, lora, docs: list[np.ndarray], first: int | None = None) -> list[np.ndarray]:
     """Each document's per-token NLL from llama.cpp's logits at every position of each of its windows."""
     out = []
-    with loaded(base, n_ctx=CTX, logits_all=True, lora=lora, threads=1) as llm:
+    with loaded(base, n_ctx=CTX, logits_all=True, lora=lora, threads=1, flash_attn=True) as llm:  # as scoring opens it
         bos = llm.token_bos() if llm._model.add_bos_token() else None
         for doc in docs:
             doc = doc[: first + 1] if first is not None else doc

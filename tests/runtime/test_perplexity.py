@@ -36,7 +36,7 @@ def test_windowing_matches_numpy_recomputation(tiny_gguf, trained_run):
     nll, n = 0.0, 0
     for w in range(3):  # every window in a model of its own: nothing can carry over
         ids = toks[w * ctx : (w + 1) * ctx]
-        with loaded(tiny_gguf, n_ctx=ctx, logits_all=True) as llm:
+        with loaded(tiny_gguf, n_ctx=ctx, logits_all=True, flash_attn=True) as llm:  # as perplexity opens it
             first = ids.tolist()
             if llm._model.add_bos_token():
                 first[0] = llm.token_bos()
