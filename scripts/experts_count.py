@@ -299,7 +299,8 @@ def _ratio(t: dict, a: str, b: str) -> str:
 def _cell(v: dict | None) -> str:
     if not v:
         return ""
-    return f"{v['mean']:.3f}" + (f" ({v['min']:.3f}-{v['max']:.3f})" if v["n"] > 1 else "")
+    # one file scored in two runs (the base) gives one figure twice: no range to show
+    return f"{v['mean']:.3f}" + (f" ({v['min']:.3f}-{v['max']:.3f})" if v["n"] > 1 and v["min"] != v["max"] else "")
 
 
 def plot(rows: list[dict], s: dict, path: Path) -> None:
