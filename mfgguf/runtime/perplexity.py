@@ -4,7 +4,8 @@ The tokens are cut into consecutive windows of `ctx` tokens (a tail shorter than
 dropped). Each window is evaluated from an empty KV cache, and only its second half is scored:
 the logits at positions ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1, so every scored token
 sees at least ctx/2 tokens of context. As in llama.cpp, the first token of a window is replaced
-by BOS when the model's tokenizer adds one. NLL is accumulated in float64. Only the scored
+by BOS when the model's tokenizer adds one, and attention is llama.cpp's flash attention, which
+llama-perplexity turns on by itself on a CPU. NLL is accumulated in float64. Only the scored
 positions' logits are asked of llama.cpp, one batch of at most 512 at a time, so memory stays near
 the model's own size at any window (a long window at a large vocabulary would otherwise hold gigabytes
 of logits).
@@ -148,7 +149,7 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None, lora: 
 
         header = read_header(model)
         ctx = check_ctx(header, ctx or min(WINDOW, header["context_length"]))
-        # flash attention, as llama-perplexity has it on a CPU: the windows are long, where it pays (docs/evaluation.md)
+        # flash attention, as llama-perplexity has it on a CPU: the windows are long, where it pays (docs/front-ends.md)
         return loaded(model, n_ctx=ctx, n_batch=min(batch or BATCH, ctx), threads=threads, lora=lora,
                       flash_attn=True), ctx
     ctx = check_ctx(model.mfgguf_header, ctx or getattr(model, "mfgguf_n_ctx", None))
