@@ -122,17 +122,21 @@ def route_by_cluster(a, run: Path, path: Path, log: Path) -> None:
     from mfgguf.run import RunDir
     from mfgguf.run.files import write_json
 
-    if rep := read_json(run / "eval" / "report.json"):
-        label, moe = rep["best"], run / "eval" / "models" / rep["models"][rep["best"]]["file"]
-    else:  # --score moe
-        k = int((run / "eval" / "measured" / "chosen").read_text())
-        label, moe = f"moe ridge top-{k}", run / "eval" / "models" / f"moe-ridge-top{k}-f16.gguf"
+    label, moe = chosen_moe(run)
     t0 = time.perf_counter()
     r = cluster_routed(RunDir(run), moe, run / "eval" / "scratch", a.max_tokens)
     write_json(path, {**r, "moe_label": label, "wall_s": time.perf_counter() - t0})
     with open(log, "a") as f:
         f.write(f"# cluster routing: {r['routed']['overall']['ppl']:.4f} against the MoE's {r['moe']['overall']['ppl']:.4f}"
                 f" per document, {time.perf_counter() - t0:.0f} s\n")
+
+
+def chosen_moe(run: Path) -> tuple[str, Path]:
+    """(label, GGUF) of the MoE validation chose in RUN: eval's best, or --score moe's choice of top-k."""
+    if rep := read_json(run / "eval" / "report.json"):
+        return rep["best"], run / "eval" / "models" / rep["models"][rep["best"]]["file"]
+    k = int((run / "eval" / "measured" / "chosen").read_text())
+    return f"moe ridge top-{k}", run / "eval" / "models" / f"moe-ridge-top{k}-f16.gguf"
 
 
 def _figures(r: dict) -> dict:

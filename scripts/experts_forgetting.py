@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from experts_count import NAMES, load_rows  # noqa: E402
+from experts_count import NAMES, chosen_moe, load_rows  # noqa: E402
 
 REFERENCES = {"base": "trunk-f16.gguf", "flop": "base-flop-f16.gguf", "lora": "base-lora-f16.gguf",
               "wallclock": "base-wallclock-f16.gguf"}
@@ -35,6 +35,8 @@ REFERENCES = {"base": "trunk-f16.gguf", "flop": "base-flop-f16.gguf", "lora": "b
 def package_docs(path: Path, max_chars: int) -> Path:
     """OUT's held-out text: the installed packages' long descriptions, in path order, up to max_chars."""
     import sysconfig
+
+    from mfgguf.run.files import atomic_path
 
     if path.is_file():
         return path
@@ -47,7 +49,8 @@ def package_docs(path: Path, max_chars: int) -> Path:
             n += len(parts[-1])
         if n >= max_chars:
             break
-    path.write_text("\n\n".join(parts)[:max_chars], encoding="utf-8")
+    with atomic_path(path) as tmp:  # a run stopped here leaves no partial text to be read as whole next time
+        tmp.write_text("\n\n".join(parts)[:max_chars], encoding="utf-8")
     return path
 
 
@@ -55,8 +58,9 @@ def models(out: Path, rows: list[dict]) -> list[tuple[str, int, int | None, Path
     """(method, seed, N or None, GGUF) of each model to score: every row's chosen MoE, every run's references."""
     got = []
     for r in rows:
-        ev = out / f"n{r['n']}-s{r['seed']}" / "run" / "eval"
-        got.append(("moe", r["seed"], r["n"], ev / "models" / f"moe-ridge-top{_chosen_k(ev)}-f16.gguf"))
+        run = out / f"n{r['n']}-s{r['seed']}" / "run"
+        ev = run / "eval"
+        got.append(("moe", r["seed"], r["n"], chosen_moe(run)[1]))
         for m, f in REFERENCES.items():
             if m in r["methods"] and (ev / "models" / f).is_file():
                 got.append((m, r["seed"], None, ev / "models" / f))
@@ -67,14 +71,6 @@ def models(out: Path, rows: list[dict]) -> list[tuple[str, int, int | None, Path
             seen.add(key)
             unique.append(g)
     return unique
-
-
-def _chosen_k(ev: Path) -> int:
-    rep = ev / "report.json"
-    if rep.is_file():
-        r = json.loads(rep.read_text())
-        return int(r["models"][r["best"]].get("top_k", 2))
-    return int((ev / "measured" / "chosen").read_text())
 
 
 def main(argv=None) -> None:

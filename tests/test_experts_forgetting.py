@@ -20,8 +20,8 @@ def _run(out: Path, n: int, seed: int, files: tuple[str, ...], *, report_k: int 
     for f in files:
         (ev / "models" / f).write_bytes(b"")
     if report_k is not None:  # eval ran: its report names the best MoE
-        (ev / "report.json").write_text(json.dumps({"best": "moe ridge top-x",
-                                                    "models": {"moe ridge top-x": {"top_k": report_k}}}))
+        (ev / "report.json").write_text(json.dumps({"best": "moe ridge top-x", "models": {
+            "moe ridge top-x": {"top_k": report_k, "file": f"moe-ridge-top{report_k}-f16.gguf"}}}))
     if chosen is not None:  # --score moe: the MoE alone
         (ev / "measured").mkdir()
         (ev / "measured" / "chosen").write_text(f"{chosen}\n")
