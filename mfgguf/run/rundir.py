@@ -277,10 +277,7 @@ def _publish(run: RunDir, index: int, shapes: dict[str, list[int]], meta: dict, 
 def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[int]]) -> dict:
     """The full JSON of a module file already written at `path` (hash, size, tensor shapes)."""
     return {
-        "format": MODULE_FORMAT,
-        "version": MODULE_VERSION,
-        "name": module_name(index),
-        "index": index,
+        "format": MODULE_FORMAT, "version": MODULE_VERSION, "name": module_name(index), "index": index,
         **{k: v for k, v in meta.items() if k not in ("file", "sha256", "blake3", "bytes", "tensors", "version")},
         "file": f"{module_name(index)}.safetensors",  # its name once published in RUN/modules
         **file_digests(path),
@@ -289,11 +286,12 @@ def module_meta_for(path: Path, index: int, meta: dict, shapes: dict[str, list[i
     }
 
 
-def read_module(run: RunDir, index: int, at: tuple[Path, Path] | None = None) -> ModuleMeta:
-    """Module `index`'s JSON record (or the module at (weights, record)), typed; a one-line error if missing or foreign."""
+def read_module(run: RunDir, index: int, at: tuple[Path, Path] | None = None, weights_kept: bool = True) -> ModuleMeta:
+    """Module `index`'s JSON record (or the module at (weights, record)), typed; a one-line error if missing or foreign
+    (weights_kept=False: a record whose weights were not kept on purpose, as a LoRA served as an adapter)."""
     weights, record = at or (run.module_file(index), run.module_meta(index))
     name = module_name(index)
-    if not record.is_file() or not weights.is_file():
+    if not record.is_file() or (weights_kept and not weights.is_file()):
         hint = "mfgguf train-trunk RUN" if index == 0 else f"mfgguf train-expert RUN --expert {index}"
         raise MfggufError(f"module {name} is missing in {weights.parent}; train it with `{hint}`")
     meta = read_json(record, f"metadata of module {name}")
@@ -302,9 +300,9 @@ def read_module(run: RunDir, index: int, at: tuple[Path, Path] | None = None) ->
     return ModuleMeta.from_json(meta)
 
 
-def read_module_meta(run: RunDir, index: int) -> dict:
+def read_module_meta(run: RunDir, index: int, weights_kept: bool = True) -> dict:
     """`read_module` as a dict, for stages that still read dicts."""
-    return read_module(run, index).to_json()
+    return read_module(run, index, weights_kept=weights_kept).to_json()
 
 
 @contextmanager

@@ -72,7 +72,7 @@ def test_train_base_passes_the_seed_and_retrains_for_another(monkeypatch, tmp_pa
     record = {"tokens_seen": 4096, "continued": {"mode": "lora", "lr": 1e-3, "shards": [1, 2],
                                                  "from_trunk_sha256": "abc", "seed": 7}}
     calls = []
-    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i: json.loads(json.dumps(record)))
+    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i, **kw: json.loads(json.dumps(record)))
     monkeypatch.setattr(imported, "run_stage", lambda name, args: calls.append([str(a) for a in args]))
     kw = dict(mode="lora", tokens=4096, lr=1e-3, shards=[1, 2], trunk_sha256="abc")
     rd = RunDir(tmp_path)
@@ -101,7 +101,7 @@ def test_train_base_reuses_a_training_whose_step_did_not_divide_the_tokens(monke
     record = {"tokens_seen": 282_624, "train": {"tokens": 283_648},
               "continued": {"mode": "full", "lr": 3e-4, "shards": [1, 2], "from_trunk_sha256": "abc", "seed": 1}}
     calls = []
-    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i: json.loads(json.dumps(record)))
+    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i, **kw: json.loads(json.dumps(record)))
     monkeypatch.setattr(imported, "run_stage", lambda name, args: calls.append([str(a) for a in args]))
     kw = dict(mode="full", lr=3e-4, shards=[1, 2], trunk_sha256="abc", seed=1)
     assert imported.train_base(RunDir(tmp_path), run, tokens=283_648, **kw) == record and calls == []
@@ -125,3 +125,32 @@ def test_a_dense_baseline_is_trained_with_the_seed_and_again_for_another(monkeyp
     assert calls == []
     scratch.train_baseline(RunDir(tmp_path), trunk, plan, tmp_path, seed=2)
     assert len(calls) == 1 and calls[0][calls[0].index("--seed") + 1] == "2"
+
+
+def test_a_domain_adapter_keeps_no_merged_trunk_and_is_reused_without_one(monkeypatch, tmp_path):
+    """A per-cluster LoRA is served as an adapter on the base: its merged trunk (a whole base's weights) is deleted
+    once trained, and its record with the adapter is what a rerun reuses."""
+    run = tmp_path / "lora-shard3"
+    record = {"tokens_seen": 4096, "continued": {"mode": "lora", "lr": 1e-3, "shards": [3],
+                                                 "from_trunk_sha256": "abc", "seed": 1}}
+    calls = []
+
+    def fake_train_base(name, args):  # what train-base leaves: the record, the merged trunk and the adapter
+        calls.append(name)
+        (run / "modules").mkdir(parents=True, exist_ok=True)
+        (run / "modules" / "trunk.json").write_text("{}")
+        (run / "modules" / "trunk.safetensors").write_bytes(b"weights")
+        (run / "lora.gguf").write_bytes(b"GGUF")
+
+    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i, **kw: json.loads(json.dumps(record)))
+    monkeypatch.setattr(imported, "run_stage", fake_train_base)
+    kw = dict(mode="lora", tokens=4096, lr=1e-3, shards=[3], trunk_sha256="abc", seed=1, needs=("lora.gguf",))
+    imported.train_base(RunDir(tmp_path), run, weights=False, **kw)
+    assert len(calls) == 1 and not (run / "modules" / "trunk.safetensors").exists()
+    assert (run / "lora.gguf").is_file() and (run / "modules" / "trunk.json").is_file()
+    assert imported.train_base(RunDir(tmp_path), run, weights=False, **kw) == record and len(calls) == 1  # reused
+    imported.train_base(RunDir(tmp_path), run, **kw)  # the merged weights asked for: they are gone, so trained again
+    assert len(calls) == 2
+    (run / "lora.gguf").unlink()  # the adapter is what it is kept for: without it, trained again
+    imported.train_base(RunDir(tmp_path), run, weights=False, **kw)
+    assert len(calls) == 3 and not (run / "modules" / "trunk.safetensors").exists()

@@ -150,16 +150,17 @@ def matched_tokens(flops: float, per_token: float, step: int) -> int:
 
 
 def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shards: list[int], trunk_sha256: str,
-               force: bool = False, needs: tuple[str, ...] = (), seed: int | None = None) -> dict:
+               force: bool = False, needs: tuple[str, ...] = (), seed: int | None = None, weights: bool = True) -> dict:
     """`mfgguf train-base` into `run`, unless `run` already holds this very training (and the files `needs` names);
-    its module record either way."""
+    its module record either way. weights=False: only the record and `needs` are kept, and the trained trunk
+    train-base writes is deleted (an adapter served unmerged never reads the merged weights)."""
     view = RunDir(run)
     # a record without a seed was trained without --seed, as seed None trains
     want = {"mode": mode, "lr": lr, "shards": shards, "from_trunk_sha256": trunk_sha256, "seed": seed}
-    # a record without its weights (a study pruned them) is trained again rather than read
-    files = (view.module_meta(0), view.module_file(0), *(run / n for n in needs))
+    # a record without its weights (a study pruned them) is trained again rather than read, unless they are not wanted
+    files = (view.module_meta(0), *([view.module_file(0)] if weights else []), *(run / n for n in needs))
     if not force and all(f.is_file() for f in files):
-        m = read_module_meta(view, 0)
+        m = read_module_meta(view, 0, weights_kept=weights)
         # train-base trains whole steps of its own batch, which may not divide the tokens asked for: the record's
         # request is what must match (a record older than that field, its tokens seen)
         asked = (m.get("train") or {}).get("tokens", m.get("tokens_seen"))
@@ -168,12 +169,16 @@ def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shar
     run_stage(f"train-base {run.name}", ["train-base", rd.root, "-o", run, "--mode", mode, "--tokens", tokens, "--lr", lr,
                                          "--shards", ",".join(map(str, shards)), "--no-progress", "--force",
                                          *(["--seed", seed] if seed is not None else [])])
-    return read_module_meta(view, 0)
+    if not weights:
+        view.module_file(0).unlink(missing_ok=True)
+    return read_module_meta(view, 0, weights_kept=weights)
 
 
 def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: bool = False,
                        seed: int | None = None) -> list[DomainAdapter]:
-    """Train (or reuse) one LoRA per trained expert's shard, each for that expert's FLOPs; metas: {0: trunk, i: expert}."""
+    """Train (or reuse) one LoRA per trained expert's shard, each for that expert's FLOPs; metas: {0: trunk, i: expert}.
+    Only each adapter and its record are kept: the merged trunk a LoRA also yields is a whole base's weights, which
+    at a hundred clusters would be a hundred bases on the disk."""
     cfg = ModelConfig.from_dict(metas[0]["config"])
     per_step = continued_step_flops(cfg, "lora").total
     first = first_trunk_sha256(rd)
@@ -183,7 +188,7 @@ def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: boo
         tokens = matched_tokens(module_flops(m), per_step, step)
         shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
         train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=first,
-                   force=force, needs=(ADAPTER_FILE,), seed=seed)
+                   force=force, needs=(ADAPTER_FILE,), seed=seed, weights=False)
         held = m.get("shard_domains") or ()  # {domain: tokens} where run.json counts them
         weights = tuple(int(held[d]) for d in held) if isinstance(held, dict) else ()
         adapters.append(DomainAdapter(shard, tuple(held), tokens, lr, run, weights))
@@ -217,7 +222,8 @@ def _plan_json(p: BasePlan) -> dict:
 
 
 def _trained(p: BasePlan) -> Trained:
-    metas = [read_module_meta(RunDir(a.run), 0) for a in p.adapters] or [read_module_meta(RunDir(p.run), 0)]
+    metas = ([read_module_meta(RunDir(a.run), 0, weights_kept=False) for a in p.adapters]
+             or [read_module_meta(RunDir(p.run), 0)])
     spent, seen = sum(module_flops(m) for m in metas), sum(m["tokens_seen"] for m in metas)
     row = {"kind": "dense", "baseline": p.key, "mode": p.mode, "tokens": p.tokens, "lr": p.lr}
     if p.adapters:  # the base's GGUF, each domain scored with its shard's adapter; every one a candidate of the stream

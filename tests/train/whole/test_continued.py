@@ -180,6 +180,8 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
     adapters = rep["models"][LORA_DOMAIN_LABEL]["adapters"]
     assert set(adapters) == set(own) and all(Path(a).name == "lora.gguf" and Path(a).is_file() for a in adapters.values())
     assert [a["shard"] for a in plans[2]["adapters"]] == [1] and plans[2]["lr"] == rep["base_baselines"]["grid"]["lora"]["chosen_lr"]
+    # served unmerged on the base: the adapter keeps its record, not the whole base's weights merged with it
+    assert not RunDir(Path(plans[2]["adapters"][0]["run"])).module_file(0).exists()
     res = rep["results"]
     for d in set(res["trunk alone"]["domains"]) - set(own):  # no adapter is for it: the base alone, exactly
         assert res[LORA_DOMAIN_LABEL]["domains"][d]["ppl"] == res["trunk alone"]["domains"][d]["ppl"]
