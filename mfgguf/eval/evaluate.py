@@ -300,7 +300,8 @@ def _on_grid_scale(ev: Evaluation, path: Path, best: str, baselines: Outcome) ->
     from mfgguf.eval.reference_validation import reference_validation
 
     section = baselines.sections.get("base_baselines") or {}
-    if not section.get("grid") or not baselines.trained:
+    # a grid of one LR that only the per-cluster LoRAs use is never run (imported.py): no point to set the MoE beside
+    if not any(g["heldout_loss_trained_domains"] for g in (section.get("grid") or {}).values()) or not baselines.trained:
         return {}
     meta = read_module_meta(RunDir(baselines.trained[0].run), 0)  # every grid run scores alike (train-base)
     tokens, precision = int(meta["train"]["eval_tokens"]), str(meta["precision"])

@@ -154,3 +154,29 @@ def test_a_domain_adapter_keeps_no_merged_trunk_and_is_reused_without_one(monkey
     (run / "lora.gguf").unlink()  # the adapter is what it is kept for: without it, trained again
     imported.train_base(RunDir(tmp_path), run, weights=False, **kw)
     assert len(calls) == 3 and not (run / "modules" / "trunk.safetensors").exists()
+
+
+def test_the_cluster_loras_alone_with_one_lr_train_no_grid(monkeypatch, tmp_path):
+    """`--baselines lora-domain --lora-lrs 3e-3`: the one LR is taken as given; the one LoRA the grid would train
+    only to choose it is not trained. With two LRs, or with the one-LoRA baseline asked for, the grid runs."""
+    from mfgguf.config import get_preset
+
+    trained, cluster_loras = [], []
+    monkeypatch.setattr(imported, "train_base", lambda rd, run, **kw: trained.append(run.name) or
+                        {"heldout_loss": {"c": 1.0}, "tokens_seen": 4096, "tokens_per_s": 1.0})
+    monkeypatch.setattr(imported, "train_domain_loras", lambda rd, metas, out, lr, force, seed:
+                        cluster_loras.append(lr) or [])
+    for name in ("critical_path_s", "first_trunk_sha256"):
+        monkeypatch.setattr(imported, name, lambda *a: 0)
+    monkeypatch.setattr(imported, "module_flops", lambda m: 1e12)
+    monkeypatch.setattr(imported, "first_trunk_view", lambda rd, out: None)
+    cfg = get_preset("tiny").model.__dict__
+    metas = {0: {"config": cfg}, 1: {"train": {"batch_size": 4}, "shard": 1, "shard_domains": ["c"]}}
+    rd = RunDir(tmp_path)
+    plans, grid = imported.plan_and_train(rd, metas, tmp_path / "b", ("lora-domain",), lrs={"lora": (3e-3,)})
+    assert trained == [] and cluster_loras == [3e-3] and [p.key for p in plans] == ["lora-domain"]
+    assert grid["lora"]["chosen_lr"] == 3e-3 and grid["lora"]["heldout_loss_trained_domains"] == {}
+    imported.plan_and_train(rd, metas, tmp_path / "b", ("lora-domain",), lrs={"lora": (1e-3, 3e-3)})
+    assert trained == ["grid-lora-lr0.001", "grid-lora-lr0.003"]  # two LRs: the grid chooses
+    imported.plan_and_train(rd, metas, tmp_path / "b", ("lora", "lora-domain"), lrs={"lora": (3e-3,)})
+    assert trained[2:] == ["grid-lora-lr0.003"]  # the one LoRA is that grid's run: trained

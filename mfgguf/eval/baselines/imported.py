@@ -18,8 +18,9 @@ The peak LR of each kind is chosen by the same small grid (GRID, or eval's --ful
 budget it is used with:
 each value trains for the experts' whole FLOPs, the lowest validation loss on the trained domains
 (PyTorch, 4,096 tokens a domain) wins, and that run is the baseline (no second run); the grid's
-losses are reported. The wall-clock-matched run reuses the full grid's LR, chosen at the FLOP
-budget (the larger one when experts run side by side). Tokens are whole optimizer steps. Every
+losses are reported. A grid of one LR for the per-cluster LoRAs alone is not run: there is nothing to choose
+(given the LR an earlier eval chose, `--baselines lora-domain` trains no one LoRA). The wall-clock-matched run
+reuses the full grid's LR, chosen at the FLOP budget (the larger one when experts run side by side). Tokens are whole optimizer steps. Every
 training takes eval's --seed (the data order and a LoRA's initialisation), so seeds vary the
 baselines as they vary the experts.
 
@@ -96,6 +97,11 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     grid, best, runs = {}, {}, {}
     for mode in sorted({k.trains for k in kinds}):
         tokens = flop_tokens(mode)
+        if len(lrs[mode]) == 1 and all(k.key == "lora-domain" for k in kinds if k.trains == mode):
+            # one LR given and no baseline that is the grid's own run: there is nothing to choose, so nothing to train
+            best[mode] = lrs[mode][0]
+            grid[mode] = {"tokens": tokens, "heldout_loss_trained_domains": {}, "chosen_lr": best[mode]}
+            continue
         runs[mode] = {lr: train(f"grid-{mode}-lr{lr:g}", mode, tokens, lr) for lr in lrs[mode]}
         grid[mode] = {"tokens": tokens, "heldout_loss_trained_domains": {f"{lr:g}": held(m) for lr, m in runs[mode].items()}}
         best[mode] = min(runs[mode], key=lambda lr: held(runs[mode][lr]))
