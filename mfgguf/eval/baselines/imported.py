@@ -20,9 +20,9 @@ each value trains for the experts' whole FLOPs, the lowest validation loss on th
 (PyTorch, 4,096 tokens a domain) wins, and that run is the baseline (no second run); the grid's
 losses are reported. A grid of one LR for the per-cluster LoRAs alone is not run: there is nothing to choose
 (given the LR an earlier eval chose, `--baselines lora-domain` trains no one LoRA). The wall-clock-matched run
-reuses the full grid's LR, chosen at the FLOP budget (the larger one when experts run side by side). Tokens are whole optimizer steps. Every
-training takes eval's --seed (the data order and a LoRA's initialisation), so seeds vary the
-baselines as they vary the experts.
+reuses the full grid's LR, chosen at the FLOP budget (the larger one when experts run side by side). Tokens are
+whole optimizer steps. Every training takes eval's --seed (the data order and a LoRA's initialisation), so seeds
+vary the baselines as they vary the experts.
 
 Example:
     >>> plans, grid = plan_and_train(rd, metas, out)
