@@ -323,12 +323,17 @@ def plot(rows: list[dict], s: dict, path: Path) -> None:
     ax.set_xlabel("experts N (same training tokens in all)")
     ax.set_ylabel("test perplexity, mix")
     ax.legend(fontsize=7)
-    for r in rows:
-        bx.scatter(r["training_flops"], r["methods"]["moe"]["ppl"], marker="o", label=f"MoE N={r['n']} s{r['seed']}")
+    # a colour for each N and each baseline, a marker for each seed: every point tells what and which seed it is
+    colour = {n: f"C{i}" for i, n in enumerate(ns)}
+    colour |= {m: f"C{len(ns) + i}" for i, m in enumerate(("flop", "lora", "wallclock"))}
+    for r in sorted(rows, key=lambda r: (r["n"], r["seed"])):
+        dot, cross = ("o", "x") if r["seed"] % 2 else ("^", "+")
+        bx.scatter(r["training_flops"], r["methods"]["moe"]["ppl"], marker=dot, color=colour[r["n"]],
+                   label=f"MoE N={r['n']} s{r['seed']}")
         for m in ("flop", "lora", "wallclock"):
             if m in r["methods"]:
-                bx.scatter(r["methods"][m].get("flops") or r["training_flops"], r["methods"][m]["ppl"], marker="x",
-                           label=NAMES[m])
+                bx.scatter(r["methods"][m].get("flops") or r["training_flops"], r["methods"][m]["ppl"], marker=cross,
+                           color=colour[m], label=f"{NAMES[m]} s{r['seed']}")
     bx.set_xscale("log")
     bx.set_xlabel("training FLOPs")
     bx.set_ylabel("test perplexity, mix")
