@@ -323,7 +323,7 @@ def plot(rows: list[dict], s: dict, path: Path) -> None:
     ax.set_xlabel("experts N (same training tokens in all)")
     ax.set_ylabel("test perplexity, mix")
     ax.legend(fontsize=7)
-    # a colour for each N and each baseline, a marker for each seed: every point tells what and which seed it is
+    # a colour for each N and each baseline, a marker for odd and for even seeds (the label names the seed)
     colour = {n: f"C{i}" for i, n in enumerate(ns)}
     colour |= {m: f"C{len(ns) + i}" for i, m in enumerate(("flop", "lora", "wallclock"))}
     for r in sorted(rows, key=lambda r: (r["n"], r["seed"])):
