@@ -13,6 +13,7 @@ from mfgguf.runtime.generate import generate
 from mfgguf.runtime.perplexity import perplexity_files
 from mfgguf.runtime.serve import serve
 from mfgguf.cli.app import command
+from mfgguf.errors import MfggufError
 
 _MODEL = typer.Argument(..., help="A .gguf written by `mfgguf assemble`.")
 _CTX = typer.Option(None, "--ctx", help="Context length (default and maximum: the model's trained context).")
@@ -74,12 +75,75 @@ def perplexity_cmd(
                               " --mode lora` writes OUT/lora.gguf for the base's `assemble --experts none` file)."),
     chunks: int = typer.Option(None, "--chunks", help="Score only each domain's first N windows (llama.cpp's"
                                " --chunks): a quick look."),
+    hellaswag: Path = typer.Option(None, "--hellaswag", help="A HellaSwag file in llama-perplexity's layout: score"
+                                   " it as llama-perplexity --hellaswag does."),
+    hellaswag_tasks: int = typer.Option(None, "--hellaswag-tasks", help="HellaSwag tasks to score (default 400, as"
+                                        " llama-perplexity; drawn as it draws them)."),
+    winogrande: Path = typer.Option(None, "--winogrande", help="A WinoGrande CSV in llama-perplexity's layout."),
+    winogrande_tasks: int = typer.Option(None, "--winogrande-tasks", help="WinoGrande tasks to score (default all)."),
+    multiple_choice: Path = typer.Option(None, "--multiple-choice", help="A multiple-choice .bin in"
+                                         " llama-perplexity's layout (ARC, MMLU, TruthfulQA)."),
+    multiple_choice_tasks: int = typer.Option(None, "--multiple-choice-tasks", help="Multiple-choice tasks to"
+                                              " score (default all)."),
+    engine: str = typer.Option("auto", "--engine", help="Who scores the benchmarks: llama-perplexity (`make"
+                               " llama-tools`), llama-cpp-python, or auto (the first where it is built)."),
+    out: Path = typer.Option(None, "--out", help="Write the benchmarks' results (accuracy, interval, each task's"
+                             " verdict) to this JSON file."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+    paired_with: Path = typer.Option(None, "--paired-with", help="An --out file of another model on the same"
+                                     " benchmarks: the difference to it, paired over the same tasks."),
+    threads: int = typer.Option(None, "--threads", help="CPU threads (default: every core)."),
 ):
-    r = perplexity_files(model, data=data or None, run=run, ctx=ctx, progress=not as_json and sys.stderr.isatty(),
-                         lora=lora, chunks=chunks)
+    files = {k: v for k, v in (("hellaswag", hellaswag), ("winogrande", winogrande),
+                               ("multiple-choice", multiple_choice)) if v is not None}
+    if (out is not None or force or paired_with is not None) and not files:
+        raise MfggufError("--out, --force and --paired-with are for benchmark results; pass --hellaswag, --winogrande"
+                          " or --multiple-choice FILE too")
+    r = {}
+    if files:
+        from mfgguf.runtime.choice.benchmark import benchmarks, read_results
+
+        other = read_results(paired_with, files) if paired_with is not None else None  # a bad file stops here, first
+        r["benchmarks"] = benchmarks(model, files, tasks={"hellaswag": hellaswag_tasks, "winogrande": winogrande_tasks,
+                                                          "multiple-choice": multiple_choice_tasks},
+                                     lora=lora, ctx=ctx, threads=threads, engine=engine, out=out, force=force,
+                                     progress=not as_json and sys.stderr.isatty(), paired_with=other)
+    if not files or data or run:
+        r.update(perplexity_files(model, data=data or None, run=run, ctx=ctx, threads=threads,
+                                  progress=not as_json and sys.stderr.isatty(), lora=lora, chunks=chunks))
     if as_json:
         typer.echo(json.dumps(r, indent=2))
         return
+    if "benchmarks" in r:
+        _benchmark_table(model, lora, r["benchmarks"])
+        if out is not None:
+            typer.echo(f"results: {out}")
+    if "overall" in r:
+        _perplexity_table(model, lora, r)
+
+
+def _benchmark_table(model: Path, lora: Path | None, results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    name = model.name + (f" + {lora.name}" if lora else "")
+    t = Table(title=f"benchmarks of {name} (scored as llama-perplexity scores them)")
+    for col in ("benchmark", "tasks", "right", "accuracy", "95% interval", "engine", "seconds"):
+        t.add_column(col, justify="left" if col in ("benchmark", "engine") else "right")
+    for b, v in results.items():
+        lo, hi = v["ci95"]
+        t.add_row(b, f"{v['tasks']:,}", f"{v['correct']:,}", f"{v['accuracy']:.2%}", f"{lo:.2%}-{hi:.2%}",
+                  v["engine"], f"{v['seconds']:.1f}")
+    Console().print(t)
+    for b, v in results.items():
+        p = v.get("paired_with")
+        if p:
+            typer.echo(f"{b}: {p['points']:+.2f} points against {p['model']} (paired over {p['tasks']:,} tasks, 95%"
+                       f" interval {p['low']:+.2f} to {p['high']:+.2f}; only this model right on {p['only_a']}, only"
+                       f" {p['model']} on {p['only_b']}; McNemar p {p['mcnemar_p']:.3f})")
+
+
+def _perplexity_table(model: Path, lora: Path | None, r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 

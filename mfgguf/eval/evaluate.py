@@ -40,6 +40,7 @@ from mfgguf.eval.baselines.baseline import SECTIONS, Job, Outcome
 from mfgguf.eval.baselines.imported import first_trunk_view
 from mfgguf.eval.baselines.sides import side_for
 from mfgguf.eval.domain_stream import stream_candidates
+from mfgguf.eval.general import check_benchmarks, score_general
 from mfgguf.eval.measure import measure, measure_stream, mixed, routing_accuracy
 from mfgguf.eval.measured import file_key, kept
 from mfgguf.eval.plots import eval_plots
@@ -69,6 +70,10 @@ class EvalConfig:
     seed: int | None = None  # the baselines' training seed (the experts' is train-expert's); None: each side's default
     baseline_lrs: dict[str, tuple[float, ...]] | None = None  # an imported base's LR grids {"full": ..., "lora": ...}
     #                                                            where not eval/baselines/imported.py's GRID
+    benchmarks: dict[str, str] | None = None  # {hellaswag|winogrande|multiple-choice: its file}: every final model
+    #                                           scored on it (eval/general.py); None = none
+    benchmark_tasks: dict[str, int | None] | None = None  # tasks of each benchmark (eval/general.py's EVAL_TASKS
+    #                                                        where not given)
 
 
 def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *, force: bool = False,
@@ -80,6 +85,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     RSS per model. Writes report.md (tables, each goal checked against `target`), report.json (raw
     figures) and PNG plots.
     """
+    check_benchmarks(cfg.benchmarks, cfg.benchmark_tasks)
     ev = _open(Path(run), out, cfg, force)
     t_start = time.perf_counter()
     models = _assembled_models(ev)
@@ -91,9 +97,12 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     results = _measure_all(ev, {k: m for k, m in models.items() if m["kind"] != "moe" or k in scored})
     quant_rows = _quantized(ev, models, results, best)
     stream = _domain_stream(ev, models, best)
+    general = score_general(ev, models, scored, say=_say) if cfg.benchmarks else {}
     _say("routing accuracy")
     routing = {r: routing_accuracy(ev.rd, ev.domains, ev.heldout, _moe_gguf(ev, cfg.base_quant, r, 1)) for r in cfg.routers}
     report = _report(ev, models, results, validation, best, quant_rows, routing, baselines, stream)
+    if general:
+        report["general"] = general
     if grid_scale := _on_grid_scale(ev, models[best]["path"], best, baselines):
         report["moe_on_grid_scale"] = grid_scale
     report["wall_s"] = round(time.perf_counter() - t_start, 1)

@@ -19,6 +19,10 @@ def eval_plots(r: dict, out: Path) -> None:
     ppl_by_domain_plot(r, out / "ppl_by_domain.png")
     eval_curves_plot(r, out / "curves.png")
     routing_confusion_plot(r, out / "routing_confusion.png")
+    if r.get("general"):
+        from mfgguf.eval.general import general_plot
+
+        general_plot(r["general"], out)
 
 
 def ppl_by_domain_plot(r: dict, path: Path) -> Path:

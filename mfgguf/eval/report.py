@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mfgguf.config import ModelConfig
+from mfgguf.eval.general import general_markdown
 from mfgguf.eval.training_flops import rounds_of
 from mfgguf.flops import trunk_step_flops
 
@@ -30,6 +31,8 @@ class Goals:
     #                                                                           most this x the base type
     lora_domain_stream: float = 0.97  # MoE at most this x the per-domain LoRAs when a document's domain is unknown
     #                                   (each document picks its adapter by its opening; eval/domain_stream.py)
+    general_points: float = 0.5  # the MoE's benchmark accuracy at most this many points below the base's, paired
+    #                              over the same tasks (eval/general.py)
 
 
 def goals(results: dict, best: str, best_stats: str | None, oracle_mixed: dict, quant_rows: dict, base_quant: str,
@@ -160,6 +163,7 @@ def report_markdown(r: dict, target: Goals = Goals()) -> str:
         key = f"{q}_over_{r['config']['base_quant']}"
         if key in g:
             L.append(f"| {q} within {100 * (lim - 1):.1f}% of {r['config']['base_quant']} | {g[key]:.4f} | {_yes(g[key] <= lim)} |")
+    L += general_markdown(r.get("general") or {}, r["best"], t.general_points)
     L += _spread_markdown(r.get("test_spread") or {})
     L += _stream_markdown(r.get("domain_stream") or {}, ds)
     L += _flops_markdown(r["flops"])

@@ -276,6 +276,14 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
     scores only each domain's first N windows, as llama.cpp's perplexity tool's --chunks: a quick
     look, where the whole split is the figure to report.
 
+    --hellaswag FILE, --winogrande FILE and --multiple-choice FILE score llama.cpp's multiple-choice
+    benchmarks instead (or as well, with --data or --run): the tasks llama-perplexity draws for the
+    task count given (--hellaswag-tasks N; 400 by default, as there), each candidate scored by its
+    length-normalised log-likelihood as llama-perplexity scores it, by llama-perplexity itself where
+    `make llama-tools` built it and by llama-cpp-python otherwise (--engine). Reports the accuracy with
+    its interval; --out FILE.json keeps it with every task's verdict, to compare two models task
+    by task. The user names the file: nothing is downloaded.
+
     Example:
         >>> perplexity_files("model.gguf", run="RUN", ctx=128)["overall"]["ppl"]
     """

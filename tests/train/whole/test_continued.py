@@ -28,6 +28,7 @@ from mfgguf.train.engine.weights import trunk_alone
 from tests.base.test_import_base import save_hf_llama
 from tests.conftest import sigkill_at_checkpoint
 from tests.converters import text_sample
+from tests.runtime.choice.files import write_hellaswag
 
 runner = CliRunner()
 
@@ -166,13 +167,24 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
     shutil.copytree(base_run, run, symlinks=True)
     r = cli("train-expert", run, "--expert", 1, "--tokens", 4096, "--eval-tokens", 512, "--no-progress")
     assert r.exit_code == 0, r.output
+    hellaswag = write_hellaswag(tmp_path / "hellaswag.txt")
     r = cli("eval", run, "--routers", "ridge", "--top-k", "1", "--quants", "", "--baselines", "flop,lora,lora-domain",
-            "--max-tokens", 1024, "--ctx", 64)
+            "--max-tokens", 1024, "--ctx", 64, "--hellaswag", hellaswag)
     assert r.exit_code == 0, r.output
     rep = json.loads((run / "eval" / "report.json").read_text())
     plans = rep["base_baselines"]["plans"]
     labels = [p["label"] for p in plans]
     assert labels == ["base, continued pretraining, FLOP-matched", "base + LoRA r16, FLOP-matched", LORA_DOMAIN_LABEL]
+    # general ability: the base, the MoE and every baseline on the same HellaSwag tasks, each paired with the base
+    g = rep["general"]["hellaswag"]
+    assert list(g["models"]) == ["trunk alone", "moe ridge top-1", *labels] and g["base"] == "trunk alone"
+    assert set(g["paired"]) == set(g["models"]) - {"trunk alone"} and g["tasks"] == 12
+    assert all(p["low"] <= p["points"] <= p["high"] and p["tasks"] == 12 for p in g["paired"].values())
+    assert len({tuple(v["task_ids"]) for v in g["verdicts"].values()}) == 1  # the same tasks, in the same order
+    assert sum(g["models"][LORA_DOMAIN_LABEL]["choice"].values()) == 12  # each task through the candidate it chose
+    assert set(g["models"][LORA_DOMAIN_LABEL]["choice"]) == {"base", "lora-shard1"}
+    assert "## General ability: hellaswag" in (run / "eval" / "report.md").read_text()
+    assert (run / "eval" / "general_hellaswag.png").stat().st_size > 0
     for key in ("moe_over_flop_dense_mixed", "moe_over_lora_dense_mixed", "moe_over_lora-domain_dense_mixed"):
         assert rep["goals"][key] > 0
     # the per-domain LoRAs: expert 1's domains scored through its shard's llama.cpp adapter, the others by the base
