@@ -58,6 +58,9 @@ NAMES = {"moe@1": "MoE top-1 (gate chosen on validation)", "moe": "MoE (top-k an
 # --max-tokens 16384 (74 minutes with six gated MoEs, each about 6 minutes on test and validation), scaled to 32768;
 # a gated MoE now costs its validation pass alone (test scores the gate validation chose, in place of the plain MoE).
 RATE, PROCESS_S, SYNC_S, LAST_SYNC_S, MEASURE_S, MOE_MEASURE_S = 3.5e11, 13.0, 16.0, 120.0, 4560.0, 360.0
+# HellaSwag: a task of one f16 model on 2 cores; the per-domain LoRAs about twice that (each context scored under
+# every adapter first); a model a baseline, the base and the two MoEs test scores
+HELLASWAG_TASK_S, ROUTED_FACTOR = 0.25, 2.0
 
 
 def mfgguf(*args, log: Path, dry: bool = False) -> None:
@@ -203,11 +206,19 @@ def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Pa
         trunk = read_json(run / "modules" / "trunk.json") or {}
         if a.shared != "none" and int(trunk.get("round") or 0) < k:
             mfgguf("sync", run, "--experts", ",".join(map(str, ids)), "--no-progress", log=log, dry=dry)
-    if not a.train_only and not (run / "eval" / "report.json").is_file():
+    if not a.train_only and needs_eval(a, run):
         gates = ("--seed-gates", a.seed_gates) if a.seed_gates else ()
         grids = [x for opt, v in (("--full-lrs", a.full_lrs), ("--lora-lrs", a.lora_lrs)) if v for x in (opt, v)]
+        bench = ("--hellaswag", a.hellaswag, "--hellaswag-tasks", a.hellaswag_tasks) if a.hellaswag else ()
         mfgguf("eval", run, "--routers", "ridge", "--top-k", "1,2", *gates, "--quants", "", "--max-tokens", a.max_tokens,
-               "--baselines", a.baselines, "--seed", seed, *grids, log=log, dry=dry)
+               "--baselines", a.baselines, "--seed", seed, *grids, *bench, log=log, dry=dry)
+
+
+def needs_eval(a, run: Path) -> bool:
+    """No report yet, or one without the HellaSwag scores asked for (eval then scores them alone: every other
+    measurement and baseline is kept in the RUN and read back)."""
+    rep = read_json(run / "eval" / "report.json")
+    return rep is None or bool(a.hellaswag) and "hellaswag" not in (rep.get("general") or {})
 
 
 def prune(run: Path) -> None:
@@ -279,7 +290,7 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
     others["oracle"] = {d: res[f"oracle {d}"]["domains"][d] for d in trained if f"oracle {d}" in res}
     doc_spread = spreads(res[rep["best"]]["domains"], others, trained)  # the trained mix, over resampled test documents
     cfg = read_json(run / "modules" / "trunk.json")["config"]
-    methods = {m: {**v, **serving(cfg, m, len(ids))} for m, v in methods.items()}
+    methods = {m: {**v, **serving(cfg, m, len(ids)), **general_figures(rep, v["label"])} for m, v in methods.items()}
     info = read_json(run / "run.json")
     shard_tokens = {d: next(s["tokens"] for s in info["shards"] if int(s["id"]) == i) for d, i in ids.items()}
     return {"tokens_per_domain": tokens, "seed": seed, "run": run.name, "trained_domains": trained,
@@ -289,6 +300,18 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
             "test_split_sha256": split_digest(run), "eval_wall_s": rep.get("wall_s"), "recipe": recipe(a),
             "machines": read_json(run / "machines.json") or [],
             "lr_grid": {mode: g["heldout_loss_trained_domains"] for mode, g in (rep.get("base_baselines") or {}).get("grid", {}).items()}}
+
+
+def general_figures(rep: dict, label: str) -> dict:
+    """{benchmark: {"accuracy", "tasks", "points" (- the base, paired), "low", "high", "mcnemar_p"}} of eval's model
+    `label` (eval/general.py); the base's own has points 0."""
+    out = {}
+    for name, g in (rep.get("general") or {}).items():
+        if label in g["models"]:
+            p = g["paired"].get(label) or {"points": 0.0, "low": 0.0, "high": 0.0, "mcnemar_p": 1.0}
+            out[name] = {"accuracy": g["models"][label]["accuracy"], "tasks": g["tasks"],
+                         **{k: p[k] for k in ("points", "low", "high", "mcnemar_p")}}
+    return out
 
 
 def serving(cfg: dict, method: str, n: int) -> dict:
@@ -327,7 +350,8 @@ def plan_config(a, template: Path):
 
 
 def estimate(cfg, tokens: int, n: int, rounds: int, shared: str, baselines: list[str], max_tokens: int,
-             rate: float = RATE, gated_moes: int = 0, grid_points: tuple[int | None, int | None] = (None, None)) -> dict:
+             rate: float = RATE, gated_moes: int = 0, grid_points: tuple[int | None, int | None] = (None, None),
+             hellaswag_tasks: int = 0) -> dict:
     """Training FLOPs of one RUN (the MoE, then every baseline training eval runs, its `grid_points` LRs of continued
     pretraining and of the LoRA included, None for eval's default grid) and its seconds at `rate` FLOP/s with the fixed costs above."""
     from mfgguf.config import shared_tensor_names
@@ -353,8 +377,11 @@ def estimate(cfg, tokens: int, n: int, rounds: int, shared: str, baselines: list
     if "wallclock" in baselines:
         grid, procs = grid + critical * rate, procs + 1
     train_s = n * expert_s + sync_s + grid / rate + procs * PROCESS_S
+    models = 3 + len([b for b in baselines if b != "lora-domain"]) + ROUTED_FACTOR * ("lora-domain" in baselines)
     return {"expert_flops_per_token": per_token, "moe_flops": moe, "baseline_flops": grid,
-            "seconds": train_s + (MEASURE_S + gated_moes * MOE_MEASURE_S) * max_tokens / 32768}
+            "hellaswag_s": hellaswag_tasks * HELLASWAG_TASK_S * models,
+            "seconds": train_s + (MEASURE_S + gated_moes * MOE_MEASURE_S) * max_tokens / 32768
+            + hellaswag_tasks * HELLASWAG_TASK_S * models}
 
 
 # ---- the summary ------------------------------------------------------------------------------------------
@@ -404,6 +431,11 @@ def summarize(rows: list[dict]) -> dict:
                 ms[m] = {k: spread([v[k] for v in vs]) for k in ("ppl_trained", "ppl_held_out", "flops", "wall_s")}
                 ms[m]["served"] = {k: vs[0][k] for k in ("serve_mflop_per_token", "params") if k in vs[0]}
                 ms[m]["wall_estimated"] = any(v.get("wall_estimated") for v in vs)
+                if all("hellaswag" in v for v in vs):
+                    h = [v["hellaswag"] for v in vs]
+                    ms[m]["hellaswag"] = {"accuracy": spread([x["accuracy"] for x in h]),
+                                          "points": spread([x["points"] for x in h]), "tasks": h[0]["tasks"],
+                                          "intervals": [[x["low"], x["high"]] for x in h]}
         others = [m for m in ms if m not in HEADS and m not in MOES and m not in gated]
         sizes[t] = {"seeds": sorted(r["seed"] for r in rs), "methods": ms}
         for head, (_, sfx) in HEADS.items():
@@ -484,8 +516,31 @@ def markdown(rows: list[dict], summ: dict) -> str:
                 vs = [r["goals"][k] for r in rows if r["tokens_per_domain"] == t and k in r["goals"]]
                 cells.append(f"{sum(vs) / len(vs):.4f} ({min(vs):.4f}-{max(vs):.4f})" if vs else "")
             L.append(f"| {k} | " + " | ".join(cells) + " |")
+    L += general_markdown(summ)
     L += ["", "![test perplexity against training FLOPs](study.png)"]
     return "\n".join(L) + "\n"
+
+
+def general_markdown(summ: dict) -> list[str]:
+    """Each size's HellaSwag table: accuracy and the paired difference to the base, over seeds."""
+    L = []
+    for t, s in summ["sizes"].items():
+        ms = {m: f["hellaswag"] for m, f in s["methods"].items() if "hellaswag" in f}
+        if not ms:
+            continue
+        n = next(iter(ms.values()))["tasks"]
+        L += ["", f"## General ability at {t:,} tokens a domain: HellaSwag", "",
+              f"{n:,} tasks (llama-perplexity's draw), the same for every model and seed, scored as llama-perplexity"
+              " scores them; the difference to the base is paired over the tasks, each seed's 95% interval beside"
+              " the mean over seeds.", "",
+              "| method | accuracy | min-max | - base, points | min-max | each seed's paired interval |",
+              "|---|---:|---:|---:|---:|---|"]
+        for m, h in ms.items():
+            iv = "; ".join(f"{lo:+.2f} to {hi:+.2f}" for lo, hi in h["intervals"]) if m != "base" else "(the base)"
+            acc = {k: 100 * v for k, v in h["accuracy"].items() if k != "n"} | {"n": h["accuracy"]["n"]}
+            L.append(f"| {NAMES.get(m, 'MoE ' + m[4:])} | {acc['mean']:.2f}% | {min_max(acc, '{:.2f}')} |"
+                     f" {h['points']['mean']:+.2f} | {min_max(h['points'], '{:+.2f}')} | {iv} |")
+    return L
 
 
 def plot(summ: dict, path: Path) -> None:
@@ -575,6 +630,10 @@ def parse(argv=None):
                     " three); one value spends a later seed or size on the LR an earlier run chose on validation")
     ap.add_argument("--lora-lrs", default="", help="eval --lora-lrs: the LoRAs' LR grid (empty: eval's three)")
     ap.add_argument("--max-tokens", type=int, default=32768, help="eval --max-tokens: test tokens scored a domain")
+    ap.add_argument("--hellaswag", type=Path, default=None, help="eval --hellaswag: every model scored on this"
+                    " HellaSwag file (llama-perplexity's layout), paired against the base; a finished run without it"
+                    " is evaluated again for it alone")
+    ap.add_argument("--hellaswag-tasks", type=int, default=2000, help="eval --hellaswag-tasks")
     ap.add_argument("--eval-tokens", type=int, default=4096, help="train-expert --eval-tokens")
     ap.add_argument("--max-chars-per-domain", type=int, default=None,
                     help="prepare's cap (default: enough for the largest --tokens)")
@@ -613,7 +672,8 @@ def main(argv=None) -> None:
     template = make_template(a, out, log)
     ids = shard_ids(template, a.domains)
     check_splits(template, a.max_tokens)
-    done = {(r["tokens_per_domain"], r["seed"]) for r in rows}
+    done = {(r["tokens_per_domain"], r["seed"]) for r in rows
+            if not a.hellaswag or all("hellaswag" in v for v in r["methods"].values())}
     cfg, why = plan_config(a, template) if a.dry_run else (None, "")
     total = 0.0
     for tokens in a.tokens:
@@ -632,11 +692,13 @@ def main(argv=None) -> None:
                     e = estimate(cfg, tokens, len(ids), a.rounds, a.shared, a.baselines.split(","), a.max_tokens,
                                  gated_moes=2 * len([g for g in a.seed_gates.split(",") if g]),  # top-1 and top-2
                                  grid_points=(len(a.full_lrs.split(",")) if a.full_lrs else None,
-                                              len(a.lora_lrs.split(",")) if a.lora_lrs else None))
+                                              len(a.lora_lrs.split(",")) if a.lora_lrs else None),
+                                 hellaswag_tasks=a.hellaswag_tasks if a.hellaswag else 0)
                     total += e["seconds"]
                     print(f"# {run.name}: MoE {e['moe_flops']:.3e} training FLOPs"
                           f" ({e['expert_flops_per_token'] / 1e6:.1f} MFLOP a token), baselines with their LR grids"
-                          f" {e['baseline_flops']:.3e}; about {e['seconds'] / 3600:.1f} h at {RATE:.1e} FLOP/s")
+                          f" {e['baseline_flops']:.3e}; about {e['seconds'] / 3600:.1f} h at {RATE:.1e} FLOP/s"
+                          + (f", HellaSwag about {e['hellaswag_s'] / 3600:.1f} h of it" if a.hellaswag else ""))
                 if not run.is_dir():
                     print(f"# copy {template} -> {run} (hard links)")
             else:

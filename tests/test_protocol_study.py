@@ -314,3 +314,29 @@ def test_a_template_whose_splits_cannot_fill_a_window_stops_before_training(trai
     ps.check_splits(trained_run, 4096)
     with pytest.raises(SystemExit, match="fewer than one perplexity window"):
         ps.check_splits(trained_run, 10)
+
+
+def test_hellaswag_figures_are_summarised_over_seeds_beside_the_base(tmp_path):
+    """A row's methods carry eval's HellaSwag figures (general_figures); the summary gives each method's mean accuracy
+    and paired difference to the base over seeds, each seed's interval beside them."""
+    points = {1: {"moe top-1": -0.3, "moe top-2": -0.1, "flop": -1.2, "lora": -0.6, "base": 0.0},
+              2: {"moe top-1": -0.5, "moe top-2": 0.2, "flop": -0.8, "lora": -0.4, "base": 0.0}}
+    rows = []
+    for s in (1, 2):
+        r = row(65536, s)
+        for m, v in r["methods"].items():
+            v["hellaswag"] = {"accuracy": 0.40 + points[s][m] / 100, "tasks": 2000, "points": points[s][m],
+                              "low": points[s][m] - 0.9, "high": points[s][m] + 0.9, "mcnemar_p": 0.5}
+        rows.append(r)
+    (tmp_path / "study.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ps.write_summary(tmp_path)
+    md = (tmp_path / "study.md").read_text()
+    part = md.split("## General ability at 65,536 tokens a domain: HellaSwag")[1]
+    flop = next(l for l in part.splitlines() if l.startswith(f"| {ps.NAMES['flop']} |"))
+    assert "| 39.00% | 38.80-39.20 | -1.00 | -1.20--0.80 | -2.10 to -0.30; -1.70 to +0.10 |" in flop
+    assert "2,000 tasks" in part and "(the base)" in part
+    rep = {"general": {"hellaswag": {"tasks": 2000, "models": {"m": {"accuracy": 0.41}, "b": {"accuracy": 0.40}},
+                                     "paired": {"m": {"points": 1.0, "low": 0.1, "high": 1.9, "mcnemar_p": 0.03}}}}}
+    assert ps.general_figures(rep, "m")["hellaswag"]["points"] == 1.0
+    assert ps.general_figures(rep, "b")["hellaswag"] == {"accuracy": 0.40, "tasks": 2000, "points": 0.0, "low": 0.0,
+                                                         "high": 0.0, "mcnemar_p": 1.0}
