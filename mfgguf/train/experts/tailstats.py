@@ -31,10 +31,11 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from mfgguf.run import STATS_PREFIX, RunDir, atomic_path, module_name
@@ -122,11 +123,21 @@ def write_moments(rd: RunDir, i: int, stats: RouterStats, module_sha256: str) ->
 
 
 def read_moments(rd: RunDir, i: int, module_sha256: str, n_layers: int, dim: int) -> RouterStats | None:
-    """Expert i's moments as RouterStats sums (count x moment), or None where absent, of another module, or of
-    another shape (a file this version did not write)."""
+    """Expert i's moments as RouterStats sums (count x moment), or None where absent, of another module, of
+    another shape (a file this version did not write), or damaged (cut short, unreadable: one line on stderr says
+    so); the caller then measures that expert by a forward pass, as where none was recorded."""
     path = moments_path(rd, i)
     if not path.is_file():
         return None
+    try:
+        return _read_moments(path, module_sha256, n_layers, dim)
+    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as e:
+        print(f"mfgguf: {path} is damaged ({str(e).splitlines()[0] if str(e) else type(e).__name__}): expert {i} is"
+              " measured by a forward pass instead; `mfgguf train-expert` writes it again", file=sys.stderr)
+        return None
+
+
+def _read_moments(path: Path, module_sha256: str, n_layers: int, dim: int) -> RouterStats | None:
     rows, cols = torch.triu_indices(dim, dim)
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}

@@ -154,3 +154,21 @@ def test_an_expert_without_recorded_moments_is_measured_by_a_pass(trained_run, t
     code, text = _cli("router-stats", run, "--tokens", 4096, "--no-progress")  # --tokens: a pass over every expert
     assert code == 0 and "training steps" not in text, text
     assert not np.allclose(mixed[f"{STATS_PREFIX}blk.0.second_moment"], load_file(rd.router_stats)[f"{STATS_PREFIX}blk.0.second_moment"])
+
+
+def test_a_damaged_moments_file_is_named_and_that_expert_measured_by_a_forward_pass(trained_run, tmp_path):
+    """`assemble` on a RUN whose pooled statistics are missing and one of whose recorded moments files was cut short:
+    one line names the file, that expert alone is measured by a forward pass, and the GGUF is written."""
+    run = copy_run(trained_run, tmp_path / "run")
+    rd = RunDir(run)
+    rd.router_stats.unlink()
+    rd.router_stats_meta.unlink()
+    cut = moments_path(rd, 2)
+    cut.write_bytes(cut.read_bytes()[:100])
+    code, text = _cli("assemble", run, "-o", tmp_path / "moe.gguf", "--quant", "f32", "-q")
+    assert code == 0, text
+    assert f"{cut} is damaged" in text and "Traceback" not in text
+    pooled = json.loads(rd.router_stats_meta.read_text())
+    assert pooled["router_stats_on"].endswith(f", {TINY_EXPERTS - 1} of {TINY_EXPERTS} experts from their last"
+                                              " training steps"), pooled
+    assert (tmp_path / "moe.gguf").stat().st_size > 0
