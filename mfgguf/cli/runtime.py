@@ -17,6 +17,8 @@ from mfgguf.errors import MfggufError
 
 _MODEL = typer.Argument(..., help="A .gguf written by `mfgguf assemble`.")
 _CTX = typer.Option(None, "--ctx", help="Context length (default and maximum: the model's trained context).")
+_EXPERTS = typer.Option(None, "--experts-per-token", help="Experts each token uses, instead of the file's own count"
+                        " (a MoE file; llama.cpp's metadata override, nothing rewritten).")
 
 
 @command("chat", chat)
@@ -29,9 +31,10 @@ def chat_cmd(
     max_tokens: int = typer.Option(256, "--max-tokens", help="Longest reply, in tokens."),
     ctx: int = _CTX,
     lora: Path = typer.Option(None, "--lora", help="A llama.cpp LoRA adapter GGUF of MODEL to apply."),
+    experts_per_token: int = _EXPERTS,
 ):
     chat(model, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, n_ctx=ctx,
-         lora=lora)
+         lora=lora, experts_per_token=experts_per_token)
 
 
 @command("generate", generate)
@@ -44,9 +47,10 @@ def generate_cmd(
     top_k: int = typer.Option(40, "--top-k", help="Sample among the k most likely tokens; 0 turns it off."),
     seed: int = typer.Option(0, help="Random seed: the same seed gives the same text."),
     ctx: int = _CTX,
+    experts_per_token: int = _EXPERTS,
 ):
     for piece in generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                          seed=seed, stream=True, n_ctx=ctx):
+                          seed=seed, stream=True, n_ctx=ctx, experts_per_token=experts_per_token):
         sys.stdout.write(piece)  # only the generated text: scripts read stdout
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -59,8 +63,15 @@ def serve_cmd(
     port: int = typer.Option(8000, help="TCP port."),
     ctx: int = _CTX,
     api_key: str = typer.Option(None, "--api-key", help="Require this bearer token from clients."),
+    parallel: int = typer.Option(4, "--parallel", help="Requests decoded together (llama-server's slots)."),
+    engine: str = typer.Option("auto", "--engine", help="llama-server (`make llama-tools`), llama-cpp-python, or"
+                               " auto (the first where it is built)."),
+    threads: int = typer.Option(None, "--threads", help="CPU threads (default: every core)."),
+    experts_per_token: int = _EXPERTS,
+    lora: Path = typer.Option(None, "--lora", help="A llama.cpp LoRA adapter GGUF of MODEL to apply."),
 ):
-    serve(model, host=host, port=port, n_ctx=ctx, api_key=api_key)
+    serve(model, host=host, port=port, n_ctx=ctx, api_key=api_key, parallel=parallel, engine=engine, threads=threads,
+          experts_per_token=experts_per_token, lora=lora)
 
 
 @command("perplexity", perplexity_files)
@@ -93,6 +104,7 @@ def perplexity_cmd(
     paired_with: Path = typer.Option(None, "--paired-with", help="An --out file of another model on the same"
                                      " benchmarks: the difference to it, paired over the same tasks."),
     threads: int = typer.Option(None, "--threads", help="CPU threads (default: every core)."),
+    experts_per_token: int = _EXPERTS,
 ):
     files = {k: v for k, v in (("hellaswag", hellaswag), ("winogrande", winogrande),
                                ("multiple-choice", multiple_choice)) if v is not None}
@@ -107,10 +119,12 @@ def perplexity_cmd(
         r["benchmarks"] = benchmarks(model, files, tasks={"hellaswag": hellaswag_tasks, "winogrande": winogrande_tasks,
                                                           "multiple-choice": multiple_choice_tasks},
                                      lora=lora, ctx=ctx, threads=threads, engine=engine, out=out, force=force,
-                                     progress=not as_json and sys.stderr.isatty(), paired_with=other)
+                                     progress=not as_json and sys.stderr.isatty(), paired_with=other,
+                                     experts_per_token=experts_per_token)
     if not files or data or run:
         r.update(perplexity_files(model, data=data or None, run=run, ctx=ctx, threads=threads,
-                                  progress=not as_json and sys.stderr.isatty(), lora=lora, chunks=chunks))
+                                  progress=not as_json and sys.stderr.isatty(), lora=lora, chunks=chunks,
+                                  experts_per_token=experts_per_token))
     if as_json:
         typer.echo(json.dumps(r, indent=2))
         return

@@ -12,6 +12,7 @@ import numpy as np
 
 from mfgguf.errors import MfggufError
 from mfgguf.gguf import schema
+from mfgguf.gguf.router_rows import router_rows
 
 
 def _value(f):
@@ -75,8 +76,12 @@ def inspect_gguf(path: Path) -> dict:
             if t["stacked"]:
                 eb = t["bytes"] // n_exp
                 ranges.append((t["name"], t["offset"] + p * eb, t["offset"] + (p + 1) * eb))
+        named = {k: (kv.get(key) or [None] * n_exp) for k, key in (("label", "mfgguf.expert_labels"),
+                                                                   ("tokens", "mfgguf.expert_tokens"),
+                                                                   ("trunk", "mfgguf.expert_trunk_sha256"))}
         experts.append({"slot": p, "id": int(ids[p]) if p < len(ids) else p + 1,
-                        "bytes": sum(b - a for _, a, b in ranges), "ranges": ranges})
+                        "bytes": sum(b - a for _, a, b in ranges), "ranges": ranges,
+                        **{k: v[p] if p < len(v) else None for k, v in named.items()}})
     return {
         "path": str(path), "bytes": path.stat().st_size, "architecture": arch, "n_experts": n_exp, "top_k": k_used,
         "params_total": total, "params_active": active, "n_tensors": len(tensors),
@@ -84,7 +89,7 @@ def inspect_gguf(path: Path) -> dict:
         "tokenizer": {**{k: v for k, v in kv.items() if k.startswith("tokenizer.")}, **{k: f"{n} items" for k, n in arrays.items()}},
         "provenance": {k: v for k, v in kv.items() if k.startswith("mfgguf.")},
         "general": {k: v for k, v in kv.items() if k.startswith("general.")},
-        "tensors": tensors, "experts": experts,
+        "tensors": tensors, "experts": experts, "router": router_rows(path, r.tensors) if n_exp > 1 else {},
     }
 
 
@@ -92,11 +97,22 @@ def _n(x: int) -> str:
     return f"{x / 1e9:.2f}B" if x >= 1e9 else f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x:,}"
 
 
+def _router_lines(r: dict) -> list[str]:
+    """The router rows' distinctness a layer (gguf/router_rows.py), then any warning."""
+    if not r:
+        return []
+    L = ["router rows (per layer: the closest pair of experts' rows, relative distance; the median pair's):"]
+    L += [f"  layer {x['layer']:>3}: slots {x['pair'][0]} and {x['pair'][1]} {x['closest']:.4f}, median {x['median']:.4f}"
+          for x in r["layers"]]
+    return L + [f"warning: {w}" for w in r["warnings"]]
+
+
 def format_inspect(info: dict) -> str:
     """Human-readable report of `inspect_gguf`'s dict."""
     prov = info["provenance"]
     L = [
         f"file          {info['path']} ({info['bytes'] / 1e6:.1f} MB)",
+        f"model         {info['general'].get('general.name', '?')}",
         f"architecture  {info['architecture']}  layout {prov.get('mfgguf.layout', '?')}  quant {prov.get('mfgguf.quant', '?')}",
         f"parameters    {_n(info['params_total'])} total, {_n(info['params_active'])} active per token",
         f"experts       {info['n_experts']} (top-{info['top_k']}), router {prov.get('mfgguf.router', '-')}",
@@ -111,11 +127,15 @@ def format_inspect(info: dict) -> str:
         note = f"  [{t['note']}]" if t["note"] else ""
         L.append(f"  {t['name']:<32} {t['type']:<5} {str(list(t['shape'])):<18} {t['bytes']:>12,} B @ {t['offset']}{note}")
     if info["experts"]:
-        L.append("experts (slot: id, bytes, first..last byte):")
+        L.append("experts (slot: id, label, tokens trained, trunk; bytes, first..last byte):")
         for e in info["experts"]:
             lo = min(a for _, a, _ in e["ranges"])
             hi = max(b for _, _, b in e["ranges"])
-            L.append(f"  {e['slot']:>3}: expert {e['id']:<4} {e['bytes']:>12,} B in {len(e['ranges'])} ranges, {lo}..{hi}")
+            named = (f" {e['label']!r}" if e.get("label") else "") + (f", {e['tokens']:,} tokens" if e.get("tokens") else "") \
+                + (f", trunk {e['trunk'][:12]}" if e.get("trunk") else "")
+            L.append(f"  {e['slot']:>3}: expert {e['id']:<4}{named}; {e['bytes']:,} B in {len(e['ranges'])} ranges,"
+                     f" {lo}..{hi}")
+    L += _router_lines(info.get("router") or {})
     if (off := prov.get(schema.RS_OFFSET)) is not None:
         L.append(f"router stats  {info['bytes'] - int(off):,} B after the tensor data, at byte {off}: the experts' means"
                  f" and {len(prov.get(schema.RS_SOURCES) or [])} pooled second moment(s), for `mfgguf extend`")

@@ -62,6 +62,19 @@ class _Budget:
             del history[0]
 
 
+SHOWN_EXPERTS = 8  # experts named in the banner; the rest counted
+
+
+def banner(h: dict, path: Path, n_ctx: int) -> str:
+    """The model's name and, for a MoE, its experts by label and how many a token uses."""
+    line = f"{h['name'] or path.name} ({h['arch']}, context {n_ctx} tokens"
+    ex = h.get("experts") or []
+    if ex:
+        shown = ", ".join(ex[:SHOWN_EXPERTS]) + (f", ... ({len(ex)} in all)" if len(ex) > SHOWN_EXPERTS else "")
+        line += f"; experts: {shown}; {h.get('experts_per_token')} a token"
+    return line + ")"
+
+
 def chat(
     model: Path,
     *,
@@ -72,6 +85,7 @@ def chat(
     max_tokens: int = 256,
     n_ctx: int | None = None,
     lora: Path | None = None,
+    experts_per_token: int | None = None,
 ) -> None:
     """Chat with MODEL in the terminal; replies stream as they are produced.
 
@@ -79,6 +93,8 @@ def chat(
     conversation, /quit or Ctrl-D leaves, Ctrl-C stops the current reply. Older turns are
     dropped when the conversation outgrows the model's context (--ctx, default: the trained one).
     --lora ADAPTER applies a llama.cpp LoRA adapter of MODEL (one domain's, from `train-base --mode lora`).
+    --experts-per-token K routes each token to K experts instead of the file's own count (llama.cpp's metadata
+    override). The banner names the model's base and its experts.
 
     Example:
         >>> chat("model.gguf", temperature=0.7, seed=1)
@@ -91,9 +107,9 @@ def chat(
         import readline  # noqa: F401  line editing and history for input()
     except ImportError:
         pass
-    with loaded(model, n_ctx=n_ctx, seed=seed, lora=lora) as llm:
+    with loaded(model, n_ctx=n_ctx, seed=seed, lora=lora, experts_per_token=experts_per_token) as llm:
         h = llm.mfgguf_header
-        print(f"{h['name'] or Path(model).name} ({h['arch']}, context {llm.mfgguf_n_ctx} tokens). {HELP}.", flush=True)
+        print(f"{banner(h, Path(model), llm.mfgguf_n_ctx)}. {HELP}.", flush=True)
         budget = _Budget(llm)
         history: list[dict] = []
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens)

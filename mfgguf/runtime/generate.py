@@ -48,12 +48,14 @@ def generate(
     seed: int = 0,
     stream: bool = False,
     n_ctx: int | None = None,
+    experts_per_token: int | None = None,
 ) -> str | Iterator[str]:
     """Continue PROMPT with the model and print only the generated text (same seed, same text).
 
     MODEL is a GGUF path or an open llama_cpp.Llama. Generation stops at the end-of-text token,
     after max_tokens, or at the end of the model's context. temperature 0 is greedy decoding.
-    With stream=True, returns an iterator of text pieces as they are produced.
+    With stream=True, returns an iterator of text pieces as they are produced. --experts-per-token K routes
+    each token to K experts instead of the file's own count (llama.cpp's metadata override).
 
     Example:
         >>> generate("model.gguf", "def main(", max_tokens=64, temperature=0.7, seed=42)
@@ -61,13 +63,15 @@ def generate(
     check_sampling(max_tokens, temperature, top_p, top_k)
     if isinstance(model, (str, Path)):
         if stream:
-            return _stream_from_path(Path(model), prompt, max_tokens, temperature, top_p, top_k, seed, n_ctx)
-        with loaded(model, n_ctx=n_ctx, seed=seed) as llm:
+            return _stream_from_path(Path(model), prompt, max_tokens, temperature, top_p, top_k, seed, n_ctx,
+                                     experts_per_token)
+        with loaded(model, n_ctx=n_ctx, seed=seed, experts_per_token=experts_per_token) as llm:
             return "".join(_stream(llm, prompt, max_tokens, temperature, top_p, top_k, seed))
     pieces = _stream(model, prompt, max_tokens, temperature, top_p, top_k, seed)
     return pieces if stream else "".join(pieces)
 
 
-def _stream_from_path(path, prompt, max_tokens, temperature, top_p, top_k, seed, n_ctx) -> Iterator[str]:
-    with loaded(path, n_ctx=n_ctx, seed=seed) as llm:  # closed when the iterator ends or is closed
+def _stream_from_path(path, prompt, max_tokens, temperature, top_p, top_k, seed, n_ctx,
+                      experts_per_token=None) -> Iterator[str]:
+    with loaded(path, n_ctx=n_ctx, seed=seed, experts_per_token=experts_per_token) as llm:  # closed when the iterator ends or is closed
         yield from _stream(llm, prompt, max_tokens, temperature, top_p, top_k, seed)

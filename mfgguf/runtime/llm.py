@@ -36,7 +36,8 @@ GGUF_MAGIC = b"GGUF"
 def read_header(path: Path) -> dict:
     """Check that `path` is a GGUF we can run and return its header facts (no weights loaded).
 
-    Returns {"path", "arch", "context_length", "n_vocab", "name", "chat_template"}. Raises
+    Returns {"path", "arch", "context_length", "n_vocab", "name", "chat_template", "experts" (their labels),
+    "experts_per_token", "n_experts" (None for a dense file)}. Raises
     MfggufError for a missing file, a file that is not a GGUF, an unreadable GGUF, or an
     architecture `mfgguf assemble` does not write (SUPPORTED_ARCHS).
     """
@@ -77,7 +78,23 @@ def read_header(path: Path) -> dict:
         "n_vocab": len(tokens) if tokens is not None else None,
         "name": field("general.name"),
         "chat_template": field("tokenizer.chat_template"),
+        "experts": field("mfgguf.expert_labels") or [],  # each routed expert's label (converters/plan/names.py)
+        "experts_per_token": field(f"{arch}.expert_used_count"),
+        "n_experts": field(f"{arch}.expert_count"),
     }
+
+
+def experts_override(header: dict, k: int | None) -> dict:
+    """llama.cpp's metadata override for `k` experts a token ({} for None: the file's own), checked against the
+    file: {"ARCH.expert_used_count": k}, what llama.cpp's programs take as `--override-kv ARCH.expert_used_count=int:K`."""
+    if k is None:
+        return {}
+    n = header.get("n_experts")
+    if not n:
+        raise MfggufError(f"{header['path']} has no routed experts; --experts-per-token is for a MoE file")
+    if not 1 <= k <= n:
+        raise MfggufError(f"--experts-per-token {k} is out of range; {header['path'].name} has {n} experts, pass 1..{n}")
+    return {f"{header['arch']}.expert_used_count": int(k)}
 
 
 def check_ctx(header: dict, n_ctx: int | None) -> int:
@@ -126,6 +143,7 @@ def open_model(
     verbose: bool = False,
     lora: Path | None = None,
     flash_attn: bool = False,
+    experts_per_token: int | None = None,
 ):
     """Validate a GGUF and load it with llama-cpp-python; the caller must `close()` it.
 
@@ -133,7 +151,8 @@ def open_model(
     LoRA adapter GGUF of this model (`train-base --mode lora` writes one) applied at scale 1.
     `flash_attn` turns on llama.cpp's fused attention, as llama.cpp's own tools do on a CPU by default
     (llama-cpp-python's default is off): faster over long windows, with log-probabilities that differ
-    in about the fifth digit, so it is for scoring, where the windows are long.
+    in about the fifth digit, so it is for scoring, where the windows are long. `experts_per_token` routes each
+    token to that many experts instead of the file's own count, by llama.cpp's metadata override (no rewrite).
     Prefer `loaded(...)`, which closes the model for you.
 
     Example:
@@ -143,6 +162,7 @@ def open_model(
     """
     header = read_header(path)
     n_ctx = check_ctx(header, n_ctx)
+    overrides = experts_override(header, experts_per_token)
     if lora is not None:
         if not Path(lora).is_file():
             raise MfggufError(f"LoRA adapter not found: {lora}; pass the lora.gguf that `mfgguf train-base --mode lora` wrote")
@@ -168,12 +188,15 @@ def open_model(
             verbose=verbose,
             lora_path=str(lora) if lora is not None else None,
             flash_attn=flash_attn,
+            kv_overrides=overrides or None,
         )
     except ValueError as e:  # llama.cpp rejected the file although the header looked right
         raise MfggufError(f"llama.cpp could not load {header['path']} ({e}); re-create it with `mfgguf assemble`") from None
     llm.mfgguf_header = header  # facts the verbs need (trained context, arch) without re-reading
     llm.mfgguf_n_ctx = n_ctx  # llama.cpp pads its context to 256; this is the one we promised
     llm.mfgguf_repack = decision.repack
+    if overrides:
+        llm.mfgguf_header = {**header, "experts_per_token": experts_per_token}
     return llm
 
 

@@ -140,7 +140,8 @@ def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None
     }
 
 
-def _open(model, ctx: int | None, batch: int | None, threads: int | None, lora: Path | None = None):
+def _open(model, ctx: int | None, batch: int | None, threads: int | None, lora: Path | None = None,
+          experts_per_token: int | None = None):
     """(context manager, ctx) for a path; an open Llama is used as is."""
     from contextlib import nullcontext
 
@@ -151,7 +152,7 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None, lora: 
         ctx = check_ctx(header, ctx or min(WINDOW, header["context_length"]))
         # flash attention, as llama-perplexity has it on a CPU: the windows are long, where it pays (docs/front-ends.md)
         return loaded(model, n_ctx=ctx, n_batch=min(batch or BATCH, ctx), threads=threads, lora=lora,
-                      flash_attn=True), ctx
+                      flash_attn=True, experts_per_token=experts_per_token), ctx
     ctx = check_ctx(model.mfgguf_header, ctx or getattr(model, "mfgguf_n_ctx", None))
     if ctx > model.n_ctx():
         raise MfggufError(f"--ctx {ctx} is longer than the open model's context {model.n_ctx()}; reopen it with n_ctx={ctx}")
@@ -159,7 +160,7 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None, lora: 
 
 
 def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = None, threads: int | None = None,
-               lora: Path | None = None) -> dict:
+               lora: Path | None = None, experts_per_token: int | None = None) -> dict:
     """Perplexity of a token sequence under a GGUF, computed by llama.cpp.
 
     MODEL is a GGUF path (or an open Llama). ctx defaults to 1,024 tokens, or the model's trained
@@ -169,14 +170,14 @@ def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = Non
     Example:
         >>> perplexity("model.gguf", np.load("RUN/data/heldout/code.npy"), ctx=128)
     """
-    cm, ctx = _open(model, ctx, batch, threads, lora)
+    cm, ctx = _open(model, ctx, batch, threads, lora, experts_per_token)
     with cm as llm:
         return _perplexity_llm(llm, tokens, ctx)
 
 
 def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch: int | None = None,
                          threads: int | None = None, progress: bool = False, lora: Path | None = None,
-                         eos: int | None = None) -> dict:
+                         eos: int | None = None, experts_per_token: int | None = None) -> dict:
     """Perplexity per domain and overall (token-weighted mean NLL) with one load of the model.
 
     `domains` maps a name to token ids. Returns {"domains": {name: result}, "overall": {...}}
@@ -187,7 +188,7 @@ def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch:
         >>> r = perplexity_by_domain("model.gguf", {"code": a, "prose": b})
         >>> r["overall"]["ppl"], r["domains"]["code"]["ppl"]
     """
-    cm, ctx = _open(model, ctx, batch, threads, lora)
+    cm, ctx = _open(model, ctx, batch, threads, lora, experts_per_token)
     with cm as llm:
         return _by_domain_llm(llm, domains, ctx, progress, eos)
 
@@ -263,7 +264,7 @@ def document_nll(model, documents: list, *, ctx: int | None = None, batch: int |
 
 def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path | None = None, ctx: int | None = None,
                      batch: int | None = None, threads: int | None = None, progress: bool = True,
-                     lora: Path | None = None, chunks: int | None = None) -> dict:
+                     lora: Path | None = None, chunks: int | None = None, experts_per_token: int | None = None) -> dict:
     """Perplexity of MODEL, computed by llama.cpp, on text files or on a RUN's held-out split.
 
     With --data FILE (repeatable) each file is UTF-8 text tokenized by the GGUF's own tokenizer
@@ -274,7 +275,8 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
     the token-weighted overall figure. --lora ADAPTER scores MODEL with a llama.cpp LoRA adapter
     applied (the lora.gguf `train-base --mode lora` writes, on the base's dense GGUF). --chunks N
     scores only each domain's first N windows, as llama.cpp's perplexity tool's --chunks: a quick
-    look, where the whole split is the figure to report.
+    look, where the whole split is the figure to report. --experts-per-token K routes each token to K
+    experts instead of the file's own count (llama.cpp's metadata override; the file is not rewritten).
 
     --hellaswag FILE, --winogrande FILE and --multiple-choice FILE score llama.cpp's multiple-choice
     benchmarks instead (or as well, with --data or --run): the tasks llama-perplexity draws for the
@@ -302,7 +304,7 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
             if not text.strip():
                 raise MfggufError(f"data file {f} is empty; pass a file with text to score")
             texts[f.stem] = text
-    cm, ctx = _open(model, ctx, batch, threads, lora)
+    cm, ctx = _open(model, ctx, batch, threads, lora, experts_per_token)
     with cm as llm:
         if data is not None:  # the GGUF's own tokenizer, run by llama.cpp
             domains = {k: np.asarray(llm.tokenize(v.encode("utf-8"), add_bos=False, special=False)) for k, v in texts.items()}

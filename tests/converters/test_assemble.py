@@ -242,3 +242,23 @@ def test_the_result_says_where_the_time_went(run, tmp_path):
     assert list(r["phases_s"]) == ["plan", "header", "preallocate", "stream", "merge", "fold", "router", "finish", "verify"]
     assert sum(r["phases_s"].values()) <= r["seconds"] + 0.01
     assert set(r["work_s"]) == {"read", "hash", "check", "quantize", "write"} and all(v >= 0 for v in r["work_s"].values())
+
+
+def test_inspect_measures_the_router_rows_and_warns_where_experts_cannot_be_told_apart(run, tmp_path):
+    from mfgguf.converters.ggufedit import read_f32, set_f32
+
+    ridge, uniform = tmp_path / "ridge.gguf", tmp_path / "uniform.gguf"
+    assemble(run, ridge, quant="f32", progress=False)
+    assemble(run, uniform, quant="f32", router="uniform", progress=False)
+    r = inspect_gguf(ridge)["router"]
+    assert len(r["layers"]) == 2 and all(x["closest"] > 1e-2 for x in r["layers"]) and not r["warnings"]
+    assert "router rows (per layer" in format_inspect(inspect_gguf(ridge))
+    assert "every router row is the same in layers 0-1" in inspect_gguf(uniform)["router"]["warnings"][0]
+    name = "blk.1.ffn_gate_inp.weight"
+    w = read_f32(ridge, [name])[name].copy()  # (3, dim)
+    w[2] = w[0]  # the router of layer 1 gives experts 1 and 3 the same row
+    set_f32(ridge, {name: w})
+    warnings = inspect_gguf(ridge)["router"]["warnings"]
+    assert len(warnings) == 1 and "slots 0 and 2" in warnings[0] and "in layer 1:" in warnings[0]
+    code, text = _cli("inspect", ridge)
+    assert code == 0 and "warning: experts in slots 0 and 2" in text

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.converters.extend import extend
-from mfgguf.gguf.inspect import inspect_gguf
+from mfgguf.gguf.inspect import format_inspect, inspect_gguf
 from mfgguf.run import RunDir, read_module_meta, update_manifest, write_json
 
 from . import flip_byte, llama_logits, llama_tokenize, synthetic_run, text_sample
@@ -481,3 +481,27 @@ def test_guard_needs_the_old_experts_shards(real, tmp_path):
                                  "--guard", "0.5"])
     assert r.exit_code == 1 and "pass --guard-run" in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert not list(tmp_path.iterdir())
+
+
+def test_the_experts_are_named_in_the_file_and_extend_keeps_their_names(real, tmp_path):
+    """assemble writes each expert's label (its shard's domain here), tokens and trunk; extend appends the added
+    expert's and drops a removed one's; the model's name counts its experts; chat's banner names them."""
+    from mfgguf.runtime.chat import banner
+    from mfgguf.runtime.llm import read_header
+
+    run, run2, three, four, new = real
+    domains = [next(iter(s["domains"])) for s in RunDir(run).info()["shards"]]
+    named = lambda f: [e["label"] for e in inspect_gguf(f)["experts"]]  # noqa: E731
+    assert named(three) == domains and named(four) == [*domains, new]
+    info = inspect_gguf(four)
+    tokens = [read_module_meta(RunDir(r), i)["tokens_seen"] for r, i in ((run, 1), (run, 2), (run, 3), (run2, 1))]
+    assert [e["tokens"] for e in info["experts"]] == tokens
+    assert {e["trunk"] for e in info["experts"]} == {read_module_meta(RunDir(run), 0)["sha256"]}
+    assert info["general"]["general.name"] == "mfgguf tiny + 4 experts"
+    assert f"expert 1    '{new}', {tokens[3]:,} tokens" in format_inspect(info)
+    back = tmp_path / "back.gguf"
+    extend(four, back, remove=[2])
+    assert named(back) == [domains[0], domains[2], new]
+    assert inspect_gguf(back)["general"]["general.name"] == "mfgguf tiny + 3 experts"
+    line = banner(read_header(back), back, 64)
+    assert f"experts: {domains[0]}, {domains[2]}, {new}; 1 a token" in line and "mfgguf tiny + 3 experts" in line

@@ -6,8 +6,10 @@ import subprocess
 import time
 
 import httpx
+import pytest
 
 from .conftest import MFGGUF, free_port
+from .llama_tools import tool
 
 
 def _wait_ready(proc, base: str, limit: float = 60.0) -> None:
@@ -69,3 +71,41 @@ def test_port_in_use_is_one_error_line(tiny_gguf):
         r = CliRunner().invoke(app, ["serve", str(tiny_gguf), "--port", str(port)])
     assert r.exit_code == 1
     assert r.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port} (Address already in use); pass another --port or --host"
+
+
+def _load_client():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_serve", Path(__file__).parents[2] / "scripts" / "bench_serve.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("engine", ["llama-server", "llama-cpp-python"])
+def test_eight_concurrent_clients_are_all_answered_and_one_leaving_mid_stream_stops_nobody(tiny_gguf, engine):
+    """scripts/bench_serve.py's load on `mfgguf serve --parallel 8`: every request of eight clients at once is
+    answered, while a ninth walks away from its streamed reply; llama-server needs `make llama-tools`."""
+    if engine == "llama-server":
+        tool("llama-server")
+    bench = _load_client()
+    port = free_port()
+    proc = bench.start(tiny_gguf, engine, 8, port, threads=2)
+    try:
+        r = bench.load(f"http://127.0.0.1:{port}", 8, 1, 8, timeout=120, deadline_s=300, disconnect=True)
+    finally:
+        bench.stop(proc)
+    assert r["answered"] == r["requests"] == 8 and r["lost"] == 0, r
+    assert r["chunks_before_leaving"] >= 1 and r["tokens"] > 0
+
+
+def test_serve_refuses_a_bad_parallel_and_engine_in_one_line(tiny_gguf):
+    from typer.testing import CliRunner
+
+    from mfgguf.cli.app import app
+
+    for args, msg in ((["--parallel", "0"], "--parallel 0 serves nobody"), (["--engine", "vllm"], "unknown engine"),
+                      (["--experts-per-token", "9"], "--experts-per-token 9 is out of range")):
+        r = CliRunner().invoke(app, ["serve", str(tiny_gguf), *args])
+        assert r.exit_code == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -20,6 +20,7 @@ from mfgguf.converters import quant as Q
 from mfgguf.gguf.fileio import pread_into, pwrite_all, truncated
 from mfgguf.converters.plan.modules import Module
 from mfgguf.converters.plan.header import Slot, header_bytes, write_header
+from mfgguf.converters.plan.names import BASE, LABELS, TOKENS, TRUNKS, expert_kv, model_name
 from mfgguf.converters.merge import open_checked
 from mfgguf.converters.routing.router import RouterBuilder, keep_rows
 from mfgguf.converters.routing.stats import StatsBlock, block_start, read_f32, with_offset
@@ -89,12 +90,16 @@ def plan_extension(src: Source, keep: list[int], adds: Additions | None, keep_ro
         RS_SOURCE_COUNTS: ("UINT64", src_counts),
         "mfgguf.router_stats_sha256": src_shas[0],
     }
-    part = v("mfgguf.partition", "")
-    if v("general.name") == f"mfgguf {part} {src.n}x".strip():
+    repl.update(_named(src, keep, adds))
+    part, base = v("mfgguf.partition", ""), v(BASE)
+    if base is not None and v("general.name") == model_name(base, src.n):
+        repl["general.name"] = model_name(base, N)
+    elif v("general.name") == f"mfgguf {part} {src.n}x".strip():  # a file of an earlier version: its own form
         repl["general.name"] = f"mfgguf {part} {N}x".strip()
     # recomputed rows are the closed form again: a calibration's or a tuning's record would describe rows that are gone
     drop = () if keep_routing else ROUTING_RECORDS
     kv = [(k, t, repl[k] if k in repl else val) for k, t, val in src.h.kv if k not in drop]
+    kv += [(k, "ARRAY", repl[k]) for k in (LABELS, TOKENS, TRUNKS) if k in repl and src.h.value(k) is None]
     slots = []
     for t in src.h.tensors:
         shape = t.shape
@@ -118,6 +123,18 @@ def plan_extension(src: Source, keep: list[int], adds: Additions | None, keep_ro
     p.total_size = p.stats.end
     p.old = {t.name: t for t in src.h.tensors}
     return p
+
+
+def _named(src: Source, keep: list[int], adds: Additions | None) -> dict:
+    """The experts' names, tokens and trunks (plan/names.py) of the kept slots, then of the added experts; a file of an
+    earlier version names its kept experts by their module."""
+    v, new = src.h.value, adds.mods if adds else []
+    old = {LABELS: v(LABELS) or [f"{n}" for n in v("mfgguf.modules")[1:]], TOKENS: v(TOKENS) or [0] * src.n,
+           TRUNKS: v(TRUNKS) or [src.trunk_sha] * src.n}
+    added = dict((k, val[1]) for k, _, val in expert_kv(adds.run, [m.index for m in new], [m.meta for m in new],
+                                                       src.h.value("tokenizer.ggml.tokens"))) if new else {}
+    types = {LABELS: "STRING", TOKENS: "UINT64", TRUNKS: "STRING"}
+    return {k: (types[k], [old[k][p] for p in keep] + list(added.get(k, []))) for k in types}
 
 
 def write_extension(p: Extension, fin: int, fd: int, threads: int, keep_routing: bool = False) -> None:

@@ -40,6 +40,7 @@ from mfgguf.families import family, resolve_layout
 from mfgguf.gguf.schema import ALIGNMENT, FFN, blk
 
 from mfgguf.converters.plan.header import Slot, header_bytes
+from mfgguf.converters.plan.names import BASE, base_name, expert_kv, model_name
 from mfgguf.converters.plan.modules import (Module, check_shapes, expert_shapes, load_module, load_pooled_stats,
                                             pooled_shapes, trunk_shapes)
 from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
@@ -153,7 +154,8 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
 
     slots = _slots(cfg, lay, R, quant, arch)
     ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]
-    kv = [("general.architecture", "STRING", arch), ("general.name", "STRING", f"mfgguf {info.get('partition', '')} {N}x".strip()),
+    name = base_name(run.root, str(trunk.meta.get("preset") or ""))
+    kv = [("general.architecture", "STRING", arch), ("general.name", "STRING", model_name(name, N)),
           ("general.file_type", "UINT32", schema.FILE_TYPE[quant]), ("general.quantization_version", "UINT32", 2)]
     kv += schema.model_kv(arch, cfg, n_experts=R, top_k=top_k, ff=ff, shexp_ff=cfg.anchor_ff)
     if (base := imported(run.root)) is not None:  # the base's own context length, not the training context
@@ -162,6 +164,8 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     kv += tok_kv
     kv += _mfgguf_kv(cfg, info, trunk, mods, ids, pooled, lay=lay, quant=quant, router=router, top_k=top_k,
                      comp=comp, merged=merged, merge=merge, density=density, seed_gate=seed_gate)
+    vocab_tokens = next((v[1] for k, _, v in tok_kv if k == "tokenizer.ggml.tokens"), None)
+    kv += [(BASE, "STRING", name)] + (expert_kv(run, ids, [m.meta for m in mods], vocab_tokens) if N else [])
     p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged, comp,
              seed_gate, constants=_constants(cfg, arch))
     _place(p)

@@ -44,10 +44,11 @@ def wilson(right: int, n: int) -> tuple[float, float]:
 
 def benchmark(model: Path, name: str, data: Path, *, tasks: int | None = None, lora: Path | None = None,
               adapters: dict[str, Path] | None = None, ctx: int = CTX, batch: int = BATCH, threads: int | None = None,
-              engine: str = "auto", progress: Callable[[int, int, int], None] | None = None) -> dict:
+              engine: str = "auto", progress: Callable[[int, int, int], None] | None = None,
+              experts_per_token: int | None = None) -> dict:
     """Score MODEL on a benchmark file as llama-perplexity does; with `adapters` ({name: lora.gguf}) each task goes
     through the candidate (the model alone or with one adapter) of lowest loss on its context.
-    `progress(done, right, total)` is called as tasks are scored."""
+    `progress(done, right, total)` is called as tasks are scored; `experts_per_token` overrides the file's own."""
     from mfgguf.runtime.llm import read_header
     from mfgguf.runtime.tools import program
     from mfgguf.run import sha256_file
@@ -58,7 +59,10 @@ def benchmark(model: Path, name: str, data: Path, *, tasks: int | None = None, l
         raise MfggufError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if ctx < 8 or batch < 1:
         raise MfggufError(f"--ctx {ctx} / batch {batch} cannot hold a task; pass --ctx 8 or more")
+    from mfgguf.runtime.llm import experts_override
+
     header = read_header(model)
+    overrides = experts_override(header, experts_per_token)
     all_tasks = read_tasks(name, data)
     n = DEFAULT_TASKS[name] if tasks is None else tasks
     n = min(n, len(all_tasks)) if tasks is None and n is not None else n  # llama-perplexity's default, capped there
@@ -75,28 +79,31 @@ def benchmark(model: Path, name: str, data: Path, *, tasks: int | None = None, l
         from mfgguf.runtime.choice.tool import llama_perplexity
 
         right = llama_perplexity(Path(header["path"]), name, Path(data), n, ctx=ctx, batch=batch, threads=threads,
-                                 n_parallel=n_parallel, lora=lora, expected=len(chosen),
+                                 n_parallel=n_parallel, lora=lora, expected=len(chosen), overrides=overrides,
                                  progress=progress and (lambda done, k: progress(done, k, len(chosen))))
         if len(right) < len(chosen):  # its last lines lost at exit (tool.py): those tasks through llama-cpp-python
             tail, _ = _own(Path(header["path"]), name, chosen[len(right):], ctx=ctx, batch=batch, threads=threads,
-                           n_parallel=n_parallel, lora=lora, adapters=None)
+                           n_parallel=n_parallel, lora=lora, adapters=None, overrides=overrides)
             extra["tail_by_llama_cpp_python"] = len(tail)
             right = right + tail
     else:
         right, extra = _own(Path(header["path"]), name, chosen, ctx=ctx, batch=batch, threads=threads,
-                            n_parallel=n_parallel, lora=lora, adapters=adapters, progress=progress)
+                            n_parallel=n_parallel, lora=lora, adapters=adapters, progress=progress,
+                            overrides=overrides)
     k = sum(right)
     lo, hi = wilson(k, len(right))
     return {"benchmark": name, "data": str(data), "data_sha256": sha256_file(Path(data)), "model": Path(model).name,
             "lora": Path(lora).name if lora else None, "engine": "llama-perplexity" if use_tool else "llama-cpp-python",
             "ctx": ctx, "batch": batch, "threads": threads, "n_parallel": n_parallel,
+            **({"experts_per_token": experts_per_token} if overrides else {}),
             "tasks_in_file": len(all_tasks), "tasks": len(right), "correct": k, "accuracy": k / len(right),
             "ci95": [lo, hi], "seconds": round(time.perf_counter() - t0, 2),
             "task_ids": [t.index for t in chosen], "right": right, **extra}
 
 
 def _own(model: Path, name: str, chosen: list, *, ctx: int, batch: int, threads: int, n_parallel: int,
-         lora: Path | None, adapters: dict[str, Path] | None, progress=None) -> tuple[list[int], dict]:
+         lora: Path | None, adapters: dict[str, Path] | None, progress=None,
+         overrides: dict | None = None) -> tuple[list[int], dict]:
     """Verdicts through llama-cpp-python, and what the record adds: each task's scores (and, routed, its adapter)."""
     loaded = dict(adapters or {}) if adapters else ({"lora": lora} if lora else {})
     done: list[int] = []  # verdicts of the groups scored before the one in progress (routed: one group an adapter)
@@ -106,7 +113,8 @@ def _own(model: Path, name: str, chosen: list, *, ctx: int, batch: int, threads:
             v = own.verdicts(name, tasks, part)
             progress(len(done) + len(v), sum(done) + sum(v), len(chosen))
 
-    with own.engine(model, ctx=ctx, batch=batch, threads=threads, n_parallel=n_parallel, adapters=loaded) as e:
+    with own.engine(model, ctx=ctx, batch=batch, threads=threads, n_parallel=n_parallel, adapters=loaded,
+                    overrides=overrides) as e:
         toks = own.tokenize(e, chosen)
         if not adapters:
             e.use("lora" if lora else None)
@@ -136,7 +144,7 @@ def _own(model: Path, name: str, chosen: list, *, ctx: int, batch: int, threads:
 def benchmarks(model: Path, files: dict[str, Path], *, tasks: dict[str, int | None] | None = None,
                lora: Path | None = None, ctx: int | None = None, threads: int | None = None, engine: str = "auto",
                out: Path | None = None, force: bool = False, progress: bool = False,
-               paired_with: dict | None = None) -> dict:
+               paired_with: dict | None = None, experts_per_token: int | None = None) -> dict:
     """Each benchmark of `files` ({benchmark: its file}) on MODEL, as `benchmark` scores it: {benchmark: record};
     with `out`, also written there as JSON (refused where the file exists, unless `force`). `paired_with` (another
     model's results, `read_results`) adds to each record its difference to that model, paired over the tasks."""
@@ -152,7 +160,8 @@ def benchmarks(model: Path, files: dict[str, Path], *, tasks: dict[str, int | No
     for name, data in files.items():
         with _bar(progress, name) as step:
             results[name] = benchmark(model, name, data, tasks=(tasks or {}).get(name), lora=lora, ctx=ctx or CTX,
-                                      threads=threads, engine=engine, progress=step)
+                                      threads=threads, engine=engine, progress=step,
+                                      experts_per_token=experts_per_token)
         if paired_with is not None:
             theirs = paired_with["benchmarks"][name]
             results[name]["paired_with"] = {"model": theirs["model"] + (f" + {theirs['lora']}" if theirs.get("lora")

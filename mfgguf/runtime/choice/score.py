@@ -109,9 +109,10 @@ class Engine:
 
 @contextmanager
 def engine(model: Path, *, ctx: int, batch: int, threads: int | None = None, n_parallel: int = N_PARALLEL,
-           adapters: dict[str, Path] | None = None):
+           adapters: dict[str, Path] | None = None, overrides: dict[str, int] | None = None):
     """An `Engine` on MODEL for a `with` block: llama-perplexity's context for `-c ctx -b batch -np n_parallel`,
-    every adapter in `adapters` loaded (none applied until `use`)."""
+    every adapter in `adapters` loaded (none applied until `use`), integer metadata `overrides` applied as
+    llama-perplexity's `--override-kv KEY=int:V`."""
     import llama_cpp
     from llama_cpp._internals import LlamaContext, LlamaModel
 
@@ -127,6 +128,9 @@ def engine(model: Path, *, ctx: int, batch: int, threads: int | None = None, n_p
     quiet_llama_logs(False)
     repack.apply()  # wraps llama_model_default_params: no repacking on AMX CPUs, as every other verb
     mp = llama_cpp.llama_model_default_params()
+    kvo = _overrides(overrides or {})
+    if kvo is not None:
+        mp.kv_overrides = kvo
     m = LlamaModel(path_model=str(header["path"]), params=mp, verbose=False)
     loaded = {}
     try:
@@ -152,6 +156,20 @@ def engine(model: Path, *, ctx: int, batch: int, threads: int | None = None, n_p
         for ptr in loaded.values():
             llama_cpp.llama_adapter_lora_free(ptr)
         m.close()
+
+
+def _overrides(values: dict[str, int]):
+    """llama.cpp's kv-override array (its last entry empty, the end marker) for integer values; None for none."""
+    import llama_cpp
+
+    if not values:
+        return None
+    arr = (llama_cpp.llama_model_kv_override * (len(values) + 1))()
+    for i, (k, v) in enumerate(values.items()):
+        arr[i].key = k.encode("utf-8")
+        arr[i].tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT
+        arr[i].value.val_i64 = int(v)
+    return arr
 
 
 @dataclass

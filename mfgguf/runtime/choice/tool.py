@@ -26,7 +26,7 @@ _WINO = re.compile(r"^(\d+)\t(\d+\.\d+)\t\s*(\S+)\s+(\S+)\s+([12])\s+([12])\s*$"
 
 
 def command(model: Path, benchmark: str, data: Path, n_tasks: int | None, *, ctx: int, batch: int, threads: int,
-            n_parallel: int, lora: Path | None = None) -> list[str]:
+            n_parallel: int, lora: Path | None = None, overrides: dict | None = None) -> list[str]:
     from mfgguf.runtime import repack
 
     cmd = [str(need("llama-perplexity")), "-m", str(model), "-f", str(data), FLAG[benchmark],
@@ -37,12 +37,14 @@ def command(model: Path, benchmark: str, data: Path, n_tasks: int | None, *, ctx
         cmd += ["-np", str(n_parallel)]
     if lora is not None:
         cmd += ["--lora", str(lora)]
+    for k, v in (overrides or {}).items():
+        cmd += ["--override-kv", f"{k}=int:{int(v)}"]
     return cmd + ([] if repack.current().repack else ["--no-repack"])
 
 
 def llama_perplexity(model: Path, benchmark: str, data: Path, n_tasks: int | None, *, ctx: int, batch: int,
                      threads: int, n_parallel: int = 4, lora: Path | None = None, expected: int,
-                     progress: Callable[[int, int], None] | None = None) -> list[int]:
+                     progress: Callable[[int, int], None] | None = None, overrides: dict | None = None) -> list[int]:
     """Each scored task's verdict (1 right, 0 wrong) in llama-perplexity's order; `progress(done, right)` is called
     as its lines arrive. A run that ends well may still be short of `expected` at its end: llama.cpp's logger writes
     from a thread of its own, which the program does not wait for at exit (llama.cpp issue 22142), so its last lines
@@ -50,7 +52,7 @@ def llama_perplexity(model: Path, benchmark: str, data: Path, n_tasks: int | Non
     import tempfile
 
     cmd = command(model, benchmark, data, n_tasks, ctx=ctx, batch=batch, threads=threads, n_parallel=n_parallel,
-                  lora=lora)
+                  lora=lora, overrides=overrides)
     reader = Verdicts(benchmark)
     with tempfile.TemporaryFile("w+", errors="replace") as err:  # a file: a pipe nobody reads fills and blocks it
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True,
