@@ -25,7 +25,7 @@ from pathlib import Path
 
 from mfgguf.errors import MfggufError
 
-CACHE_RAM_MIB = 1024  # llama-server's prompt cache in RAM (its default is 8 GiB: a laptop's whole memory)
+CACHE_RAM_MIB = 1024  # llama-server's prompt cache in RAM, MiB (its own default is eight times this: a laptop's memory)
 
 
 def command(model: Path, *, host: str, port: int, n_ctx: int, parallel: int, threads: int, alias: str,

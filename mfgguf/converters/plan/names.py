@@ -6,7 +6,7 @@ numbers. The keys are arrays in routed-slot order, so `extend` keeps a kept expe
 one's (extension/newfile.py):
   - mfgguf.expert_labels (STRING): the expert's domain where its shard holds one (`python`; `python 2/3` where
     several shards split it), else its shard's main domains with their shares and, for a `cluster` partition,
-    its cluster's top terms (`cluster 3: python 81%, man 12%; def self return`);
+    its cluster's top terms (e.g. `cluster 3: python <share>, man <share>; def self return`);
   - mfgguf.expert_tokens (UINT64): the tokens it trained on, every round counted;
   - mfgguf.expert_trunk_sha256 (STRING): the trunk its record says it trained against;
   - mfgguf.base (STRING): the base model's name (an imported base), or `mfgguf <preset>` for a trunk trained here.
