@@ -128,3 +128,24 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
         for layer in model.layers:
             layer.renormalise_topk = False
     return model.eval(), "router"
+
+
+def reference_routes(run: Path, gguf_path: Path, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's routing of token `ids` (one sequence): ((T, L, k) experts chosen by slot, (T, L, k) their
+    weights), what the file's llama.cpp graph chooses (runtime/route.py reads it there)."""
+    model, _ = reference_model(run, gguf_path)
+    k = min(model.cfg.top_k, model.cfg.n_experts)
+    slots, weights = [], []
+
+    def hook(layer, x):
+        rows = model.layers[layer].router  # (E, C)
+        probs = torch.softmax(x.float() @ rows.float().T, dim=-1)[0]  # (T, E)
+        w, idx = probs.topk(k, dim=-1)  # (T, k)
+        if model.layers[layer].renormalise_topk:
+            w = w / w.sum(-1, keepdim=True)
+        slots.append(idx.numpy())
+        weights.append(w.double().numpy())
+
+    with torch.no_grad():
+        model(torch.as_tensor([ids], dtype=torch.int64), route="router", hook=hook)
+    return np.stack(slots, axis=1), np.stack(weights, axis=1)  # (T, L, k)

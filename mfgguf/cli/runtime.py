@@ -11,6 +11,7 @@ import typer
 from mfgguf.runtime.chat import chat
 from mfgguf.runtime.generate import generate
 from mfgguf.runtime.perplexity import perplexity_files
+from mfgguf.runtime.route import route_text
 from mfgguf.runtime.serve import serve
 from mfgguf.cli.app import command
 from mfgguf.errors import MfggufError
@@ -32,9 +33,11 @@ def chat_cmd(
     ctx: int = _CTX,
     lora: Path = typer.Option(None, "--lora", help="A llama.cpp LoRA adapter GGUF of MODEL to apply."),
     experts_per_token: int = _EXPERTS,
+    show_experts: bool = typer.Option(False, "--show-experts", help="After each reply, a line naming the experts it"
+                                      " went through."),
 ):
     chat(model, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, n_ctx=ctx,
-         lora=lora, experts_per_token=experts_per_token)
+         lora=lora, experts_per_token=experts_per_token, show_experts=show_experts)
 
 
 @command("generate", generate)
@@ -48,12 +51,19 @@ def generate_cmd(
     seed: int = typer.Option(0, help="Random seed: the same seed gives the same text."),
     ctx: int = _CTX,
     experts_per_token: int = _EXPERTS,
+    show_experts: bool = typer.Option(False, "--show-experts", help="Then print on stderr which experts the prompt"
+                                      " and the text went through."),
 ):
+    ran: list[int] = []
     for piece in generate(model, prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                          seed=seed, stream=True, n_ctx=ctx, experts_per_token=experts_per_token):
+                          seed=seed, stream=True, n_ctx=ctx, experts_per_token=experts_per_token, ran=ran):
         sys.stdout.write(piece)  # only the generated text: scripts read stdout
         sys.stdout.flush()
     sys.stdout.write("\n")
+    if show_experts:
+        from mfgguf.runtime.route import routes
+
+        print_routes(routes(model, ids=ran, experts_per_token=experts_per_token), tokens=False, err=True)
 
 
 @command("serve", serve)
@@ -173,3 +183,47 @@ def _perplexity_table(model: Path, lora: Path | None, r: dict) -> None:
     if len(r["domains"]) > 1:
         row("overall", o, style="bold")
     Console().print(t)
+
+
+@command("route", route_text)
+def route_cmd(
+    model: Path = _MODEL,
+    text: str = typer.Argument(None, help="The text to route (or --file)."),
+    file: Path = typer.Option(None, "--file", help="A UTF-8 text file to route instead."),
+    experts_per_token: int = _EXPERTS,
+    png: Path = typer.Option(None, "--png", help="Draw tokens x layers coloured by each one's first expert here."),
+    as_json: bool = typer.Option(False, "--json", help="Print every token's experts and weights in every layer as JSON."),
+    threads: int = typer.Option(None, "--threads", help="CPU threads (default: every core)."),
+):
+    r = route_text(model, text, file=file, experts_per_token=experts_per_token, png=png, threads=threads)
+    if as_json:
+        typer.echo(json.dumps(r.as_json()))
+        return
+    print_routes(r)
+    if png is not None:
+        typer.echo(f"heat map: {png}")
+
+
+def print_routes(r, tokens: bool = True, err: bool = False) -> None:
+    """The experts' shares and (with `tokens`) each token's most chosen experts, as tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from mfgguf.runtime.route import per_token, summary
+
+    s = summary(r)
+    L, k = r.slots.shape[1], r.slots.shape[2]
+    t = Table(title=f"experts of {len(r.ids):,} tokens x {L} layers ({k} a token; the anchor runs for every token)")
+    for col in ("expert", "share of token-layers, first choice", "share of the routing weight"):
+        t.add_column(col, justify="left" if col == "expert" else "right")
+    for label, v in s["experts"].items():
+        t.add_row(label, f"{v['top1']:.1%}", f"{v['weight']:.1%}")
+    console = Console(stderr=err)
+    console.print(t)
+    if tokens:
+        pt = Table(title="each token's most chosen experts (first choice, layers)")
+        pt.add_column("token")
+        pt.add_column("experts")
+        for piece, experts in per_token(r):
+            pt.add_row(repr(piece), experts)
+        console.print(pt)

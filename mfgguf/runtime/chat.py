@@ -86,6 +86,7 @@ def chat(
     n_ctx: int | None = None,
     lora: Path | None = None,
     experts_per_token: int | None = None,
+    show_experts: bool = False,
 ) -> None:
     """Chat with MODEL in the terminal; replies stream as they are produced.
 
@@ -94,7 +95,8 @@ def chat(
     dropped when the conversation outgrows the model's context (--ctx, default: the trained one).
     --lora ADAPTER applies a llama.cpp LoRA adapter of MODEL (one domain's, from `train-base --mode lora`).
     --experts-per-token K routes each token to K experts instead of the file's own count (llama.cpp's metadata
-    override). The banner names the model's base and its experts.
+    override). The banner names the model's base and its experts; --show-experts adds a line after each reply
+    naming the experts it went through.
 
     Example:
         >>> chat("model.gguf", temperature=0.7, seed=1)
@@ -112,7 +114,8 @@ def chat(
         print(f"{banner(h, Path(model), llm.mfgguf_n_ctx)}. {HELP}.", flush=True)
         budget = _Budget(llm)
         history: list[dict] = []
-        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens)
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
+                        show_experts=show_experts and bool(h.get("n_experts")))
         while True:
             try:
                 if not _turn(llm, budget, history, sampling):
@@ -156,7 +159,7 @@ def _turn(llm, budget: "_Budget", history: list[dict], sampling: dict) -> bool:
 
 
 def _reply(llm, budget: _Budget, history: list[dict], pieces: list[str], *, temperature, top_p, top_k,
-           max_tokens) -> bool:
+           max_tokens, show_experts: bool = False) -> bool:
     """Stream one reply to stdout, appending its text to `pieces`; False if it could not start."""
     reserve = min(max_tokens, budget.n_ctx // 2)
     history[:], n_prompt = budget.fit(history, reserve)
@@ -178,5 +181,20 @@ def _reply(llm, budget: _Budget, history: list[dict], pieces: list[str], *, temp
     finally:
         stream.close()
     sys.stdout.write("\n")
+    if show_experts and pieces:
+        sys.stdout.write(experts_line(llm, n_prompt) + "\n")
     sys.stdout.flush()
     return True
+
+
+def experts_line(llm, n_prompt: int) -> str:
+    """`(experts: python 62%, c 25%, ...)`: each expert's share of the reply's token-layers, first choice; the reply
+    routed again on the open model's weights (runtime/route.py)."""
+    from mfgguf.runtime.route import routes, summary
+
+    ids = [int(t) for t in llm.input_ids[: llm.n_tokens]]
+    r = routes(Path(llm.mfgguf_header["path"]), ids=ids, llm=llm)
+    reply = r.slots[n_prompt:] if len(ids) > n_prompt else r.slots
+    r.slots, r.weights = reply, r.weights[-len(reply):]
+    shares = [(k, v["top1"]) for k, v in summary(r)["experts"].items() if v["top1"] >= 0.005]
+    return "(experts: " + ", ".join(f"{k} {v:.0%}" for k, v in shares) + ")"

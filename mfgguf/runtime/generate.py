@@ -25,7 +25,8 @@ def check_sampling(max_tokens: int, temperature: float, top_p: float, top_k: int
         raise MfggufError(f"--top-k {top_k} must be 0 (off) or more")
 
 
-def _stream(llm, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int) -> Iterator[str]:
+def _stream(llm, prompt: str, max_tokens: int, temperature: float, top_p: float, top_k: int, seed: int,
+            ran: list | None = None) -> Iterator[str]:
     n_ctx = getattr(llm, "mfgguf_n_ctx", llm.n_ctx())
     n_prompt = len(llm.tokenize(prompt.encode("utf-8"), add_bos=True))
     if n_prompt >= n_ctx:
@@ -35,6 +36,8 @@ def _stream(llm, prompt: str, max_tokens: int, temperature: float, top_p: float,
     for chunk in llm.create_completion(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                        top_k=top_k, min_p=0.0, seed=seed, stream=True):
         yield chunk["choices"][0]["text"]
+    if ran is not None:  # the prompt's and the reply's tokens as the model ran them (the last one sampled, not run)
+        ran[:] = [int(t) for t in llm.input_ids[: llm.n_tokens]]
 
 
 def generate(
@@ -49,13 +52,15 @@ def generate(
     stream: bool = False,
     n_ctx: int | None = None,
     experts_per_token: int | None = None,
+    ran: list | None = None,
 ) -> str | Iterator[str]:
     """Continue PROMPT with the model and print only the generated text (same seed, same text).
 
     MODEL is a GGUF path or an open llama_cpp.Llama. Generation stops at the end-of-text token,
     after max_tokens, or at the end of the model's context. temperature 0 is greedy decoding.
     With stream=True, returns an iterator of text pieces as they are produced. --experts-per-token K routes
-    each token to K experts instead of the file's own count (llama.cpp's metadata override).
+    each token to K experts instead of the file's own count (llama.cpp's metadata override); --show-experts
+    prints on stderr which experts the prompt and the text went through (`mfgguf route`'s table).
 
     Example:
         >>> generate("model.gguf", "def main(", max_tokens=64, temperature=0.7, seed=42)
@@ -64,14 +69,15 @@ def generate(
     if isinstance(model, (str, Path)):
         if stream:
             return _stream_from_path(Path(model), prompt, max_tokens, temperature, top_p, top_k, seed, n_ctx,
-                                     experts_per_token)
+                                     experts_per_token, ran)
         with loaded(model, n_ctx=n_ctx, seed=seed, experts_per_token=experts_per_token) as llm:
-            return "".join(_stream(llm, prompt, max_tokens, temperature, top_p, top_k, seed))
-    pieces = _stream(model, prompt, max_tokens, temperature, top_p, top_k, seed)
+            return "".join(_stream(llm, prompt, max_tokens, temperature, top_p, top_k, seed, ran))
+    pieces = _stream(model, prompt, max_tokens, temperature, top_p, top_k, seed, ran)
     return pieces if stream else "".join(pieces)
 
 
 def _stream_from_path(path, prompt, max_tokens, temperature, top_p, top_k, seed, n_ctx,
-                      experts_per_token=None) -> Iterator[str]:
-    with loaded(path, n_ctx=n_ctx, seed=seed, experts_per_token=experts_per_token) as llm:  # closed when the iterator ends or is closed
-        yield from _stream(llm, prompt, max_tokens, temperature, top_p, top_k, seed)
+                      experts_per_token=None, ran=None) -> Iterator[str]:
+    # closed when the iterator ends or is closed
+    with loaded(path, n_ctx=n_ctx, seed=seed, experts_per_token=experts_per_token) as llm:
+        yield from _stream(llm, prompt, max_tokens, temperature, top_p, top_k, seed, ran)

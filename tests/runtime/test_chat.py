@@ -83,3 +83,19 @@ def test_ctrl_c_stops_a_reply_and_ctrl_d_leaves(talker_gguf):
         assert "Traceback" not in child.before
     finally:
         child.terminate(force=True)
+
+
+def test_the_banner_names_the_experts_and_show_experts_names_a_replys(tiny_gguf):
+    child = _spawn(tiny_gguf, "--max-tokens", "16", "--seed", "1", "--show-experts", "--experts-per-token", "2")
+    try:
+        child.expect(PROMPT)
+        assert "experts: c, english, python; 2 a token" in child.before  # the file's labels, the count asked
+        child.sendline("for x in items:")
+        child.expect(PROMPT)
+        line = child.before.strip().splitlines()[-1]
+        assert line.startswith("(experts: ") and any(d in line for d in ("c ", "english ", "python ")), line
+        child.sendline("/quit")
+        out = _finish(child)
+        assert child.exitstatus == 0 and "Traceback" not in out
+    finally:
+        child.terminate(force=True)

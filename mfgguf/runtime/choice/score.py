@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import ctypes
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,6 @@ from mfgguf.runtime.choice.tasks import Task
 N_PARALLEL = 4  # llama-perplexity's least -np for its benchmarks: the sequences of one HellaSwag task
 SEQ_CAP = {"hellaswag": 4 * 32, "multiple-choice": 4 * 32, "winogrande": 2 * 128}  # its sequences a batch at most
 MIN_TRAILING = 3  # WinoGrande: more tokens than this after the prefix and the option itself goes unscored
-UBATCH = 512  # llama.cpp's default micro-batch, as llama-perplexity leaves it
 _SIZE_T = 1 << 64  # WinoGrande's token counts are size_t there
 
 
@@ -110,66 +108,14 @@ class Engine:
 @contextmanager
 def engine(model: Path, *, ctx: int, batch: int, threads: int | None = None, n_parallel: int = N_PARALLEL,
            adapters: dict[str, Path] | None = None, overrides: dict[str, int] | None = None):
-    """An `Engine` on MODEL for a `with` block: llama-perplexity's context for `-c ctx -b batch -np n_parallel`,
-    every adapter in `adapters` loaded (none applied until `use`), integer metadata `overrides` applied as
-    llama-perplexity's `--override-kv KEY=int:V`."""
-    import llama_cpp
-    from llama_cpp._internals import LlamaContext, LlamaModel
+    """An `Engine` on MODEL for a `with` block: llama-perplexity's context for `-c ctx -b batch -np n_parallel`
+    (n_parallel sequences of ctx tokens in one unified cache), every adapter in `adapters` loaded (none applied
+    until `use`), integer metadata `overrides` applied as llama-perplexity's `--override-kv KEY=int:V`."""
+    from mfgguf.runtime.context import llama_context
 
-    from mfgguf.gguf.lora import check_adapter
-    from mfgguf.runtime import repack
-    from mfgguf.runtime.llm import quiet_llama_logs, read_header
-
-    header = read_header(model)
-    for name, a in (adapters or {}).items():
-        if not Path(a).is_file():
-            raise MfggufError(f"LoRA adapter not found: {a}; pass the lora.gguf that `mfgguf train-base --mode lora` wrote")
-        check_adapter(Path(a), Path(header["path"]))
-    quiet_llama_logs(False)
-    repack.apply()  # wraps llama_model_default_params: no repacking on AMX CPUs, as every other verb
-    mp = llama_cpp.llama_model_default_params()
-    kvo = _overrides(overrides or {})
-    if kvo is not None:
-        mp.kv_overrides = kvo
-    m = LlamaModel(path_model=str(header["path"]), params=mp, verbose=False)
-    loaded = {}
-    try:
-        for name, a in (adapters or {}).items():
-            ptr = llama_cpp.llama_adapter_lora_init(m.model, str(a).encode("utf-8"))
-            if ptr is None:
-                raise MfggufError(f"llama.cpp could not load the LoRA adapter {a}; pass one made for {header['path']}")
-            loaded[name] = ptr
-        cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx = n_parallel * ctx
-        cp.n_batch = min(batch, cp.n_ctx)
-        cp.n_ubatch = UBATCH  # llama.cpp itself bounds it by n_batch
-        cp.n_seq_max = n_parallel
-        cp.kv_unified = True
-        cp.n_threads = cp.n_threads_batch = threads or os.cpu_count()
-        cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO  # llama-perplexity's default: llama.cpp decides
-        c = LlamaContext(model=m, params=cp, verbose=False)
-        try:
-            yield Engine(m, c, int(cp.n_batch), loaded)
-        finally:
-            c.close()
-    finally:
-        for ptr in loaded.values():
-            llama_cpp.llama_adapter_lora_free(ptr)
-        m.close()
-
-
-def _overrides(values: dict[str, int]):
-    """llama.cpp's kv-override array (its last entry empty, the end marker) for integer values; None for none."""
-    import llama_cpp
-
-    if not values:
-        return None
-    arr = (llama_cpp.llama_model_kv_override * (len(values) + 1))()
-    for i, (k, v) in enumerate(values.items()):
-        arr[i].key = k.encode("utf-8")
-        arr[i].tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT
-        arr[i].value.val_i64 = int(v)
-    return arr
+    with llama_context(model, n_ctx=n_parallel * ctx, n_batch=batch, n_seq=n_parallel, kv_unified=True,
+                       threads=threads, adapters=adapters, overrides=overrides) as lc:
+        yield Engine(lc.model, lc.ctx, lc.n_batch, lc.adapters)
 
 
 @dataclass
