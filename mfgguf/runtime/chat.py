@@ -188,7 +188,7 @@ def _reply(llm, budget: _Budget, history: list[dict], pieces: list[str], *, temp
 
 
 def experts_line(llm, n_prompt: int) -> str:
-    """`(experts: python 62%, c 25%, ...)`: each expert's share of the reply's token-layers, first choice; the reply
+    """`(experts: python <share>, c <share>, ...)`: each expert's share of the reply's token-layers, first choice; the reply
     routed again on the open model's weights (runtime/route.py)."""
     from mfgguf.runtime.route import routes, summary
 
