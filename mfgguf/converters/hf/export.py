@@ -42,7 +42,7 @@ def target_for(src: GGUFSource) -> Target:
     if cls is None:
         raise MfggufError(f"{src.path} is a {src.arch or 'nameless'} file; export-hf writes {SUPPORTED} MoE files")
     t = cls(src)
-    used = {p.tensor for x in t.tensors() for p in x.pieces}
+    used = {p.tensor for x in t.tensors() for p in x.pieces} | t.config_tensors()
     extra = [n for n in src.tensors if n not in used]
     if extra:
         raise MfggufError(f"{src.path}: tensor {extra[0]} has no place in {t.hf_class}; export-hf cannot write this file")

@@ -23,6 +23,8 @@ from mfgguf.converters.hf.source import GGUFSource
 from mfgguf.errors import MfggufError
 from mfgguf.gguf.schema import ARCH_ROPE, blk
 
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair RoPE frequency divisors (Llama 3.x)
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -153,7 +155,7 @@ class Target:
             "vocab_size": s.vocab, "hidden_size": s.dim, "num_hidden_layers": s.n_layers,
             "num_attention_heads": s.n_heads, "num_key_value_heads": s.n_kv_heads, "hidden_act": "silu",
             "max_position_embeddings": s.ctx, "rms_norm_eps": s.eps, "rope_theta": s.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": s.rope_theta},
+            "rope_parameters": self.rope(), **self.rope_scaling(),
             "tie_word_embeddings": s.tied, "bos_token_id": tok.get("bos"), "eos_token_id": tok.get("eos"),
             "pad_token_id": tok.get("padding"), "torch_dtype": {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype],
             "use_cache": True, "attention_dropout": 0.0, "initializer_range": 0.02, "output_router_logits": False,
@@ -162,6 +164,30 @@ class Target:
 
     def moe_config(self) -> dict:
         raise NotImplementedError
+
+    def config_tensors(self) -> set[str]:
+        """Tensors the config holds instead of the checkpoint: Llama 3.x's RoPE factors."""
+        return {ROPE_FREQS} if self.src.has(ROPE_FREQS) else set()
+
+    def rope(self) -> dict:
+        """transformers' `rope_parameters`: the default rotation, or a file's `rope_freqs` factors (Llama 3.x, llama.cpp
+        divides each pair's frequency by them) as the `llama3` parameters that give the same factors."""
+        from mfgguf.families.llama import llama3_params
+
+        s = self.s
+        if not self.src.has(ROPE_FREQS):
+            return {"rope_type": "default", "rope_theta": s.rope_theta}
+        factors = self.src.rows(ROPE_FREQS, 0, 1)[0]  # (head_dim / 2,)
+        p = llama3_params(factors, s.head_dim, s.rope_theta)
+        if p is None:
+            raise MfggufError(f"{self.src.path}: its {ROPE_FREQS} factors are not those of any llama3 rope scaling,"
+                              f" the one {self.hf_class} computes; export-hf cannot write this file")
+        return {**p, "rope_theta": s.rope_theta}
+
+    def rope_scaling(self) -> dict:
+        """The same for transformers before rope_parameters (its `rope_scaling` key); nothing for the default."""
+        p = self.rope()
+        return {} if p["rope_type"] == "default" else {"rope_scaling": {k: v for k, v in p.items() if k != "rope_theta"}}
 
 
 def routed_experts(t: Target, l: int, prefix: str, names: dict[str, str]) -> list[HFTensor]:

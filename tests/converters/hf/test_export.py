@@ -134,3 +134,36 @@ def test_qwen2_trunk_in_the_mixtral_layout_is_refused(qwen2_run, tmp_path):
     with pytest.raises(MfggufError, match="assemble it with --layout granitemoe"):
         export_hf(g, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.fixture(scope="module")
+def llama3_run(tmp_path_factory, tokenizer_json) -> Path:  # noqa: F811
+    """A random Llama-3-shaped base with llama3 rope scaling, imported and made into a one-expert MoE."""
+    from tests.base.test_import_llama3 import save_hf_llama3
+
+    return family_run(tmp_path_factory.mktemp("llama3"), tokenizer_json, save_hf_llama3, n_experts=1)
+
+
+@pytest.mark.parametrize("layout,cls", [("granitemoe", "GraniteMoeSharedForCausalLM"), ("mixtral", "MixtralForCausalLM")])
+def test_a_llama3_based_moe_exports_its_rope_scaling_and_computes_llama_cpps_logits(llama3_run, tmp_path, layout, cls):
+    """The file's rope_freqs factors become the config's llama3 rope parameters (those the base was made with), and
+    transformers' logits are llama.cpp's within TOL; without the scaling they would not be."""
+    from tests.base.test_import_llama3 import ROPE
+
+    g = assembled(llama3_run, tmp_path / "m.gguf", "--layout", layout, "--router", "random")
+    export_hf(g, tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["architectures"] == [cls]
+    rope = cfg["rope_parameters"]
+    assert rope["rope_type"] == "llama3" and rope["factor"] == ROPE["factor"]
+    assert rope["low_freq_factor"] / rope["high_freq_factor"] == pytest.approx(ROPE["low_freq_factor"] / ROPE["high_freq_factor"])
+    ids = hf_ids(tmp_path / "hf", N)
+    want = llama_logits(g, ids, N)
+    assert max_rel(hf_logits(tmp_path / "hf", ids), want) <= TOL
+    plain = tmp_path / "plain"
+    import shutil
+
+    shutil.copytree(tmp_path / "hf", plain)
+    (plain / "config.json").write_text(json.dumps({**{k: v for k, v in cfg.items() if k != "rope_scaling"},
+                                                   "rope_parameters": {"rope_type": "default", "rope_theta": cfg["rope_theta"]}}))
+    assert max_rel(hf_logits(plain, ids), want) > 10 * TOL  # the scaling is what makes them agree
