@@ -95,6 +95,10 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
     tok = ["--tokens", trunk_tokens, "--schedule", cfg.schedule, *ev]
     seed = ["--seed-expert"] if cfg.seed_expert else []
     stage("train-trunk", run.module_meta(0).is_file(), ["train-trunk", run.root, "--preset", cfg.preset, *tok, *seed], 0)
+    if plan and "refit" not in plan and not results[-1].skipped and not run.module_meta(1).is_file():
+        plan = _refit(out, run, cfg, plan, cfg.expert_tokens or int(cfg.token_frac * p.expert.tokens), eval_tokens,
+                      time.perf_counter() - t_start)
+        expert_tokens = plan["expert_tokens"]
     etok = ["--tokens", expert_tokens, "--schedule", cfg.schedule, *ev]
     shared = ["--shared", cfg.shared, "--shared-lr-scale", cfg.shared_lr_scale, "--rounds", cfg.rounds]
     for r in range(1, cfg.rounds + 1):
@@ -157,11 +161,6 @@ def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_to
         return json.loads(saved.read_text())
     if not cfg.minutes or run.module_meta(0).is_file():
         return None
-    from dataclasses import replace
-
-    from mfgguf.config import shared_tensor_names
-    from mfgguf.flops import expert_step_flops, trunk_step_flops
-
     _banner("measure this CPU's training speed")
     info = run.info()
     res, text = run_stage("measure speed", [sys.executable, "-m", "mfgguf.train.engine.speed", cfg.preset, "--vocab-size",
@@ -169,9 +168,7 @@ def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_to
                           capture=True)
     results.append(res)
     speed = json.loads(text)
-    m = replace(get_preset(cfg.preset).model, vocab_size=int(info["vocab_size"]), seed_expert=cfg.seed_expert)
-    # an expert's step costs what its FLOPs say against the trunk's step just timed (equal with --shared all)
-    expert_tps = speed["tokens_per_s"] * trunk_step_flops(m).total / expert_step_flops(m, shared_tensor_names(m, cfg.shared)).total
+    expert_tps = speed["tokens_per_s"] * _expert_over_trunk(cfg, info)
     rounds = cfg.rounds if cfg.shared != "none" else 1
     tp = plan_tokens(budget_s=60 * cfg.minutes, elapsed_s=elapsed_s + res.wall_s, trunk_tps=speed["tokens_per_s"],
                      expert_tps=expert_tps, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
@@ -186,6 +183,46 @@ def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_to
         f" training {tp.trunk_tokens:,} trunk tokens and {tp.expert_tokens:,} per expert ({tp.factor:.0%} of"
         f" {trunk_tokens:,} and {expert_tokens:,}), about {tp.predicted_s / 60:.1f} min in all", highlight=False)
     write_json(saved, plan)
+    return plan
+
+
+def _expert_over_trunk(cfg: DemoConfig, info: dict) -> float:
+    """An expert's tokens/s over the trunk's: its step costs what its FLOPs say against the trunk's (equal with
+    --shared all)."""
+    from dataclasses import replace
+
+    from mfgguf.config import shared_tensor_names
+    from mfgguf.flops import expert_step_flops, trunk_step_flops
+
+    m = replace(get_preset(cfg.preset).model, vocab_size=int(info["vocab_size"]), seed_expert=cfg.seed_expert)
+    return trunk_step_flops(m).total / expert_step_flops(m, shared_tensor_names(m, cfg.shared)).total
+
+
+def _refit(out: Path, run: RunDir, cfg: DemoConfig, plan: dict, expert_tokens: int, eval_tokens: int,
+           elapsed_s: float) -> dict:
+    """The experts' tokens sized again once the trunk has trained: the budget left at the speed the trunk really
+    trained at (budget.py `refit_experts`), kept in OUT/budget.json beside the first plan."""
+    from mfgguf.budget import refit_experts
+
+    trunk = read_module_meta(run, 0)
+    tps = float(trunk["tokens_seen"]) / max(float(trunk.get("train_s") or 0.0), 1e-9)
+    info = run.info()
+    rounds = cfg.rounds if cfg.shared != "none" else 1
+    tp = refit_experts(budget_s=60 * cfg.minutes, elapsed_s=elapsed_s, expert_tps=tps * _expert_over_trunk(cfg, info),
+                       expert_tokens=expert_tokens, n_experts=int(info["n_experts"]), rounds=rounds,
+                       eval_tokens=eval_tokens, n_domains=len(info.get("domains") or []) or 1,
+                       syncs=rounds if cfg.shared != "none" else 0)
+    plan = {**plan, "expert_tokens": tp.expert_tokens, "predicted_s": tp.predicted_s,
+            "refit": {"after_trunk_s": round(elapsed_s, 1), "trunk_tokens_per_s": round(tps, 1),
+                      "expert_factor": tp.factor, "first_expert_tokens": plan["expert_tokens"],
+                      "first_predicted_s": plan["predicted_s"]}}
+    from rich.console import Console
+
+    Console(stderr=True).print(
+        f"budget {cfg.minutes:g} min: the trunk trained at {tps:,.0f} tokens/s in {elapsed_s / 60:.1f} min so far;"
+        f" training {tp.expert_tokens:,} tokens per expert ({tp.factor:.0%} of {expert_tokens:,}), about"
+        f" {tp.predicted_s / 60:.1f} min in all", highlight=False)
+    write_json(out / "budget.json", plan)
     return plan
 
 
@@ -221,9 +258,12 @@ def summary_markdown(s: dict) -> str:
                       " process start, held-out scoring, router statistics and saving."]
     b = s.get("budget")
     if b:
+        rf = b.get("refit") or {}
+        again = (f"; after the trunk ({rf['trunk_tokens_per_s']:,.0f} tokens/s as it trained), {b['expert_tokens']:,}"
+                 f" per expert ({rf['expert_factor']:.0%} of the default)") if rf else ""
         lines += ["", f"Budget {b['minutes']:g} min on this CPU ({b['precision']}, {b['trunk_tokens_per_s']:,.0f} trunk"
-                      f" tokens/s measured): {b['trunk_tokens']:,} trunk tokens, {b['expert_tokens']:,} per expert"
-                      f" ({b['factor']:.0%} of the default); predicted {b['predicted_s'] / 60:.1f} min"
+                      f" tokens/s measured first): {b['trunk_tokens']:,} trunk tokens"
+                      f" ({b['factor']:.0%} of the default){again}; predicted {b['predicted_s'] / 60:.1f} min"
                       + (f", took {s['wall_s'] / 60:.1f} min" if s.get("wall_s") else "") + "."]
     lines += ["", "| file | size (MB) |", "|---|---:|"]
     lines += [f"| {k} | {v / 1e6:.1f} |" for k, v in s["files"].items()]

@@ -7,7 +7,13 @@ import json
 from gguf import GGUFReader
 from typer.testing import CliRunner
 
+from mfgguf.budget import MAX_FACTOR
 from mfgguf.cli.app import app
+
+
+def e_tokens(out) -> int:
+    """The tokens expert 1 was asked to train (its record's)."""
+    return int(json.loads((out / "run" / "modules" / "expert_001.json").read_text())["train"]["tokens"])
 
 
 def test_demo_runs_end_to_end_and_resumes(tmp_path):
@@ -23,10 +29,13 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     assert cfg["shared"] != "none" and cfg["rounds"] == 2 and cfg["seed_expert"]
     experts = [f"train-expert {i} round {r}" for r in range(1, cfg["rounds"] + 1) for i in (1, 2, 3)]
     syncs = [f"sync {r}" for r in range(1, cfg["rounds"] + 1)]
-    # the time budget (13 min by default) is fitted from the speed measured first; tiny fits whole
+    # the time budget (13 min by default) is fitted from the speed measured first, the experts again once the trunk
+    # has trained; tiny fits the most the budget may train (MAX_FACTOR x the default) with time to spare
     assert names[:3] == ["prepare", "measure speed", "train-trunk"]
     b = s["budget"]
-    assert b["factor"] == 1.0 and b["trunk_tokens_per_s"] > 0 and b["predicted_s"] <= 60 * cfg["minutes"]
+    assert b["factor"] == MAX_FACTOR and b["trunk_tokens_per_s"] > 0 and b["predicted_s"] <= 60 * cfg["minutes"]
+    assert b["refit"]["expert_factor"] == MAX_FACTOR and b["refit"]["trunk_tokens_per_s"] > 0
+    assert e_tokens(out) == b["expert_tokens"]
     assert json.loads((out / "budget.json").read_text()) == b
     assert [n for n in names if n.startswith(("train-expert", "sync"))] == \
         [x for r in range(cfg["rounds"]) for x in experts[3 * r: 3 * r + 3] + [syncs[r]]]

@@ -30,8 +30,9 @@ from mfgguf.train.engine.loop import InMemorySteps, resolve_device, resolve_prec
 
 
 def measure_steps(preset: str, *, vocab_size: int, seed_expert: bool, batch_size: int | None = None,
-                  steps: int = 3, precision: str = "auto") -> dict:
-    """Seconds per in-memory trunk step of `preset` (eager), after one warm-up step.
+                  steps: int = 5, precision: str = "auto") -> dict:
+    """Seconds per in-memory trunk step of `preset` (eager), the median of `steps` after two warm-up steps (the
+    first steps allocate and tune; a mean over three after one read half the speed a long run settles at).
 
     Example:
         >>> measure_steps("tiny", vocab_size=512, seed_expert=True)["tokens_per_s"] > 0
@@ -51,11 +52,14 @@ def measure_steps(preset: str, *, vocab_size: int, seed_expert: bool, batch_size
                              ckpt_dir=Path(tmp), ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None)
         impl.resume()
         model.train()
-        impl.step(0, *get_batch(data, 0, 0, 0, tc.batch_size, cfg.ctx_len), lr=tc.lr)  # warm-up
-        t0 = time.perf_counter()
-        for s in range(1, steps + 1):
+        for s in range(2):  # warm-up
             impl.step(s, *get_batch(data, 0, 0, s, tc.batch_size, cfg.ctx_len), lr=tc.lr)
-        dt = (time.perf_counter() - t0) / steps
+        times = []
+        for s in range(2, steps + 2):
+            t0 = time.perf_counter()
+            impl.step(s, *get_batch(data, 0, 0, s, tc.batch_size, cfg.ctx_len), lr=tc.lr)
+            times.append(time.perf_counter() - t0)
+        dt = float(np.median(times))
     return {"preset": preset, "precision": prec, "batch_size": tc.batch_size, "ctx_len": cfg.ctx_len,
             "s_per_step": dt, "tokens_per_s": tc.batch_size * cfg.ctx_len / dt}
 
@@ -67,7 +71,7 @@ if __name__ == "__main__":
     ap.add_argument("preset")
     ap.add_argument("--vocab-size", type=int, required=True)
     ap.add_argument("--seed-expert", action="store_true")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     a = ap.parse_args()
     json.dump(measure_steps(a.preset, vocab_size=a.vocab_size, seed_expert=a.seed_expert, steps=a.steps), sys.stdout)
     print()
