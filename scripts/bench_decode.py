@@ -10,6 +10,7 @@ Prints JSON lines and appends them to OUT/bench_decode.jsonl: a line per process
 line per file against the reference (median, min and max of the rounds' ratios, decode and prompt).
 
     python scripts/bench_decode.py base=base-q8_0.gguf moe=moe-q8_0.gguf --rounds 7 --out bench-out/decode
+    python scripts/bench_decode.py k1=moe.gguf@1 k2=moe.gguf@2 k4=moe.gguf@4   # experts a token set at run time
 """
 
 from __future__ import annotations
@@ -34,14 +35,17 @@ def emit(out: Path, **rec) -> dict:
     return rec
 
 
-def named(text: str) -> tuple[str, Path]:
+def named(text: str) -> tuple[str, Path, int]:
+    """NAME=PATH[@K]: a file to time, under NAME, with K experts a token (0: the file's own count)."""
     name, _, path = text.rpartition("=")
-    return name or Path(path).stem, Path(path)
+    path, _, k = path.partition("@")
+    return name or Path(path).stem, Path(path), int(k or 0)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="+", type=named, help="NAME=PATH of each GGUF; the first is the reference")
+    ap.add_argument("files", nargs="+", type=named, help="NAME=PATH[@K] of each GGUF (K: experts a token, the"
+                    " file's own without it); the first is the reference")
     ap.add_argument("--rounds", type=int, default=7, help="runs of each file, interleaved")
     ap.add_argument("--prompt-tokens", type=int, default=256, help="tokens evaluated as one prompt before decoding")
     ap.add_argument("--decode-tokens", type=int, default=128, help="greedy decode steps, one token each")
@@ -54,18 +58,19 @@ def main(argv=None) -> None:
 
     a.out.mkdir(parents=True, exist_ok=True)
     emit(a.out, bench="cpu", **cpu_flags())
-    runs: dict[str, list[dict]] = {name: [] for name, _ in a.files}
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in a.files}
     for k in range(a.rounds):
         order = a.files[k % len(a.files):] + a.files[:k % len(a.files)]  # each file leads a round in turn
-        for name, path in order:
+        for name, path, experts in order:
             r, text = run_stage(f"decode {name}", [sys.executable, "-c", INFER, str(path), str(a.prompt_tokens),
-                                                    str(a.decode_tokens), str(ROOT / "README.md")], capture=True)
+                                                    str(a.decode_tokens), str(ROOT / "README.md"), str(experts)],
+                                capture=True)
             got = json.loads(text.strip().splitlines()[-1])
             runs[name].append(got)
             emit(a.out, bench="run", round=k, model=name, file_bytes=path.stat().st_size, peak_rss_mb=r.peak_rss_mb,
-                 **got)
+                 experts_per_token=experts or None, **got)
     ref = a.files[0][0]
-    for name, _ in a.files[1:]:
+    for name, _, _ in a.files[1:]:
         row = {"bench": "against", "model": name, "reference": ref, "rounds": a.rounds}
         for key in ("decode_tps", "prompt_tps"):
             ratios = [x[key] / y[key] for x, y in zip(runs[name], runs[ref])]  # (rounds,) each round's own ratio

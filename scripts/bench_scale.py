@@ -37,8 +37,9 @@ INFER = r"""
 import json, sys, time
 from mfgguf.runtime.llm import loaded
 path, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+k = int(sys.argv[5]) if len(sys.argv) > 5 and int(sys.argv[5]) else None  # experts a token; None: the file's own
 t0 = time.perf_counter()
-with loaded(path, n_ctx=n_prompt + n_gen) as llm:
+with loaded(path, n_ctx=n_prompt + n_gen, experts_per_token=k) as llm:
     t_load = time.perf_counter() - t0
     prompt = (llm.tokenize(open(sys.argv[4]).read().encode(), add_bos=False) * 50)[:n_prompt]
     t0 = time.perf_counter(); llm.eval(prompt); t_prompt = time.perf_counter() - t0
