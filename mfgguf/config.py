@@ -124,7 +124,7 @@ class TrainConfig:
     curve_tokens: int = 4096  # held-out tokens per domain at each curve point (cheaper than eval_tokens)
     stats_tokens: int = 0  # experts: shard tokens the router statistics (FFN-input means) are measured over, and
     #                        the pooled second moment over each expert's shard; 0 = 4 x eval_tokens
-    #                        (fewer cost routed perplexity: scripts/bench_stats_tokens.py)
+    #                        (fewer cost routed perplexity: scripts/bench/bench_stats_tokens.py)
     stats_from: StatsFrom = "train"  # experts: where those means come from: train = the forward of training's last steps that
     #                            cover stats_tokens (free; tailstats.py), pass = a pass over the shard after training
     expert_layers: str = "all"  # experts: the layers whose expert trains: all, upper (the upper half), lower, or layer
@@ -210,7 +210,7 @@ PRESETS: dict[str, Preset] = {
         trunk=TrainConfig(tokens=1_500_000, batch_size=16, lr=2e-3, ckpt_every=25),
         # experts: the final held-out score is the curve's last point (eval_tokens = curve_tokens), and the router
         # statistics 4 x that: fewer move routed perplexity, more cost time after training for little
-        # (docs/benchmarks.md, scripts/bench_stats_tokens.py)
+        # (docs/benchmarks.md, scripts/bench/bench_stats_tokens.py)
         expert=TrainConfig(tokens=400_000, batch_size=16, lr=2e-3, ckpt_every=25, eval_tokens=4096),
     ),
     "1b": Preset(

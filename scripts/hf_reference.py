@@ -1,4 +1,4 @@
-"""llama.cpp's own path to the same GGUF, for scripts/bench_assemble.py: a Hugging Face checkpoint written
+"""llama.cpp's own path to the same GGUF, for scripts/bench/bench_assemble.py: a Hugging Face checkpoint written
 from the very weights mfgguf assembled, `convert_hf_to_gguf.py`, and `llama_model_quantize`.
 
 The checkpoint is `GraniteMoeSharedForCausalLM`: the same shape as mfgguf's granitemoe file (the anchor

@@ -15,7 +15,7 @@ a perturbed private copy of the chosen trunk tensors (`shared.<name>`, delta ~ 0
 tensor's std, different per expert), listed in its JSON as `shared_tensors`, and a distinct
 `tokens_seen` (1000 x expert index) for the token-weighted merge.
 
-Torch-free (numpy + safetensors + tokenizers). Used by tests/converters and scripts/bench_assemble.py.
+Torch-free (numpy + safetensors + tokenizers). Used by tests/converters and scripts/bench/bench_assemble.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/experts_count.py: its summary from study.jsonl rows.
+"""scripts/studies/experts_count.py: its summary from study.jsonl rows.
 
 No study is trained here: a synthetic study.jsonl of three N (the baselines trained in the first N's run only, a
 second seed at N = 100, the per-document routing at N = 100 only) whose figures make each rule show: the baselines
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path[:0] = [str(ROOT / "scripts" / "studies"), str(ROOT / "scripts" / "bench")]
 
 import experts_count as ec  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""scripts/experts_forgetting.py: which models it scores, and its table. No model is scored here (the scoring is
+"""scripts/studies/experts_forgetting.py: which models it scores, and its table. No model is scored here (the scoring is
 `mfgguf perplexity --data`, tested in tests/runtime); the study's folder is laid out as experts_count.py leaves it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path[:0] = [str(ROOT / "scripts" / "studies"), str(ROOT / "scripts" / "bench")]
 
 import experts_forgetting as ef  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""scripts/protocol_study.py: its summary from study.jsonl rows, and the commands and costs --dry-run prints.
+"""scripts/studies/protocol_study.py: its summary from study.jsonl rows, and the commands and costs --dry-run prints.
 
 No study is trained here: the summary reads a synthetic study.jsonl of two sizes and two seeds whose figures are
 chosen so that each rule shows (a verdict within the spread, one beyond it, the MoE's mean ahead but not by more
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "protocol_study.py"
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPT = ROOT / "scripts" / "studies" / "protocol_study.py"
+sys.path[:0] = [str(ROOT / "scripts" / "studies"), str(ROOT / "scripts" / "bench")]
 
 import protocol_study as ps  # noqa: E402
 

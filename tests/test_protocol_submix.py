@@ -1,4 +1,4 @@
-"""scripts/protocol_submix.py: protocol studies read on a common mix of domains.
+"""scripts/studies/protocol_submix.py: protocol studies read on a common mix of domains.
 
 No study is trained: two synthetic sources, a four-domain study.jsonl (no reports beside it) and a two-domain study
 directory whose run has an eval report with per-document figures, put on the man + python axis.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path[:0] = [str(ROOT / "scripts" / "studies"), str(ROOT / "scripts" / "bench")]
 
 import protocol_submix as sm  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""docs/results/sweep-regime.md and .png are what scripts/sweep_regime.py makes of the committed rows."""
+"""docs/results/sweep-regime.md and .png are what scripts/studies/sweep_regime.py makes of the committed rows."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROWS = ROOT / "docs" / "results" / "sweep-regime.jsonl"
 def test_replot_rebuilds_the_committed_table(tmp_path):
     rows = tmp_path / "sweep-regime.jsonl"
     shutil.copy2(ROWS, rows)
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_regime.py"), "--replot", str(rows)],
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "studies" / "sweep_regime.py"), "--replot", str(rows)],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out.splitlines()[-1])["rows"] == len(ROWS.read_text().splitlines())
     assert rows.with_suffix(".md").read_text() == ROWS.with_suffix(".md").read_text()

@@ -12,7 +12,7 @@ for e in 1 2 4 5; do
   mfgguf train-expert "$OUT/run" --expert "$e" --tokens 65536 --eval-tokens 4096            # statistics from the last steps
   mfgguf train-expert "$OUT/runup" --expert "$e" --tokens 86016 --eval-tokens 4096 --expert-layers upper  # same wall-clock
 done
-python scripts/bench_stats_tokens.py "$OUT/run" --tokens 16384 --max-tokens-per-domain 8192   # recorded vs a pass
+python scripts/bench/bench_stats_tokens.py "$OUT/run" --tokens 16384 --max-tokens-per-domain 8192   # recorded vs a pass
 for d in run runup; do
   mfgguf assemble "$OUT/$d" -o "$OUT/$d.gguf" --experts 1,2,4,5 --quant q8_0 --force
   mfgguf perplexity "$OUT/$d.gguf" --run "$OUT/$d" --json

@@ -8,7 +8,7 @@
 # Usage: bash moe-262144-s1.sh [STUDY]   (after grid-262144-s1.sh, which made the template)
 set -euo pipefail
 STUDY=${1:-protocol-study}
-python scripts/protocol_study.py --out "$STUDY" --tokens 262144 --seeds 1 --max-chars-per-domain 4500000 \
+python scripts/studies/protocol_study.py --out "$STUDY" --tokens 262144 --seeds 1 --max-chars-per-domain 4500000 \
   --max-tokens 16384 --seed-gates 0.4,0.6,0.8 --train-only
 RUN=$STUDY/t262144-s1
 M=$RUN/eval/models

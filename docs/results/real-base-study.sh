@@ -11,7 +11,7 @@ for e in 1 2 4 5; do                                  # shard 3 is english: no e
   mfgguf train-expert "$OUT/run" --expert "$e" --tokens 65536 --eval-tokens 4096 --stats-from pass
 done                                                  # (the study's statistics: a pass after training)
 mfgguf router-stats "$OUT/run" --experts 1,2,4,5
-python scripts/bench_stats_tokens.py "$OUT/run" --tokens 1024,4096,16384 --out "$OUT/stats-tokens" \
+python scripts/bench/bench_stats_tokens.py "$OUT/run" --tokens 1024,4096,16384 --out "$OUT/stats-tokens" \
   --max-tokens-per-domain 8192                        # router quality against statistics tokens
 mfgguf eval "$OUT/run" --routers ridge --top-k 1,2 --quants "" --max-tokens 32768   # MoE, base, continued, LoRA
 # the fifth domain later: its expert joins the finished file

@@ -5,7 +5,7 @@ verify): their wall seconds add up to the whole. Inside the stream phase the wor
 threads: reading (pread from the page cache or the disk), hashing (blake3/sha256), checking
 (NaN/Inf), quantizing and writing (pwrite) each sum the seconds their threads spent on them, so
 on 2 cores they can add up to twice the phase's wall time. `assemble` returns both (`phases_s`,
-`work_s`), and scripts/bench_assemble.py prints them in its JSON lines.
+`work_s`), and scripts/bench/bench_assemble.py prints them in its JSON lines.
 
 Example:
     >>> prof = Profile()

@@ -5,7 +5,7 @@ fastest kernels (`use_extra_bufts`, llama-cli's `--no-repack` turns it off). On 
 AMX it picks the AMX buffer type, and llama.cpp's AMX matmul segfaults there on the first decode
 (q8_0, q4_0, q4_k alike; f16/f32 weights are never repacked and run fine). This is llama.cpp's
 own bug, not something in our files: a GGUF that llama.cpp's own quantizer writes crashes the same
-way (scripts/bench_repack.py checks both). So, by default:
+way (scripts/bench/bench_repack.py checks both). So, by default:
 
   - CPU has AMX and this llama.cpp was built with AMX kernels -> no repacking (the only safe choice);
   - any other CPU                                              -> repacking, llama.cpp's default.

@@ -77,7 +77,7 @@ def _load_client():
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("bench_serve", Path(__file__).parents[2] / "scripts" / "bench_serve.py")
+    spec = importlib.util.spec_from_file_location("bench_serve", Path(__file__).parents[2] / "scripts" / "bench" / "bench_serve.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -85,7 +85,7 @@ def _load_client():
 
 @pytest.mark.parametrize("engine", ["llama-server", "llama-cpp-python"])
 def test_eight_concurrent_clients_are_all_answered_and_one_leaving_mid_stream_stops_nobody(tiny_gguf, engine):
-    """scripts/bench_serve.py's load on `mfgguf serve --parallel 8`: every request of eight clients at once is
+    """scripts/bench/bench_serve.py's load on `mfgguf serve --parallel 8`: every request of eight clients at once is
     answered, while a ninth walks away from its streamed reply; llama-server needs `make llama-tools`."""
     if engine == "llama-server":
         tool("llama-server")

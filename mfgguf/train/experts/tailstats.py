@@ -6,7 +6,7 @@ last steps that together cover `stats_tokens` tokens measure them for free, wher
 pass was a sizeable share of a short expert job (docs/benchmarks.md). What differs is that the expert
 is still moving while they are gathered (the LR is at the bottom of its decay by then) and that the
 windows are training's random ones rather than the shard's first tokens;
-scripts/bench_stats_tokens.py measures what that costs routed perplexity.
+scripts/bench/bench_stats_tokens.py measures what that costs routed perplexity.
 
 With `moments` they also gather each layer's second moment (x^T x): the router's pooled G is their
 count-weighted mean over the experts, so `router-stats` (and `assemble`, which runs it) pools them instead

@@ -42,11 +42,11 @@ from mfgguf.train.fanout.view import LiveView, RunProgress, print_summary
 
 # Peak RSS of one expert job by preset (MB), measured on the 2-core test machine (bf16 autocast),
 # rounded up: tiny 501-543 (tests/train/fanout/test_schedule.py's summaries), small 1,314 with --shared all
-# (the demo), 1b 1,366 FFN-only / under 2,048 with --shared attn (scripts/bench_train.py). The local
+# (the demo), 1b 1,366 FFN-only / under 2,048 with --shared attn (scripts/bench/bench_train.py). The local
 # scheduler's per-job memory reservation and the `memory` each Ray task declares; unknown presets
 # use the largest.
 JOB_MB = {"tiny": 560, "small": 1350, "1b": 2048}
-# Torch threads one job should get before another job runs beside it (scripts/bench_fanout.py on 2 cores:
+# Torch threads one job should get before another job runs beside it (scripts/bench/bench_fanout.py on 2 cores:
 # tiny runs faster as 2 jobs x 1 thread than as 1 job x 2 threads, small slower, so small keeps 2;
 # docs/distributed.md).
 JOB_THREADS = {"tiny": 1, "small": 2, "1b": 2}

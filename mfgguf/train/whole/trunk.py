@@ -83,7 +83,7 @@ def plan_activations(cfg, batch_size: int) -> tuple[bool, int]:
     sequence's activations and the trunk's bf16 weights fit ONE_SEQUENCE_BUDGET; else recompute over
     the whole batch. A micro-batch must also keep the whole step within EXPERT_STEP_BUDGET (step_bytes), which
     only a large base reaches; such a base (micro_batch_budget above ACTIVATION_BUDGET) takes single sequences
-    where they fit it. That order is the measured one at SmolLM2's shape (scripts/bench_train_real.py;
+    where they fit it. That order is the measured one at SmolLM2's shape (scripts/bench/bench_train_real.py;
     the figures are in docs/memory.md): micro-batches beat recompute and the whole batch in speed at
     a fraction of the whole batch's memory. The `1b` preset (its trunk twice SmolLM2's) keeps recompute
     and its memory goal. A base whose trunk is large lets micro-batches take more (micro_batch_budget).
