@@ -10,6 +10,7 @@ from mfgguf.eval.baselines.sides import parse_baselines
 from mfgguf.demo import DemoConfig, check_demo_dir, demo
 from mfgguf.eval.evaluate import EvalConfig, evaluate
 from mfgguf.cli.app import command
+from mfgguf.cli.benchmark_options import Benchmarks, benchmark_options
 from mfgguf.errors import MfggufError
 from mfgguf.options import parse_floats
 
@@ -43,6 +44,10 @@ def demo_cmd(
 
 
 @command("eval", evaluate)
+@benchmark_options({"hellaswag": "default 2,000, or every task of a smaller file", "winogrande": "default all",
+                    "multiple-choice": "default all"},
+                   ": every final model (the base, the MoEs test scores, every baseline) scored on the same tasks, each"
+                   " against the base, paired over them")
 def eval_cmd(
     run: Path = typer.Argument(..., help="The RUN directory (trunk and all experts trained; on an imported base, the"
                                " experts trained so far)."),
@@ -81,23 +86,8 @@ def eval_cmd(
                              " dense model's initialisation); a baseline trained with another is trained again."
                              " Default: the trunk's seed (from scratch), train-base's default (an imported base)."
                              " The experts' seed is train-expert's --seed."),
-    hellaswag: Path = typer.Option(None, "--hellaswag", help="A HellaSwag file in llama-perplexity's layout: every"
-                                   " final model (the base, the MoEs test scores, every baseline) scored on the same"
-                                   " tasks, each against the base paired over them."),
-    hellaswag_tasks: int = typer.Option(None, "--hellaswag-tasks", help="HellaSwag tasks (default 2,000, or every"
-                                        " task of a smaller file; llama-perplexity's draw)."),
-    winogrande: Path = typer.Option(None, "--winogrande", help="A WinoGrande CSV in llama-perplexity's layout, the"
-                                    " same way."),
-    winogrande_tasks: int = typer.Option(None, "--winogrande-tasks", help="WinoGrande tasks (default all)."),
-    multiple_choice: Path = typer.Option(None, "--multiple-choice", help="A multiple-choice .bin in"
-                                         " llama-perplexity's layout (ARC, MMLU, TruthfulQA), the same way."),
-    multiple_choice_tasks: int = typer.Option(None, "--multiple-choice-tasks", help="Multiple-choice tasks"
-                                              " (default all)."),
+    benchmarks: Benchmarks = Benchmarks(),
 ):
-    files = {k: str(v) for k, v in (("hellaswag", hellaswag), ("winogrande", winogrande),
-                                    ("multiple-choice", multiple_choice)) if v is not None}
-    counts = {k: v for k, v in (("hellaswag", hellaswag_tasks), ("winogrande", winogrande_tasks),
-                                ("multiple-choice", multiple_choice_tasks)) if v is not None}
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
                      seed_gates=parse_floats(seed_gates, "--seed-gates"),
                      quants=tuple(q for q in quants.split(",") if q), dense=not no_dense,
@@ -105,7 +95,8 @@ def eval_cmd(
                      dense_schedules=tuple(s.strip() for s in dense_schedules.split(",") if s.strip()), seed=seed,
                      baseline_lrs=_grid(full=parse_floats(full_lrs, "--full-lrs"),
                                         lora=parse_floats(lora_lrs, "--lora-lrs")),
-                     benchmarks=files or None, benchmark_tasks=counts or None)
+                     benchmarks={k: str(v) for k, v in benchmarks.files.items()} or None,
+                     benchmark_tasks=benchmarks.tasks or None)
     r = evaluate(run, out, cfg, force=force)
     out = Path(out) if out else Path(run) / "eval"
     from rich.console import Console

@@ -41,22 +41,28 @@ def train_options(scope: str, help: dict[str, str] | None = None):
     helps = {n: (help or {}).get(n) or option_help(n) for n in names}
 
     def deco(fn):
-        hints = typing.get_type_hints(fn)
-        params = [p.replace(annotation=hints.get(p.name, p.annotation))
-                  for p in inspect.signature(fn).parameters.values() if p.name != "options"]
-        params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=_option(n, types[n], helps[n]), annotation=types[n])
-                   for n in names]
-
-        @functools.wraps(fn)
-        def verb(*args, **kw):
-            options = TrainOptions(**{n: kw.pop(n) for n in names})
-            return fn(*args, options=options, **kw)
-
-        verb.__signature__ = inspect.Signature(params)
-        verb.__annotations__ = {p.name: p.annotation for p in params}
-        return verb
+        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=_option(n, types[n], helps[n]),
+                                   annotation=types[n]) for n in names]
+        return gathered(fn, "options", extra, lambda kw: TrainOptions(**{n: kw.pop(n) for n in names}))
 
     return deco
 
 
-__all__ = ["train_options", "scope_fields", "SCOPES"]
+def gathered(fn, name: str, extra: list[inspect.Parameter], gather):
+    """`fn` as typer sees a verb whose parameter `name` is the keyword options `extra` instead; `gather(kw)` pops
+    them from the keywords given and returns the one value `fn` takes for `name`."""
+    hints = typing.get_type_hints(fn)
+    params = [p.replace(annotation=hints.get(p.name, p.annotation))
+              for p in inspect.signature(fn).parameters.values() if p.name != name] + extra
+
+    @functools.wraps(fn)
+    def verb(*args, **kw):
+        value = gather(kw)
+        return fn(*args, **{name: value}, **kw)
+
+    verb.__signature__ = inspect.Signature(params)
+    verb.__annotations__ = {p.name: p.annotation for p in params}
+    return verb
+
+
+__all__ = ["gathered", "train_options", "scope_fields", "SCOPES"]

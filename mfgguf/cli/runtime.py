@@ -14,6 +14,7 @@ from mfgguf.runtime.perplexity import perplexity_files
 from mfgguf.runtime.route import route_text
 from mfgguf.runtime.serve import serve
 from mfgguf.cli.app import command
+from mfgguf.cli.benchmark_options import Benchmarks, benchmark_options
 from mfgguf.errors import MfggufError
 
 _MODEL = typer.Argument(..., help="A .gguf written by `mfgguf assemble`.")
@@ -85,6 +86,8 @@ def serve_cmd(
 
 
 @command("perplexity", perplexity_files)
+@benchmark_options({"hellaswag": "default 400, as llama-perplexity", "winogrande": "default all",
+                    "multiple-choice": "default all"}, ": score it as llama-perplexity does")
 def perplexity_cmd(
     model: Path = _MODEL,
     data: list[Path] = typer.Option(None, "--data", help="UTF-8 text file to score (repeat for several domains)."),
@@ -96,16 +99,6 @@ def perplexity_cmd(
                               " --mode lora` writes OUT/lora.gguf for the base's `assemble --experts none` file)."),
     chunks: int = typer.Option(None, "--chunks", help="Score only each domain's first N windows (llama.cpp's"
                                " --chunks): a quick look."),
-    hellaswag: Path = typer.Option(None, "--hellaswag", help="A HellaSwag file in llama-perplexity's layout: score"
-                                   " it as llama-perplexity --hellaswag does."),
-    hellaswag_tasks: int = typer.Option(None, "--hellaswag-tasks", help="HellaSwag tasks to score (default 400, as"
-                                        " llama-perplexity; drawn as it draws them)."),
-    winogrande: Path = typer.Option(None, "--winogrande", help="A WinoGrande CSV in llama-perplexity's layout."),
-    winogrande_tasks: int = typer.Option(None, "--winogrande-tasks", help="WinoGrande tasks to score (default all)."),
-    multiple_choice: Path = typer.Option(None, "--multiple-choice", help="A multiple-choice .bin in"
-                                         " llama-perplexity's layout (ARC, MMLU, TruthfulQA)."),
-    multiple_choice_tasks: int = typer.Option(None, "--multiple-choice-tasks", help="Multiple-choice tasks to"
-                                              " score (default all)."),
     engine: str = typer.Option("auto", "--engine", help="Who scores the benchmarks: llama-perplexity (`make"
                                " llama-tools`), llama-cpp-python, or auto (the first where it is built)."),
     out: Path = typer.Option(None, "--out", help="Write the benchmarks' results (accuracy, interval, each task's"
@@ -115,22 +108,22 @@ def perplexity_cmd(
                                      " benchmarks: the difference to it, paired over the same tasks."),
     threads: int = typer.Option(None, "--threads", help="CPU threads (default: every core)."),
     experts_per_token: int = _EXPERTS,
+    benchmarks: Benchmarks = Benchmarks(),
 ):
-    files = {k: v for k, v in (("hellaswag", hellaswag), ("winogrande", winogrande),
-                               ("multiple-choice", multiple_choice)) if v is not None}
+    files = benchmarks.files
     if (out is not None or force or paired_with is not None) and not files:
         raise MfggufError("--out, --force and --paired-with are for benchmark results; pass --hellaswag, --winogrande"
                           " or --multiple-choice FILE too")
     r = {}
     if files:
-        from mfgguf.runtime.choice.benchmark import benchmarks, read_results
+        from mfgguf.runtime.choice.benchmark import benchmarks as score_benchmarks
+        from mfgguf.runtime.choice.benchmark import read_results
 
         other = read_results(paired_with, files) if paired_with is not None else None  # a bad file stops here, first
-        r["benchmarks"] = benchmarks(model, files, tasks={"hellaswag": hellaswag_tasks, "winogrande": winogrande_tasks,
-                                                          "multiple-choice": multiple_choice_tasks},
-                                     lora=lora, ctx=ctx, threads=threads, engine=engine, out=out, force=force,
-                                     progress=not as_json and sys.stderr.isatty(), paired_with=other,
-                                     experts_per_token=experts_per_token)
+        r["benchmarks"] = score_benchmarks(model, files, tasks=benchmarks.tasks, lora=lora, ctx=ctx, threads=threads,
+                                           engine=engine, out=out, force=force, paired_with=other,
+                                           progress=not as_json and sys.stderr.isatty(),
+                                           experts_per_token=experts_per_token)
     if not files or data or run:
         r.update(perplexity_files(model, data=data or None, run=run, ctx=ctx, threads=threads,
                                   progress=not as_json and sys.stderr.isatty(), lora=lora, chunks=chunks,
