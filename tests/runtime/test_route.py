@@ -59,3 +59,26 @@ def test_generate_show_experts_prints_the_table_on_stderr_and_only_text_on_stdou
     assert "share of token-layers" in res.stderr and "share of token-layers" not in res.stdout
     plain = CliRunner().invoke(app, ["generate", str(tiny_gguf), "for x in", "--max-tokens", "8", "--temperature", "0"])
     assert plain.stdout == res.stdout
+
+
+def test_top_two_routing_and_weights_are_the_references(f32_moe, tmp_path):
+    """At top-2 the set of experts chosen and their weights (granitemoe: the probabilities as they are) agree too."""
+    from mfgguf.converters.assemble import assemble
+    from mfgguf.runtime.llm import loaded
+
+    run, _ = f32_moe
+    top2 = tmp_path / "top2.gguf"
+    assemble(run, top2, quant="f32", top_k=2, progress=False)
+    with loaded(top2, n_ctx=64) as llm:
+        ids = llm.tokenize(text_sample(2000).encode(), add_bos=False)
+    agree = []
+    for w in range(0, 4 * 64, 64):
+        r = routes(top2, ids=ids[w: w + 64])
+        slots, weights = reference_routes(run, top2, r.ids)
+        order_a, order_b = np.argsort(r.slots, -1), np.argsort(slots, -1)
+        same = (np.take_along_axis(r.slots, order_a, -1) == np.take_along_axis(slots, order_b, -1)).all(-1)
+        agree.append(same)
+        wa = np.take_along_axis(r.weights, order_a, -1)[same]
+        wb = np.take_along_axis(weights, order_b, -1)[same]
+        assert np.abs(wa - wb).max() < 1e-3
+    assert np.concatenate(agree).mean() >= 0.99
