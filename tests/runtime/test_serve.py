@@ -109,3 +109,29 @@ def test_serve_refuses_a_bad_parallel_and_engine_in_one_line(tiny_gguf):
                       (["--experts-per-token", "9"], "--experts-per-token 9 is out of range")):
         r = CliRunner().invoke(app, ["serve", str(tiny_gguf), *args])
         assert r.exit_code == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("engine", ["llama-server", "llama-cpp-python"])
+def test_api_key_is_required_by_either_server(tiny_gguf, engine):
+    if engine == "llama-server":
+        tool("llama-server")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([MFGGUF, "serve", str(tiny_gguf), "--port", str(port), "--engine", engine, "--api-key",
+                             "s3cret"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # /v1/models needs the key too: wait until the server answers at all
+            assert proc.poll() is None and time.monotonic() < deadline
+            try:
+                httpx.get(f"{base}/v1/models", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.25)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).status_code == 401
+        ok = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200, ok.text
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
