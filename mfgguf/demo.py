@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mfgguf.budget import plan_tokens
+from mfgguf.budget import MAX_FACTOR, plan_tokens
 from mfgguf.config import get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
@@ -261,10 +261,13 @@ def summary_markdown(s: dict) -> str:
         rf = b.get("refit") or {}
         again = (f"; after the trunk ({rf['trunk_tokens_per_s']:,.0f} tokens/s as it trained), {b['expert_tokens']:,}"
                  f" per expert ({rf['expert_factor']:.0%} of the default)") if rf else ""
+        took = f", took {s['wall_s'] / 60:.1f} min ({s['wall_s'] / (60 * b['minutes']):.0%} of it)" if s.get("wall_s") else ""
+        capped = (f" The budget holds more than the demo trains on this CPU: {MAX_FACTOR:g}x the default tokens at"
+                  " most.") if (rf.get("expert_factor") or b["factor"]) >= MAX_FACTOR else ""
         lines += ["", f"Budget {b['minutes']:g} min on this CPU ({b['precision']}, {b['trunk_tokens_per_s']:,.0f} trunk"
                       f" tokens/s measured first): {b['trunk_tokens']:,} trunk tokens"
-                      f" ({b['factor']:.0%} of the default){again}; predicted {b['predicted_s'] / 60:.1f} min"
-                      + (f", took {s['wall_s'] / 60:.1f} min" if s.get("wall_s") else "") + "."]
+                      f" ({b['factor']:.0%} of the default){again}; predicted {b['predicted_s'] / 60:.1f} min{took}."
+                      + capped]
     lines += ["", "| file | size (MB) |", "|---|---:|"]
     lines += [f"| {k} | {v / 1e6:.1f} |" for k, v in s["files"].items()]
     ppl = s["perplexity"]
