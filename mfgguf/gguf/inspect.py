@@ -13,6 +13,7 @@ import numpy as np
 from mfgguf.errors import MfggufError
 from mfgguf.gguf import schema
 from mfgguf.gguf.router_rows import router_rows
+from mfgguf.gguf.slots import routed_slots
 
 
 def _value(f):
@@ -68,7 +69,7 @@ def inspect_gguf(path: Path) -> dict:
         tensors.append({"name": t.name, "type": tname, "shape": shape_np, "elements": n, "bytes": int(t.n_bytes),
                         "offset": int(t.data_offset), "note": why, "stacked": is_exps})
     active = total - (stacked - stacked * k_used // n_exp if n_exp else 0)
-    ids = kv.get("mfgguf.experts") or list(range(1, n_exp + 1))
+    slots = routed_slots(lambda k, default=None: kv.get(k, default))
     experts = []
     for p in range(n_exp):
         ranges = []
@@ -76,12 +77,7 @@ def inspect_gguf(path: Path) -> dict:
             if t["stacked"]:
                 eb = t["bytes"] // n_exp
                 ranges.append((t["name"], t["offset"] + p * eb, t["offset"] + (p + 1) * eb))
-        named = {k: (kv.get(key) or [None] * n_exp) for k, key in (("label", "mfgguf.expert_labels"),
-                                                                   ("tokens", "mfgguf.expert_tokens"),
-                                                                   ("trunk", "mfgguf.expert_trunk_sha256"))}
-        experts.append({"slot": p, "id": int(ids[p]) if p < len(ids) else p + 1,
-                        "bytes": sum(b - a for _, a, b in ranges), "ranges": ranges,
-                        **{k: v[p] if p < len(v) else None for k, v in named.items()}})
+        experts.append({**slots[p], "bytes": sum(b - a for _, a, b in ranges), "ranges": ranges})
     return {
         "path": str(path), "bytes": path.stat().st_size, "architecture": arch, "n_experts": n_exp, "top_k": k_used,
         "params_total": total, "params_active": active, "n_tensors": len(tensors),
@@ -131,10 +127,11 @@ def format_inspect(info: dict) -> str:
         for e in info["experts"]:
             lo = min(a for _, a, _ in e["ranges"])
             hi = max(b for _, _, b in e["ranges"])
-            named = (f" {e['label']!r}" if e.get("label") else "") + (f", {e['tokens']:,} tokens" if e.get("tokens") else "") \
-                + (f", trunk {e['trunk'][:12]}" if e.get("trunk") else "")
-            L.append(f"  {e['slot']:>3}: expert {e['id']:<4}{named}; {e['bytes']:,} B in {len(e['ranges'])} ranges,"
-                     f" {lo}..{hi}")
+            plain = e["label"] in (f"expert {e['id']}", f"slot {e['slot']}")  # a file of no names
+            named = (("" if plain else f" {e['label']!r}") + (f", {e['tokens']:,} tokens" if e.get("tokens") else "")
+                     + (f", trunk {e['trunk'][:12]}" if e.get("trunk") else ""))
+            who = f"expert {e['id']:<4}" if e["id"] is not None else "seed       "
+            L.append(f"  {e['slot']:>3}: {who}{named}; {e['bytes']:,} B in {len(e['ranges'])} ranges, {lo}..{hi}")
     L += _router_lines(info.get("router") or {})
     if (off := prov.get(schema.RS_OFFSET)) is not None:
         L.append(f"router stats  {info['bytes'] - int(off):,} B after the tensor data, at byte {off}: the experts' means"

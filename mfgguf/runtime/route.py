@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from mfgguf.errors import MfggufError
+from mfgguf.gguf.slots import routed_slots
 
 CAPTURED = ("ffn_moe_probs", "ffn_moe_topk")
 _NAME = re.compile(rf"({'|'.join(CAPTURED)})-(\d+)")
-SEED_LABEL = "the base's own FFN (seed)"
 
 
 class _Tensor(ctypes.Structure):
@@ -60,14 +60,8 @@ class Routes:
 
 
 def slot_labels(header) -> list[str]:
-    """Each routed slot's label: the file's, after the seed's slot where the seed is routed."""
-    h = header.value
-    arch = h("general.architecture")
-    n = int(h(f"{arch}.expert_count") or 0)
-    labels = list(h("mfgguf.expert_labels") or [])
-    seed = bool(h("mfgguf.complement")) or h("mfgguf.seed_gate") is not None
-    labels = ([SEED_LABEL] if seed else []) + (labels or [f"expert {i}" for i in (h("mfgguf.experts") or range(1, n + 1))])
-    return labels[:n] + [f"slot {s}" for s in range(len(labels), n)]
+    """Each routed slot's label (gguf/slots.py): the seed's where the file routes it, then the experts'."""
+    return [s["label"] for s in routed_slots(header.value)]
 
 
 def routes(model: Path, text: str | None = None, *, ids: list[int] | None = None, experts_per_token: int | None = None,
