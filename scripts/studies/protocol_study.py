@@ -280,7 +280,7 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
         if m["kind"] == "dense" and m["baseline"] in plans:
             p = plans[m["baseline"]]
             runs = [Path(x["run"]) for x in p.get("adapters") or []] or [Path(p["run"])]
-            bw = [training_wall(read_module_meta(RunDir(r), 0)) for r in runs]
+            bw = [training_wall(read_module_meta(RunDir(r), 0, weights_kept=False)) for r in runs]
             methods[m["baseline"]] = {**figures(name), "flops": flops[name]["flops"], "lr": p["lr"],
                                       "wall_s": sum(w for w, _ in bw), "wall_estimated": any(e for _, e in bw)}
     base = "trunk as trained (before sync)" if "trunk as trained (before sync)" in rep["results"] else "trunk alone"
