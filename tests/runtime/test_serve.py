@@ -12,13 +12,14 @@ from .conftest import MFGGUF, free_port
 from .llama_tools import tool
 
 
-def _wait_ready(proc, base: str, limit: float = 60.0) -> None:
+def _wait_ready(proc, base: str, limit: float = 60.0, headers: dict | None = None) -> None:
+    """Until /v1/models answers 200: llama-server listens before its model is loaded, and answers 503 meanwhile."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"server exited with {proc.returncode}: {proc.stderr.read()}")
         try:
-            if httpx.get(f"{base}/v1/models", timeout=2).status_code == 200:
+            if httpx.get(f"{base}/v1/models", timeout=2, headers=headers).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -120,17 +121,11 @@ def test_api_key_is_required_by_either_server(tiny_gguf, engine):
     proc = subprocess.Popen([MFGGUF, "serve", str(tiny_gguf), "--port", str(port), "--engine", engine, "--api-key",
                              "s3cret"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # /v1/models needs the key too: wait until the server answers at all
-            assert proc.poll() is None and time.monotonic() < deadline
-            try:
-                httpx.get(f"{base}/v1/models", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.25)
+        key = {"Authorization": "Bearer s3cret"}
+        _wait_ready(proc, base, headers=key)
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).status_code == 401
-        ok = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60, headers={"Authorization": "Bearer s3cret"})
+        ok = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60, headers=key)
         assert ok.status_code == 200, ok.text
     finally:
         proc.terminate()
