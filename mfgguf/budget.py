@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 
 from mfgguf.errors import MfggufError
 
-STAGE_S = 8.0  # fixed seconds per training process: interpreter, torch import, loading the trunk, writing
-FINAL_S = 90.0  # assembly of the MoE and the trunk alone, two perplexity runs by llama.cpp, a generation
+STAGE_S = 3.0  # fixed seconds per training stage and sync: loading the trunk, writing (measured 1.2-4.7 with bf16)
+FINAL_S = 20.0  # assembly of the MoE and the trunk alone, two perplexity runs by llama.cpp, a generation (measured 13)
 MIN_FACTOR = 0.2  # below a fifth of the preset's tokens the demo would show little: say so instead
 MAX_FACTOR = 2.5  # at most this many times the default tokens: what the built-in corpus holds about once
 
@@ -66,8 +66,8 @@ def plan_tokens(*, budget_s: float, elapsed_s: float, trunk_tps: float, expert_t
 def _after_trunk(expert_tps: float, *, n_experts: int, rounds: int, syncs: int, eval_tokens: int, n_domains: int) -> float:
     """Seconds of everything after the trunk but the experts' training steps: their processes, their held-out
     scores and statistics, the syncs, the final stages."""
-    forward_tokens = (n_experts * (n_domains + 4) * eval_tokens  # each expert's held-out score and statistics
-                      + (n_experts + 1) * 4 * eval_tokens * (1 if syncs else 0))  # the final sync's pooled statistics
+    # each expert's held-out score and statistics; the router's come from moments its training steps recorded
+    forward_tokens = n_experts * (n_domains + 4) * eval_tokens
     return STAGE_S * (n_experts * rounds + syncs) + FINAL_S + forward_tokens / (2.5 * expert_tps)
 
 

@@ -45,7 +45,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in a.ks.split(",")]
-    emit(a.out, bench="cpu", model=a.model.name, **cpu_flags())
+    emit(a.out, bench="cpu", file=a.model.name, **cpu_flags())
     for k in ks:
         cmd = [sys.executable, "-m", "mfgguf", "perplexity", str(a.model), "--run", str(a.run), "--chunks", str(a.chunks),
                "--experts-per-token", str(k), "--json"]
