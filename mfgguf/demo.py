@@ -263,7 +263,7 @@ def summary_markdown(s: dict) -> str:
                  f" per expert ({rf['expert_factor']:.0%} of the default)") if rf else ""
         took = f", took {s['wall_s'] / 60:.1f} min ({s['wall_s'] / (60 * b['minutes']):.0%} of it)" if s.get("wall_s") else ""
         capped = (f" The budget holds more than the demo trains on this CPU: {MAX_FACTOR:g}x the default tokens at"
-                  " most.") if (rf.get("expert_factor") or b["factor"]) >= MAX_FACTOR else ""
+                  " most (about the built-in corpus once over), so it ends early.") if (rf.get("expert_factor") or b["factor"]) >= MAX_FACTOR else ""
         lines += ["", f"Budget {b['minutes']:g} min on this CPU ({b['precision']}, {b['trunk_tokens_per_s']:,.0f} trunk"
                       f" tokens/s measured first): {b['trunk_tokens']:,} trunk tokens"
                       f" ({b['factor']:.0%} of the default){again}; predicted {b['predicted_s'] / 60:.1f} min{took}."

@@ -49,6 +49,7 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     assert all(0 < st["train_s"] < st["wall_s"] for st in s["stages"] if st["stage"].startswith("train"))
     assert all(st["train_s"] is None for st in s["stages"] if not st["stage"].startswith("train"))
     assert "s of training steps in" in (out / "summary.md").read_text()
+    assert "so it ends early" in (out / "summary.md").read_text()  # the budget unfilled, and why
     ppl = s["perplexity"]
     assert set(ppl) == {"trunk alone", "assembled MoE"}
     # Experts train on top of the trunk and start as a no-op: the assembled model must not be worse.
