@@ -99,30 +99,14 @@ def _cluster_terms(run, tokens: list[str] | None) -> dict[int, list[str]]:
     return out
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet inverted: the character each byte is written as, back to the byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:  # the bytes GPT-2 moved out of the way (controls, space) sit at 256 and up, in byte order
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-BYTE_DECODER = _byte_decoder()
-
-
 def _word(token: str) -> str:
     """A token as text: a byte-level BPE token's bytes decoded (Ġ is a space, ĉ a tab), SentencePiece's space marker
     a space; empty where it holds no letter or digit."""
-    if all(ch in BYTE_DECODER for ch in token):
-        try:  # a SentencePiece token such as "café" is no byte-level spelling of valid UTF-8: it stays as it is
-            token = bytes(BYTE_DECODER[ch] for ch in token).decode("utf-8")
-        except UnicodeDecodeError:
-            pass
+    from tokenizers import decoders
+
+    text = decoders.ByteLevel().decode([token])
+    if "\ufffd" not in text or "\ufffd" in token:  # "café" from SentencePiece spells no valid UTF-8: it stays
+        token = text
     w = token.replace("▁", " ").strip()
     return w if any(ch.isalnum() for ch in w) else ""
 
