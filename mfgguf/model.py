@@ -18,6 +18,7 @@ Module files use GGUF tensor names (see `trunk_name_map`), so the assembler only
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -45,9 +46,11 @@ class SwiGLU(nn.Module):
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.gate = nn.Linear(dim, hidden, bias=False)  # weight: (hidden, dim) = ggml {dim, hidden}
-        self.up = nn.Linear(dim, hidden, bias=False)
-        self.down = nn.Linear(hidden, dim, bias=False)  # weight: (dim, hidden)
+        with warnings.catch_warnings():  # hidden = 0 is an empty anchor (the seed took the base's whole FFN)
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op")
+            self.gate = nn.Linear(dim, hidden, bias=False)  # weight: (hidden, dim) = ggml {dim, hidden}
+            self.up = nn.Linear(dim, hidden, bias=False)
+            self.down = nn.Linear(hidden, dim, bias=False)  # weight: (dim, hidden)
 
     def forward(self, x):  # (..., dim) -> (..., dim)
         return self.down(F.silu(self.gate(x)) * self.up(x))

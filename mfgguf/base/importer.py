@@ -70,7 +70,8 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
     safetensors, tokenizer.json), or the name of a base fetched into the cache (`smollm2`,
     by `make smollm2`). The base's FFN is split
     by hidden units into the anchor and a seed FFN of `expert_ff` units that experts start from
-    (default: an eighth of the FFN), so the trunk alone computes the base exactly. Then run
+    (default: an eighth of the FFN), so the trunk alone computes the base exactly. `expert_ff` equal to the
+    base's FFN width leaves the anchor empty: experts are whole copies of the base's FFN, as BTX builds them. Then run
     `mfgguf prepare CORPUS --out RUN --experts N`: it tokenizes the corpus with the base's tokenizer.
     `ctx_len` is the training context (default: the preset's, at most the base's). Returns the
     trunk module's metadata.
@@ -126,8 +127,8 @@ def trunk_config(s: BaseShape, *, expert_ff: int | None = None, seed: bool = Tru
                  ctx_len: int | None = None) -> ModelConfig:
     """The trunk's ModelConfig that `import_base` gives a base of shape `s` (what a plan can read without importing)."""
     e = default_expert_ff(s.ff) if expert_ff is None else int(expert_ff)
-    if seed and not 0 < e < s.ff:
-        raise MfggufError(f"--expert-ff {e} must be between 1 and the base's FFN width {s.ff} - 1 (the seed is a slice of it)")
+    if seed and not 0 < e <= s.ff:
+        raise MfggufError(f"--expert-ff {e} must be between 1 and the base's FFN width {s.ff} (the seed is a slice of it)")
     if e < 1:
         raise MfggufError(f"--expert-ff {e} must be at least 1")
     ctx = min(s.ctx_len, ctx_len or get_preset(preset).model.ctx_len)

@@ -16,7 +16,8 @@ def import_base_cmd(
                              " Qwen2ForCausalLM or Qwen3ForCausalLM directory."),
     out: Path = typer.Option(..., "--out", help="The RUN directory to create."),
     expert_ff: int = typer.Option(None, "--expert-ff", help="Width of the seed FFN (and of every expert), in hidden"
-                                  " units taken from the base's FFN (default: an eighth of it)."),
+                                  " units taken from the base's FFN (default: an eighth of it; all of it leaves no"
+                                  " anchor, and every token's FFN is then its routed experts alone)."),
     seed: bool = typer.Option(True, "--seed/--no-seed", help="Split the base's FFN into anchor + seed (experts start"
                               " from the seed); --no-seed keeps the whole FFN as the anchor."),
     preset: str = typer.Option("small", "--preset", help="Training preset the experts use (tokens, batch, lr)."),

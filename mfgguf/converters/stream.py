@@ -213,7 +213,7 @@ def _read_file(job: _Job) -> None:
             if e.begin > pos:  # the header, and any padding between tensors
                 h.update(_pread(fd, e.begin - pos, pos, mod))
             cols = _cols(e)
-            rows = (e.end - e.begin) // 4 // cols
+            rows = (e.end - e.begin) // 4 // cols if cols else 0  # an empty anchor's (dim, 0) down: no rows to hand on
             r0 = 0
             while r0 < rows:
                 buf = job.pool.get()

@@ -29,6 +29,8 @@ def pread_into(fd: int, x: np.ndarray, offset: int, ended: str | Callable[[int],
 
     Where the file ends first, raise MfggufError(`ended`), or `ended(offset where it ended)`.
     """
+    if not x.size:  # nothing to read (an empty anchor); memoryview cannot cast a view with a zero in its shape
+        return x
     mv = memoryview(x).cast("B")
     while len(mv):
         n = os.preadv(fd, [mv], offset)

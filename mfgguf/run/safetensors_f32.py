@@ -47,7 +47,8 @@ def save_f32_streamed(path: Path, shapes: dict[str, tuple], read, tag: str) -> d
         for k in names:
             a = np.ascontiguousarray(read(k), dtype=np.float32)
             assert a.size == int(np.prod(shapes[k])), k
-            f.write(memoryview(a).cast("B"))
+            if a.size:  # an empty anchor (the seed is the base's whole FFN) has no bytes, and memoryview cannot cast it
+                f.write(memoryview(a).cast("B"))
     return {k: list(v) for k, v in shapes.items()}
 
 

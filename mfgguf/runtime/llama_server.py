@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from mfgguf.errors import MfggufError
@@ -44,6 +45,24 @@ def command(model: Path, *, host: str, port: int, n_ctx: int, parallel: int, thr
     return cmd + ([] if repack.current().repack else ["--no-repack"])
 
 
+def _wait_loaded(proc: subprocess.Popen, host: str, port: int, every_s: float = 0.2) -> bool:
+    """Until llama-server's /health answers 200 (it listens while the model loads, answering 503 meanwhile, and
+    /health needs no API key); False if it exits first."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else '[::1]' if host == '::' else host}:{port}/health"
+    while proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):  # not listening yet, or 503 while loading
+            pass
+        time.sleep(every_s)
+    return False
+
+
 def run_llama_server(model: Path, *, host: str, port: int, n_ctx: int, parallel: int, threads: int, alias: str,
                      api_key: str | None = None, overrides: dict | None = None, lora: Path | None = None) -> None:
     """Run llama-server in the foreground until Ctrl-C or SIGTERM (passed on to it); one line if it fails to start."""
@@ -53,6 +72,9 @@ def run_llama_server(model: Path, *, host: str, port: int, n_ctx: int, parallel:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         previous = signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
         try:
+            if _wait_loaded(proc, host, port):
+                print(f"ready: http://{host}:{port}/v1 answers (the model is loaded); Ctrl-C stops", file=sys.stderr,
+                      flush=True)
             rc = proc.wait()
         except KeyboardInterrupt:
             proc.terminate()

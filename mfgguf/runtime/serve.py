@@ -79,7 +79,7 @@ def serve(model: Path, *, host: str = "127.0.0.1", port: int = 8000, n_ctx: int 
         from mfgguf.runtime.llama_server import run_llama_server
 
         print(f"serving {header['path'].name} ({header['arch']}, context {n_ctx}, {parallel} parallel slots) on"
-              f" http://{host}:{port}/v1 with llama-server (OpenAI-compatible); Ctrl-C stops", file=sys.stderr,
+              f" http://{host}:{port}/v1 with llama-server (OpenAI-compatible); loading the model", file=sys.stderr,
               flush=True)
         # each slot gets the whole context (KV: ctx x parallel tokens in all); llama-server splits -c among slots
         run_llama_server(header["path"], host=host, port=port, n_ctx=n_ctx * parallel, parallel=parallel, threads=threads,
@@ -112,7 +112,7 @@ def _serve_python(header: dict, *, host: str, port: int, n_ctx: int, threads: in
     server_settings = ServerSettings(host=host, port=port, api_key=api_key, interrupt_requests=False)
     app = server_app.create_app(server_settings=server_settings, model_settings=[model_settings])
     print(f"serving {header['path'].name} ({header['arch']}, context {n_ctx}) on http://{host}:{port}/v1"
-          " (OpenAI-compatible); Ctrl-C stops", file=sys.stderr, flush=True)
+          " (OpenAI-compatible, the model loaded); Ctrl-C stops", file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

@@ -1,8 +1,8 @@
 """The expert recipe's levers at one data size and seed, chosen on validation, each with its training FLOPs.
 
 Before a decision row (protocol_study.py at 1,048,576 tokens a domain) the recipe is chosen on validation at a
-smaller size: expert width (192 units, 768, the base's whole FFN but the one unit today's import keeps as the
-anchor), FFN-only experts against experts with attention copies merged by sync rounds, and the experts' LR; the
+smaller size: expert width (192 units, 768, the base's whole FFN with the anchor empty, and all but one unit of it
+with a one-unit anchor), FFN-only experts against experts with attention copies merged by sync rounds, and the experts' LR; the
 router's top-1 against top-2 is measured within each. Each lever is a RUN of its own, OUT/<lever>, copied (hard
 links) from a template of its width, OUT/template-w<W> (`import-base --expert-ff W`, then protocol_study's
 `prepare study`: the same documents, splits and shards at every width, prepare's seed fixed). Its experts train
@@ -13,7 +13,7 @@ PyTorch validation losses, training FLOPs (mfgguf/flops.py, as eval counts them)
 levers.jsonl is not run again; a killed one resumes from its last finished step.
 
     python scripts/studies/recipe_levers.py --out levers --tokens 262144 --seed 1 --dry-run   # the plan and its cost
-    python scripts/studies/recipe_levers.py --out levers --tokens 262144 --seed 1 --levers w192,w768,w1535
+    python scripts/studies/recipe_levers.py --out levers --tokens 262144 --seed 1 --levers w192,w768,w1536
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ sys.path[:0] = [str(ROOT / "scripts" / "bench"), str(ROOT / "scripts" / "studies
 from protocol_study import (RATE, STUDY_DOMAINS, copy_template, estimate, mfgguf, note_machine,  # noqa: E402
                             plan_config, read_json, shard_ids)
 
-# name: (expert width, train-expert --shared, sync rounds, expert LR); 1535 = SmolLM2's FFN of 1,536 but one unit
-LEVERS = {"w192": (192, "attn", 4, 1e-3), "w768": (768, "attn", 4, 1e-3), "w1535": (1535, "attn", 4, 1e-3),
+# name: (expert width, train-expert --shared, sync rounds, expert LR); 1536 = SmolLM2's whole FFN, the anchor empty
+# (BTX's experts); 1535 keeps one unit of it as the anchor
+LEVERS = {"w192": (192, "attn", 4, 1e-3), "w768": (768, "attn", 4, 1e-3), "w1536": (1536, "attn", 4, 1e-3),
+          "w1535": (1535, "attn", 4, 1e-3),
           "w768-ffn": (768, "none", 1, 1e-3), "w768-lr2e-3": (768, "attn", 4, 2e-3), "w192-ffn": (192, "none", 1, 1e-3)}
 DOMAINS, HELD_OUT = ["c", "cpp", "man", "python"], "english"
 MOE_MEASURE_S = 400.0  # one f16 MoE on validation at --max-tokens 16384 on 2 cores, assembly included

@@ -119,18 +119,24 @@ def gguf_import_matches(tmp_path: Path, case: Case, marker: str, *, tied: bool) 
 
 def seeded_run(tmp_path: Path, hf: Path) -> tuple[Path, dict[str, np.ndarray]]:
     """A run of the imported `hf` whose two experts are the seed, untrained; (run, trunk tensors) back."""
+    run = prepared(hf, tmp_path / "run", "--expert-ff", "64")
+    return run, seed_as_experts(run)
+
+
+def seed_as_experts(run: Path) -> dict[str, np.ndarray]:
+    """Experts 1 and 2 of `run` written as copies of its trunk's seed, untrained (the MoE is then the base); the
+    trunk's tensors back."""
     from safetensors.numpy import load_file
 
     from mfgguf.run import RunDir, write_module
 
-    run = prepared(hf, tmp_path / "run", "--expert-ff", "64")
     rd = RunDir(run)
     trunk = json.loads(rd.module_meta(0).read_text())
     t = load_file(str(rd.module_file(0)))
     seed = {f"blk.{l}.ffn_{f}.weight": t[f"blk.{l}.ffn_{f}_seed.weight"] for l in range(2) for f in ("gate", "up", "down")}
     for i in (1, 2):
         write_module(rd, i, seed, {"kind": "expert", "config": trunk["config"], "trunk_sha256": trunk["sha256"]})
-    return run, t
+    return t
 
 
 def untrained_moe_computes(tmp_path: Path, case: Case, *flags: str):

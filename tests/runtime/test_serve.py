@@ -129,4 +129,7 @@ def test_api_key_is_required_by_either_server(tiny_gguf, engine):
         assert ok.status_code == 200, ok.text
     finally:
         proc.terminate()
-        proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30)
+    # it says when the model is loaded, not only where it will listen: llama-server answers 503 until then
+    ready = "ready: http://127.0.0.1" if engine == "llama-server" else "the model loaded"
+    assert ready in err and err.index(ready) > err.index(f"127.0.0.1:{port}/v1"), err

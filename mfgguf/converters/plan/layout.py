@@ -152,6 +152,9 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         raise MfggufError("--seed-gate in a folded layout (mixtral, qwen3moe) cannot fold an anchor the experts"
                           " trained (--shared all) into the seed's slot; pass --merge none or --layout granitemoe")
 
+    if not cfg.anchor_ff and lay == "granitemoe" and arch in schema.SHEXP_GATED:
+        raise MfggufError(f"this trunk has no anchor (its seed is the base's whole FFN), and {arch} needs a shared expert;"
+                          " pass --layout mixtral")
     slots = _slots(cfg, lay, R, quant, arch)
     ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]
     name = base_name(run.root, str(trunk.meta.get("preset") or ""))
@@ -273,7 +276,7 @@ def _slots(cfg: ModelConfig, lay: str, N: int, quant: str, arch: str = "") -> li
         shapes.append((blk(l, "ffn_gate_inp"), (N, C), 0))
         shapes += [(blk(l, "ffn_gate_exps"), (N, ff, C), N), (blk(l, "ffn_up_exps"), (N, ff, C), N),
                    (blk(l, "ffn_down_exps"), (N, C, ff), N)]
-        if lay == "granitemoe":
+        if lay == "granitemoe" and cfg.anchor_ff:  # no anchor (the seed is the base's whole FFN): no shared expert
             shapes += [(blk(l, f"ffn_{f}_shexp"), t[blk(l, f"ffn_{f}_shexp")], 0) for f in FFN]
             if arch in schema.SHEXP_GATED:
                 shapes.append((blk(l, "ffn_gate_inp_shexp"), (C,), 0))
