@@ -17,7 +17,8 @@ A (T, S) already in study.jsonl is not run again and each stage is skipped where
 and eval resume their own partial work), so the study can stop and resume across sittings. The summary (alone with
 --summary-only) reads study.jsonl only: OUT/study.md (per size: mean and min-max over seeds per method, the MoE's
 ratio to each, "ahead" only where the margin exceeds the seeds' spread; the crossover size per baseline) and
-OUT/study.png (mixed test perplexity on the trained domains against training FLOPs, one line per method).
+OUT/study.png (mixed test perplexity on the trained domains against tokens a domain and against training FLOPs,
+one line per method).
 
     python scripts/studies/protocol_study.py --out protocol-study --tokens 65536,262144,1048576 --seeds 1,2
     python scripts/studies/protocol_study.py --out protocol-study --dry-run        # the commands and each run's cost
@@ -518,7 +519,7 @@ def markdown(rows: list[dict], summ: dict) -> str:
                 cells.append(f"{sum(vs) / len(vs):.4f} ({min(vs):.4f}-{max(vs):.4f})" if vs else "")
             L.append(f"| {k} | " + " | ".join(cells) + " |")
     L += general_markdown(summ)
-    L += ["", "![test perplexity against training FLOPs](study.png)"]
+    L += ["", "![test perplexity against tokens a domain and against training FLOPs](study.png)"]
     return "\n".join(L) + "\n"
 
 
@@ -545,33 +546,41 @@ def general_markdown(summ: dict) -> list[str]:
 
 
 def plot(summ: dict, path: Path) -> None:
+    """Test perplexity against tokens a domain (left) and against training FLOPs (right): every method, its mean
+    over the seeds, bars from the lowest to the highest seed."""
     from mfgguf.plots import pyplot, save_figure
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, (by_tokens, by_flops) = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     sizes = summ["sizes"]
     for m in [m for m in NAMES if m not in ("moe", "moe top-1", "base")]:
-        pts = [(s["methods"][m]["flops"]["mean"], s["methods"][m]["ppl_trained"], t) for t, s in sizes.items()
+        pts = [(t, s["methods"][m]["flops"]["mean"], s["methods"][m]["ppl_trained"]) for t, s in sizes.items()
                if m in s["methods"]]
         if not pts:
             continue
-        ys = [p[1]["mean"] for p in pts]
-        err = [[y - p[1]["min"] for y, p in zip(ys, pts)], [p[1]["max"] - y for y, p in zip(ys, pts)]]
-        ax.errorbar([p[0] for p in pts], ys, yerr=err, marker="o" if m.startswith("moe") else "s", capsize=3,
-                    linestyle="-" if m.startswith("moe") else "--", label=NAMES[m])
+        ys = [p[2]["mean"] for p in pts]
+        err = [[y - p[2]["min"] for y, p in zip(ys, pts)], [p[2]["max"] - y for y, p in zip(ys, pts)]]
+        style = dict(marker="o" if m.startswith("moe") else "s", capsize=3,
+                     linestyle="-" if m.startswith("moe") else "--", label=NAMES[m])
+        line = by_tokens.errorbar([p[0] for p in pts], ys, yerr=err, **style)
+        by_flops.errorbar([p[1] for p in pts], ys, yerr=err, color=line[0].get_color(), **style)
         if m == "moe@1":
-            for x, y, t in zip([p[0] for p in pts], ys, [p[2] for p in pts]):
-                ax.annotate(f"{t:,} tokens a domain", (x, y), textcoords="offset points", xytext=(0, 8), fontsize=7,
-                            ha="center")
+            for t, x, y in zip([p[0] for p in pts], [p[1] for p in pts], ys):
+                by_flops.annotate(f"{t:,} tokens a domain", (x, y), textcoords="offset points", xytext=(0, 8),
+                                  fontsize=7, ha="center")
     base = [s["methods"]["base"]["ppl_trained"]["mean"] for s in sizes.values() if "base" in s["methods"]]
-    if base:
-        ax.axhline(base[0], color="gray", lw=0.8, linestyle=":", label=NAMES["base"])
-    ax.set_xscale("log")
-    ax.margins(x=0.15)  # room for the sizes' labels at both ends
-    ax.set(xlabel="training FLOPs", ylabel="test perplexity, trained domains (mixed)",
-           title="mean over seeds, bars: min-max")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    for ax in (by_tokens, by_flops):
+        if base:
+            ax.axhline(base[0], color="gray", lw=0.8, linestyle=":", label=NAMES["base"])
+        ax.set_xscale("log")
+        ax.margins(x=0.15)  # room for the sizes' labels at both ends
+        ax.grid(alpha=0.3)
+    by_tokens.set_xticks(sorted(sizes), [f"{t:,}" for t in sorted(sizes)])
+    by_tokens.minorticks_off()
+    by_tokens.set(xlabel="training tokens a domain", ylabel="test perplexity, trained domains (mixed)",
+                  title="mean over seeds, bars: min-max")
+    by_flops.set(xlabel="training FLOPs (the same points)")
+    by_tokens.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path, plt)
 
