@@ -27,6 +27,21 @@ def _wait_ready(proc, base: str, limit: float = 60.0, headers: dict | None = Non
     raise AssertionError(f"server not ready after {limit} s")
 
 
+def _stderr_until(proc, text: str, limit: float = 30.0) -> str:
+    """The server's stderr lines up to the first holding `text` (or all it wrote in `limit` s): a server polled
+    every fraction of a second may not have said it yet when a tiny model's requests are already answered."""
+    import select
+
+    said, deadline = "", time.monotonic() + limit
+    while text not in said and time.monotonic() < deadline:
+        if select.select([proc.stderr], [], [], 0.25)[0]:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            said += line
+    return said
+
+
 def test_serve_completions_and_chat(tiny_gguf):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -127,9 +142,11 @@ def test_api_key_is_required_by_either_server(tiny_gguf, engine):
         assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).status_code == 401
         ok = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60, headers=key)
         assert ok.status_code == 200, ok.text
+        # it says when the model is loaded, not only where it will listen: llama-server answers 503 until then
+        ready = "ready: http://127.0.0.1" if engine == "llama-server" else "the model loaded"
+        said = _stderr_until(proc, ready)
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
-    # it says when the model is loaded, not only where it will listen: llama-server answers 503 until then
-    ready = "ready: http://127.0.0.1" if engine == "llama-server" else "the model loaded"
-    assert ready in err and err.index(ready) > err.index(f"127.0.0.1:{port}/v1"), err
+    said += err
+    assert ready in said and said.index(ready) > said.index(f"127.0.0.1:{port}/v1"), said
