@@ -51,7 +51,8 @@ def _wait_loaded(proc: subprocess.Popen, host: str, port: int, every_s: float = 
     import urllib.error
     import urllib.request
 
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else '[::1]' if host == '::' else host}:{port}/health"
+    h = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # a wildcard is reached on loopback
+    url = f"http://{f'[{h}]' if ':' in h else h}:{port}/health"  # an IPv6 literal goes in brackets
     while proc.poll() is None:
         try:
             with urllib.request.urlopen(url, timeout=2) as r:

@@ -29,17 +29,22 @@ def _wait_ready(proc, base: str, limit: float = 60.0, headers: dict | None = Non
 
 def _stderr_until(proc, text: str, limit: float = 30.0) -> str:
     """The server's stderr lines up to the first holding `text` (or all it wrote in `limit` s): a server polled
-    every fraction of a second may not have said it yet when a tiny model's requests are already answered."""
-    import select
+    every fraction of a second may not have said it yet when a tiny model's requests are already answered.
+    A thread reads them, so lines the pipe's buffer already holds are not waited for."""
+    import threading
 
-    said, deadline = "", time.monotonic() + limit
-    while text not in said and time.monotonic() < deadline:
-        if select.select([proc.stderr], [], [], 0.25)[0]:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            said += line
-    return said
+    said: list[str] = []
+
+    def read() -> None:
+        for line in proc.stderr:
+            said.append(line)
+            if text in line:
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(limit)
+    return "".join(said)
 
 
 def test_serve_completions_and_chat(tiny_gguf):
