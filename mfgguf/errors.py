@@ -7,3 +7,17 @@ Example:
 
 class MfggufError(Exception):
     """Bad input or state the user can fix. The message is one line: what is wrong, what to do."""
+
+
+RETIRED_AT = "2a0bd6e"  # the last commit that still runs the options the studies measured not to pay
+
+
+def retired(what: str, option: str, fix: str) -> MfggufError:
+    """The refusal of a file or RUN that only a removed option could continue (docs/studies.md lists them).
+
+    Example:
+        >>> str(retired("expert_001 was trained", "--complement", "retrain it without it"))[:52]
+        'expert_001 was trained with --complement, which mfgg'
+    """
+    return MfggufError(f"{what} with {option}, which mfgguf removed (measured not to pay: docs/studies.md); {fix},"
+                       f" or use mfgguf at commit {RETIRED_AT}")

@@ -8,7 +8,7 @@ module weights into `mfgguf.model.Transformer(cfg, n_experts=N)`. Forward with
 compute; parity tests and evaluation compare the two. Both layouts have the same reference:
 the mixtral layout's folded experts compute anchor + expert exactly (see assemble.py).
 Trunk tensors that the experts trained copies of are merged the way the file says
-(`mfgguf.merge`, `mfgguf.merge_density`) by the assembler's own functions (converters/merge.py).
+(`mfgguf.merge`) by the assembler's own functions (converters/merge.py).
 
 Example:
     >>> model, route = reference_model(Path("RUN"), Path("model.gguf"))
@@ -25,10 +25,10 @@ import torch
 
 from mfgguf.converters.plan.layout import model_config
 from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
-from mfgguf.converters.merge import DEFAULT_DENSITY, merge_arrays
+from mfgguf.converters.merge import merge_arrays
 from mfgguf.gguf.header import read_gguf_header
 from mfgguf.gguf.schema import UNNORMALISED_TOPK
-from mfgguf.errors import MfggufError
+from mfgguf.errors import MfggufError, retired
 from mfgguf.model import Transformer, trunk_model
 from mfgguf.run import SHARED_PREFIX, RunDir, read_module_meta
 
@@ -53,12 +53,10 @@ def gguf_provenance(path: Path) -> dict:
     return {"experts": [int(e) for e in experts], "top_k": int(value("mfgguf.top_k") or 0),
             "layout": value("mfgguf.layout"), "router": value("mfgguf.router"),
             "merge": value("mfgguf.merge") or "none",
-            "merge_density": float(value("mfgguf.merge_density") or DEFAULT_DENSITY),
             "router_rows": [rows[l] for l in sorted(rows)], "complement": complement, "arch": value("general.architecture")}
 
 
-def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list[int], merge: str,
-                         density: float = DEFAULT_DENSITY) -> dict[str, np.ndarray]:
+def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list[int], merge: str) -> dict[str, np.ndarray]:
     """{trunk tensor: merged f32 array} for every tensor an included expert trained a copy of.
 
     The experts' copies are read one tensor at a time; the arithmetic is merge.py's (the assembler's).
@@ -78,13 +76,13 @@ def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list
             with safe_open(str(rd.module_file(i)), "np") as f:
                 copies.append(f.get_tensor(SHARED_PREFIX + name))
         tokens = [int(metas[i].get("tokens_seen") or 0) for i in holders]
-        out[name] = merge_arrays(merge, np.asarray(trunk[name], np.float32), copies, tokens, density)
+        out[name] = merge_arrays(merge, np.asarray(trunk[name], np.float32), copies, tokens)
     return out
 
 
 def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[int] | None = None,
                     router_rows: list[np.ndarray] | None = None, top_k: int = 1, merge: str = "mean",
-                    merge_density: float = DEFAULT_DENSITY, complement: bool = False) -> tuple[Transformer, str]:
+                    complement: bool = False) -> tuple[Transformer, str]:
     """Build the f32 reference Transformer of an assembled model; returns (model, route).
 
     With `gguf_path`, experts, top-k, router rows and the merge come from that file; otherwise
@@ -97,7 +95,9 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
         prov = gguf_provenance(Path(gguf_path))
         experts, top_k, router_rows = prov["experts"], prov["top_k"], prov["router_rows"]
         complement = prov["complement"]
-        merge, merge_density = prov["merge"], prov["merge_density"]
+        merge = prov["merge"]
+        if merge == "ties":  # the file runs in llama.cpp as it is; only its trunk cannot be rebuilt here
+            raise retired(f"{gguf_path} was assembled", "--merge ties", "assemble it again with --merge mean")
     experts = list(experts or [])
     _, vocab = run_tokenizer_kv(rd)
     trunk_meta = read_module_meta(rd, 0)
@@ -114,7 +114,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
             model.load_seed(trunk)
         return model.eval(), route
     model = Transformer(cfg, n_experts=cfg.n_experts)
-    merged = merged_trunk_tensors(rd, {k: v.numpy() for k, v in trunk.items()}, experts, merge, merge_density)
+    merged = merged_trunk_tensors(rd, {k: v.numpy() for k, v in trunk.items()}, experts, merge)
     trunk.update({k: torch.from_numpy(v) for k, v in merged.items()})
     model.load_trunk(trunk)
     if complement:

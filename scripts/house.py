@@ -62,7 +62,6 @@ FLOORS: list[list[str]] = [
 # (module, text) of definitions that the figure heuristic would take for measurements.
 ALLOWED: set[tuple[str, str]] = {
     ("mfgguf.train.whole.trunk", "2GiB"),  # an example of the --memory-budget option's syntax
-    ("mfgguf.converters.merge", "20%"),  # the TIES paper's k, which the default density is
     ("mfgguf.demo", "15 min"),  # the demo's goal, what its token share is chosen for
     ("mfgguf.demo", "4x"),  # the router statistics' sample as a multiple of the held-out one
     ("mfgguf.machine", "8 GiB"),  # the scheduler's fallback where the memory cannot be read

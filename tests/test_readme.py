@@ -3,8 +3,8 @@ checked against the real typer app (its click object), and the README's verb tab
 against the CLI and the package tree.
 
 Commands are read from fenced code blocks (line continuations joined, `#` comments dropped) and
-from inline code spans; a span that starts with a verb name and shows an option (`sync --outer-lr
-0.7`) counts as a command too. Placeholders (RUN, FILE, `...`) are positional and not checked;
+from inline code spans; a span that starts with a verb name and shows an option (`assemble --top-k
+2`) counts as a command too. Placeholders (RUN, FILE, `...`) are positional and not checked;
 `[--opt X]` brackets, `--flag/--no-flag` pairs and `--opt=value` are understood.
 """
 

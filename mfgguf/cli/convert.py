@@ -12,7 +12,7 @@ from mfgguf.converters.extend import extend
 from mfgguf.converters.routing.guard import Guard
 from mfgguf.converters.routing.complement import ROUTERS as COMPLEMENT_ROUTERS
 from mfgguf.gguf.inspect import format_inspect, inspect_gguf
-from mfgguf.converters.merge import DEFAULT_DENSITY, MERGES
+from mfgguf.converters.merge import MERGES
 from mfgguf.gguf.schema import LAYOUTS, ROUTERS, USER_QUANTS
 from mfgguf.errors import MfggufError
 from mfgguf.options import parse_experts
@@ -41,10 +41,7 @@ def assemble_cmd(
     experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 or 1-4"
                                  " (default all; 'none' = trunk alone)."),
     merge: str = typer.Option("mean", "--merge", help=f"Experts' trained copies of trunk tensors: {'|'.join(MERGES)}"
-                              " (mean = token-weighted; none = the trunk as trained; ties: experimental, measured not to pay,"
-                              " see docs/studies.md)."),
-    merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density",
-                                        help="ties: share of each delta row kept (largest magnitudes)."),
+                              " (mean = token-weighted; none = the trunk as trained)."),
     seed_gate: float = typer.Option(None, "--seed-gate", help="Route the untrained seed FFN too, as expert 0: a token no"
                                     " expert claims computes the trunk alone, on an imported base the base's own"
                                     " FFN. The seed wins where no expert's ridge logit reaches this share of the"
@@ -57,7 +54,7 @@ def assemble_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ):
     r = assemble(run, out, quant=quant, top_k=top_k, router=router, layout=layout, experts=parse_experts(experts),
-                 merge=merge, merge_density=merge_density, force=force, threads=threads, fast_quant=fast_quant,
+                 merge=merge, force=force, threads=threads, fast_quant=fast_quant,
                  progress=not quiet, pool_stats=_pool_router_stats, seed_gate=seed_gate)
     n = len(r["experts"])
     what = f"{n} experts, top-{r['top_k']}, router {r['router']}" if n else "trunk alone (dense)"

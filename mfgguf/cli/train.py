@@ -14,7 +14,6 @@ from pathlib import Path
 
 import typer
 
-from mfgguf.converters.merge import DEFAULT_DENSITY
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions, TrainOptions, option_help
 from mfgguf.run.records import ModuleMeta, RunInfo
@@ -148,8 +147,6 @@ def train_experts_cmd(
                                     " RSS), or one child process per job (default: in this process where the jobs"
                                     " run one at a time, one worker)."),
     device: str = _DEVICE, precision: str = _PRECISION, progress: bool = _PROGRESS,
-    outer_lr: float = typer.Option(1.0, "--outer-lr", help=f"Every sync's outer step, as sync's. {NOT_PAYING}"),
-    outer_momentum: float = typer.Option(0.0, "--outer-momentum", help=f"Every sync's outer momentum, as sync's. {NOT_PAYING}"),
     keep_free: float = typer.Option(1.0, "--keep-free", help="GB to leave free on RUN's filesystem beyond what the"
                                     " run will write (estimated before it starts; it refuses to start where that"
                                     " does not fit). 0 lets it use every free byte."),
@@ -161,7 +158,7 @@ def train_experts_cmd(
         raise MfggufError(f"--keep-free is in GB and at least 0, got {keep_free}")
     s = train_experts(run, experts=experts, workers=workers, ray=ray, transfer=transfer, retries=retries,
                       progress=progress, job=JobOptions(options, device=device, precision=precision),
-                      outer_lr=outer_lr, outer_momentum=outer_momentum, in_process=in_process,
+                      in_process=in_process,
                       keep_free=int(keep_free * 1e9))
     n = len(s["jobs"])
     typer.echo(f"train-experts: {n} job(s) on {s['backend']}, {s['syncs']} sync(s), {s['wall_s']:.1f} s;"
@@ -172,15 +169,9 @@ def train_experts_cmd(
 @command("sync", help=_doc("rounds.sync", "sync"))
 def sync_cmd(
     run: Path = _RUN,
-    merge: str = typer.Option("mean", "--merge", help="How the experts' shared copies merge: mean (token-weighted)"
-                              " or ties (experimental: measured not to pay, see docs/studies.md)."),
-    merge_density: float = typer.Option(DEFAULT_DENSITY, "--merge-density", help="ties: share of each delta row kept."),
+    merge: str = typer.Option("mean", "--merge", help="How the experts' shared copies merge: mean (token-weighted)."),
     restat: bool = typer.Option(True, "--restat/--no-restat", help="After the last round, recompute every expert's"
                                 " router statistics here (--no-restat: run `mfgguf restat RUN --expert I` per expert)."),
-    outer_lr: float = typer.Option(1.0, "--outer-lr", help="Outer step toward the merge (DiLoCo: 0.7; 1 with"
-                                   f" momentum 0 makes the merge the next trunk). {NOT_PAYING}"),
-    outer_momentum: float = typer.Option(0.0, "--outer-momentum", help="Outer Nesterov momentum across syncs"
-                                         f" (DiLoCo: 0.9; kept in RUN/rounds/outer.safetensors). {NOT_PAYING}"),
     experts: str = typer.Option(None, "--experts", help="Only these experts take part, e.g. 1,2,4,5 (one"
                                           " held out of training); later syncs keep the first one's set. Default:"
                                           " every expert."),
@@ -192,8 +183,8 @@ def sync_cmd(
     from mfgguf.options import parse_experts
     from mfgguf.train.rounds.sync import sync
 
-    r = sync(run, merge=merge, density=merge_density, restat=restat, device=device, progress=progress,
-             outer_lr=outer_lr, outer_momentum=outer_momentum, experts=parse_experts(experts), stats_from=stats_from)
+    r = sync(run, merge=merge, restat=restat, device=device, progress=progress,
+             experts=parse_experts(experts), stats_from=stats_from)
     before, after = r["before_heldout_loss"], r["heldout_loss"]
     held = ", ".join(f"{d} {before[d]:.3f}->{after[d]:.3f}" for d in after if d in before) or "not scored (a middle round)"
     if not r["final"]:

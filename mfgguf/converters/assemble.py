@@ -70,7 +70,6 @@ from mfgguf.run import RunDir, atomic_path
 from mfgguf.converters import quant as Q
 from mfgguf.converters.plan.ensure_stats import Pool, plan_with_stats
 from mfgguf.converters.plan.layout import plan
-from mfgguf.converters.merge import DEFAULT_DENSITY
 from mfgguf.converters.profile import Profile
 from mfgguf.converters.readback import verify
 from mfgguf.converters.writers.base import Writer
@@ -87,7 +86,7 @@ WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": M
 
 def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1, router: str = "ridge",
              layout: str = "auto", experts: list[int] | None = None, merge: str = "mean",
-             merge_density: float = DEFAULT_DENSITY, force: bool = False, threads: int | None = None,
+             force: bool = False, threads: int | None = None,
              fast_quant: bool = False, progress: bool = True, pool_stats: Pool | None = None,
              seed_gate: float | None = None) -> dict:
     """Assemble the trunk and experts of RUN into one GGUF that stock llama.cpp runs.
@@ -96,8 +95,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     quantizer); the router is computed from the experts' recorded statistics. `experts=None`
     takes all experts, `experts=[]` writes the trunk alone as a dense llama file. Trunk tensors
     that experts trained private copies of (`train-expert --shared`) are merged: `mean` (token-
-    weighted mean of the copies), `ties` (TIES-merging of their deltas, keeping `merge_density`
-    of each row) or `none` (the trunk as trained). The output appears only when complete and
+    weighted mean of the copies) or `none` (the trunk as trained). The output appears only when complete and
     verified; an existing file is replaced only with force=True. `fast_quant` quantizes q8_0 with
     ggml's vectorised quantizer (fastquant.py: several times faster, a few bytes per million differ from
     llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
@@ -120,7 +118,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     prof = Profile()
     with prof.phase("plan"):
         p = plan_with_stats(lambda: plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts,
-                                         merge=merge, density=merge_density, seed_gate=seed_gate), rd, progress=progress,
+                                         merge=merge, seed_gate=seed_gate), rd, progress=progress,
                                  experts=experts,
                             pool=pool_stats)
     out.parent.mkdir(parents=True, exist_ok=True)

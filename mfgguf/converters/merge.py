@@ -7,17 +7,11 @@ assembly writes the merged tensor instead of the trunk's:
 
   mean  trunk + sum_i w_i (copy_i - trunk), w_i = tokens_seen_i / sum of tokens_seen over the
         experts that hold this tensor (the token-weighted mean of the copies)
-  ties  TIES-merging (Yadav et al. 2023) of the deltas d_i = copy_i - trunk: trim each d_i to its
-        largest-magnitude `density` fraction (per row: each row keeps its own top entries, so the
-        result does not depend on how rows are chunked; a 1-D tensor is one row), elect the sign
-        of every entry by the sum of the trimmed deltas, and add the mean of the trimmed entries
-        that agree with it (0 where none does)
   none  copies ignored: the trunk as trained
 
 Memory: the streaming merge (`merged_chunks`) holds one chunk of MERGE_CHUNK_BYTES of one tensor
 from the trunk, one expert and the accumulators at a time, whatever the number of experts; it
-preads each expert's rows at offsets known from the safetensors header. Mean reads every copy
-once, ties twice (sign election, then the disjoint mean). The whole-array form (`merge_arrays`,
+preads each expert's rows at offsets known from the safetensors header, every copy once. The whole-array form (`merge_arrays`,
 used by the PyTorch reference) runs the very same row functions, so both give the same bits.
 
 Example:
@@ -27,37 +21,19 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from mfgguf.errors import MfggufError
+from mfgguf.errors import MfggufError, retired
 from mfgguf.run import SHARED_PREFIX
 from mfgguf.gguf.fileio import pread_into, truncated
 
-MERGES = ("none", "mean", "ties")
-DEFAULT_DENSITY = 0.2  # ties: share of each delta row kept (the paper's k = 20%)
+MERGES = ("none", "mean")
 MERGE_CHUNK_BYTES = 1 << 20  # f32 bytes of one tensor per step; the f64 accumulators keep a few times this live
 
 
 # ---- the arithmetic, on (rows, cols) f32 arrays ----------------------------------------------------
-
-
-def keep_count(cols: int, density: float) -> int:
-    """Entries of a row of `cols` that trimming keeps (at least one)."""
-    return min(cols, max(1, int(round(density * cols))))
-
-
-def trim(delta: np.ndarray, density: float) -> np.ndarray:
-    """Zero all but the `density` fraction of largest-magnitude entries of each row (ties at the
-    threshold are all kept). delta: (rows, cols)."""
-    cols = delta.shape[-1]
-    k = keep_count(cols, density)
-    if k == cols:
-        return delta
-    a = np.abs(delta)  # (rows, cols)
-    thr = np.partition(a, cols - k, axis=-1)[:, cols - k : cols - k + 1]  # (rows, 1): k-th largest
-    return np.where(a >= thr, delta, 0)
 
 
 def mean_rows(trunk: np.ndarray, copies: Iterable[np.ndarray], weights: Sequence[float]) -> np.ndarray:
@@ -69,51 +45,29 @@ def mean_rows(trunk: np.ndarray, copies: Iterable[np.ndarray], weights: Sequence
     return (t + acc).astype(np.float32)
 
 
-def ties_rows(trunk: np.ndarray, copies: Callable[[], Iterator[np.ndarray]], density: float) -> np.ndarray:
-    """TIES merge of the copies' deltas onto trunk; `copies()` yields the copies afresh (two passes)."""
-    t = trunk.astype(np.float64)
-    elect = np.zeros_like(t)  # (rows, cols): sum of trimmed deltas
-    for c in copies():
-        elect += trim(c - t, density)
-    sign = np.sign(elect)
-    del elect
-    total = np.zeros_like(t)  # sum of the trimmed deltas that agree with the elected sign
-    count = np.zeros(t.shape, np.int32)
-    for c in copies():
-        d = trim(c - t, density)
-        agree = (np.sign(d) == sign) & (d != 0)
-        total += np.where(agree, d, 0)
-        count += agree
-    return (t + total / np.maximum(count, 1)).astype(np.float32)
-
-
 def token_weights(tokens: Sequence[int]) -> list[float]:
     s = float(sum(tokens))
     return [t / s for t in tokens]
 
 
-def merge_rows(method: str, trunk: np.ndarray, copies: Callable[[], Iterator[np.ndarray]], tokens: Sequence[int],
-               density: float) -> np.ndarray:
-    """Merged (rows, cols) f32 rows; `copies()` yields each expert's same rows, in expert order."""
+def merge_rows(method: str, trunk: np.ndarray, copies: Iterable[np.ndarray], tokens: Sequence[int]) -> np.ndarray:
+    """Merged (rows, cols) f32 rows; `copies` yields each expert's same rows, in expert order."""
     if method == "mean":
-        return mean_rows(trunk, copies(), token_weights(tokens))
-    if method == "ties":
-        return ties_rows(trunk, copies, density)
+        return mean_rows(trunk, copies, token_weights(tokens))
     raise AssertionError(method)
 
 
-def merge_arrays(method: str, trunk: np.ndarray, copies: list[np.ndarray], tokens: Sequence[int] = (),
-                 density: float = DEFAULT_DENSITY) -> np.ndarray:
+def merge_arrays(method: str, trunk: np.ndarray, copies: list[np.ndarray], tokens: Sequence[int] = ()) -> np.ndarray:
     """Merge whole tensors (any shape; a 1-D tensor is one row). For the reference and tests.
 
     Example:
-        >>> merge_arrays("ties", trunk, [c1, c2, c3], density=0.2)
+        >>> merge_arrays("mean", trunk, [c1, c2, c3], tokens=[1, 1, 2])
     """
     if method == "none" or not copies:
         return trunk
     shape = trunk.shape
     rows = lambda a: np.asarray(a, np.float32).reshape(-1, shape[-1] if shape else 1)  # noqa: E731
-    out = merge_rows(method, rows(trunk), lambda: (rows(c) for c in copies), tokens or [1] * len(copies), density)
+    out = merge_rows(method, rows(trunk), (rows(c) for c in copies), tokens or [1] * len(copies))
     return out.reshape(shape)
 
 
@@ -147,19 +101,19 @@ def check_shared(mod, trunk_shapes: dict[str, tuple[int, ...]]) -> list[str]:
     return listed
 
 
-def merge_plan(mods: list, trunk_shapes: dict[str, tuple[int, ...]], method: str, density: float) -> dict[str, list[int]]:
+def merge_plan(mods: list, trunk_shapes: dict[str, tuple[int, ...]], method: str) -> dict[str, list[int]]:
     """{trunk tensor name: [expert positions holding a copy]} in trunk order; validates every module."""
+    if method == "ties":
+        raise retired("merging", "--merge ties", "use --merge mean or none")
     if method not in MERGES:
         raise MfggufError(f"unknown merge {method!r}; choose one of {', '.join(MERGES)}")
-    if not 0 < density <= 1:
-        raise MfggufError(f"--merge-density {density} is out of range; use a fraction in (0, 1], e.g. 0.2")
     by_name: dict[str, list[int]] = {}
     for pos, m in enumerate(mods):
         for name in check_shared(m, trunk_shapes):
             by_name.setdefault(name, []).append(pos)
             if method == "mean" and not (isinstance(m.meta.get("tokens_seen"), int) and m.meta["tokens_seen"] > 0):
                 raise MfggufError(f"module {m.name} records no tokens_seen, which --merge mean weights its copies by;"
-                                  " retrain it or use --merge ties")
+                                  " retrain it or use --merge none")
     if method == "none":
         return {}
     return {n: by_name[n] for n in trunk_shapes if n in by_name}
@@ -168,13 +122,9 @@ def merge_plan(mods: list, trunk_shapes: dict[str, tuple[int, ...]], method: str
 # ---- streaming ------------------------------------------------------------------------------------
 
 
-def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUNK_BYTES, *, method: str,
-                  density: float, then: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None
-                  ) -> Iterator[tuple[int, np.ndarray]]:
+def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUNK_BYTES, *,
+                  method: str) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (first row, merged (rows, cols) f32) for trunk tensor `name`, reading row chunks with pread.
-
-    `then(first row, trunk rows, merged rows)`, when given, replaces the merged rows by what it returns
-    (sync's outer step needs the trunk rows this function has just read).
 
     `trunk` and `experts` are layout.Modules (experts: only those holding a copy). Each file is
     opened once per tensor and checked to be the file the plan read (size, mtime) before use.
@@ -200,8 +150,7 @@ def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUN
                     pread_into(fd, x, m.entries[SHARED_PREFIX + name].begin + r0 * cols * 4, truncated(m))
                     yield x
 
-            merged = merge_rows(method, t, copies, tokens, density)
-            yield r0, (merged if then is None else then(r0, t, merged))
+            yield r0, merge_rows(method, t, copies(), tokens)
     finally:
         for fd in fds:
             os.close(fd)

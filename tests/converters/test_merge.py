@@ -1,8 +1,8 @@
-"""Merging the experts' trained copies of trunk tensors at assembly (`--merge none|mean|ties`).
+"""Merging the experts' trained copies of trunk tensors at assembly (`--merge none|mean`).
 
 Experts with copies are synthetic (scripts/synthetic_run.py --shared: perturbed copies written
 in the real module format); the merged tensors are read back from f32 GGUFs with gguf-py and
-checked against hand-computed means and a direct implementation of the TIES paper; llama.cpp's
+checked against hand-computed means; llama.cpp's
 logits on merged files are checked against the PyTorch reference of the merged model.
 """
 
@@ -86,40 +86,6 @@ def _cli(*args):
 # ---- the arithmetic ------------------------------------------------------------------------------
 
 
-def _ties_paper(trunk: np.ndarray, copies: list[np.ndarray], density: float) -> np.ndarray:
-    """TIES as the paper states it, entry by entry, for one task vector (a 1-D array)."""
-    n = trunk.size
-    k = M.keep_count(n, density)
-    trimmed = []
-    for c in copies:  # 1. trim: keep the top-k magnitudes of each task vector
-        tau = (c.astype(np.float64) - trunk)
-        keep = set(np.argsort(-np.abs(tau), kind="stable")[:k].tolist())
-        trimmed.append([tau[p] if p in keep else 0.0 for p in range(n)])
-    out = np.empty(n)
-    for p in range(n):
-        gamma = np.sign(sum(t[p] for t in trimmed))  # 2. elect
-        agree = [t[p] for t in trimmed if t[p] != 0 and np.sign(t[p]) == gamma]  # 3. disjoint mean
-        out[p] = trunk[p] + (sum(agree) / len(agree) if agree else 0.0)
-    return out.astype(np.float32)
-
-
-@pytest.mark.parametrize("density", [0.2, 0.5, 1.0])
-def test_ties_matches_the_papers_definition(density):
-    rng = np.random.default_rng(0)
-    trunk = rng.standard_normal(40).astype(np.float32)  # (40,): one task vector
-    copies = [trunk + rng.standard_normal(40).astype(np.float32) * s for s in (0.1, 0.3, 1.0)]
-    got = M.merge_arrays("ties", trunk, copies, density=density)
-    assert np.allclose(got, _ties_paper(trunk, copies, density), rtol=1e-6, atol=1e-7)
-    # a matrix is trimmed per row: each row is the paper's merge of that row
-    T = rng.standard_normal((5, 24)).astype(np.float32)
-    Cs = [T + rng.standard_normal((5, 24)).astype(np.float32) for _ in range(4)]
-    got = M.merge_arrays("ties", T, Cs, density=density)
-    want = np.stack([_ties_paper(T[r], [c[r] for c in Cs], density) for r in range(5)])
-    assert np.allclose(got, want, rtol=1e-6, atol=1e-7)
-    if density < 1:  # trimming really drops entries: not the plain sign-agreeing mean
-        assert not np.allclose(got, M.merge_arrays("ties", T, Cs, density=1.0))
-
-
 def test_mean_is_token_weighted_and_streaming_gives_the_same_bits(attn_run):
     rng = np.random.default_rng(1)
     T = rng.standard_normal((7, 32)).astype(np.float32)
@@ -132,15 +98,14 @@ def test_mean_is_token_weighted_and_streaming_gives_the_same_bits(attn_run):
     mods = [p.expert_modules[i] for i in p.merged[name]]
     trunk = load_file(str(p.trunk.path))[name]
     copies = [load_file(str(m.path))[SHARED_PREFIX + name] for m in mods]
-    for method in ("mean", "ties"):
-        chunks = list(M.merged_chunks(name, p.trunk, mods, chunk_bytes=3 * trunk.shape[1] * 4, method=method, density=0.3))
-        assert len(chunks) > 1
-        streamed = np.concatenate([x for _, x in chunks])
-        whole = M.merge_arrays(method, trunk, copies, [m.meta["tokens_seen"] for m in mods], 0.3)
-        assert streamed.tobytes() == whole.tobytes()
+    chunks = list(M.merged_chunks(name, p.trunk, mods, chunk_bytes=3 * trunk.shape[1] * 4, method="mean"))
+    assert len(chunks) > 1
+    streamed = np.concatenate([x for _, x in chunks])
+    whole = M.merge_arrays("mean", trunk, copies, [m.meta["tokens_seen"] for m in mods])
+    assert streamed.tobytes() == whole.tobytes()
     os.utime(mods[0].path, ns=(0, 0))  # the file is not the one the plan read any more
     with pytest.raises(MfggufError, match="changed during assembly"):
-        list(M.merged_chunks(name, p.trunk, mods, method="mean", density=0.2))
+        list(M.merged_chunks(name, p.trunk, mods, method="mean"))
 
 
 # ---- the assembled file --------------------------------------------------------------------------
@@ -175,20 +140,6 @@ def test_mean_in_the_gguf_is_the_token_weighted_mean(attn_run, tmp_path):
     assert np.array_equal(_tensors(tmp_path / "e3.gguf")["blk.0.attn_v.weight"], ex[3][SHARED_PREFIX + "blk.0.attn_v.weight"])
 
 
-def test_ties_in_the_gguf(attn_run, tmp_path):
-    out = tmp_path / "t.gguf"
-    assemble(attn_run, out, quant="f32", merge="ties", merge_density=0.3, progress=False)
-    rd = RunDir(attn_run)
-    trunk = load_file(str(rd.module_file(0)))
-    ex = [load_file(str(rd.module_file(i))) for i in (1, 3)]  # the experts holding attention copies
-    name = "blk.0.attn_k.weight"
-    want = np.stack([_ties_paper(trunk[name][r], [e[SHARED_PREFIX + name][r] for e in ex], 0.3)
-                     for r in range(trunk[name].shape[0])])
-    assert np.allclose(_tensors(out)[name], want, rtol=1e-6, atol=1e-7)
-    kv = _kv(out)
-    assert kv["mfgguf.merge"] == "ties" and kv["mfgguf.merge_density"] == 0.3
-
-
 def test_merge_none_is_todays_file(attn_run, tmp_path):
     """--merge none ignores the copies: the same file as from the same experts without copies."""
     none = tmp_path / "none.gguf"
@@ -212,8 +163,8 @@ def test_merge_none_is_todays_file(attn_run, tmp_path):
     assert "mfgguf.merge" not in _kv(none)
 
 
-@pytest.mark.parametrize("run_name,layout,merge", [("attn_run", "granitemoe", "mean"), ("attn_run", "granitemoe", "ties"),
-                                                   ("all_run", "granitemoe", "mean"), ("all_run", "mixtral", "ties")])
+@pytest.mark.parametrize("run_name,layout,merge", [("attn_run", "granitemoe", "mean"), ("all_run", "granitemoe", "mean"),
+                                                   ("all_run", "mixtral", "mean")])
 def test_llama_cpp_logits_match_reference_of_the_merged_model(request, tmp_path, run_name, layout, merge):
     from tokenizers import Tokenizer
 
@@ -227,6 +178,15 @@ def test_llama_cpp_logits_match_reference_of_the_merged_model(request, tmp_path,
     plain = tmp_path / "plain.gguf"  # the merge matters: the unmerged model's logits are far off
     assemble(run, plain, quant="f32", layout=layout, top_k=2, merge="none", progress=False)
     assert rel_diff(got, llama_logits(plain, ids, 64)) > 1e-2
+
+
+def test_the_reference_of_a_file_merged_with_the_removed_ties_is_refused(attn_run, tmp_path, monkeypatch):
+    import mfgguf.reference as ref
+
+    monkeypatch.setattr(ref, "gguf_provenance", lambda path: {"experts": [1], "top_k": 1, "router_rows": [],
+                                                              "complement": False, "merge": "ties", "arch": "granitemoe"})
+    with pytest.raises(MfggufError, match="--merge ties, which mfgguf removed.*2a0bd6e"):
+        ref.reference_model(attn_run, tmp_path / "ties.gguf")
 
 
 # ---- bad input -----------------------------------------------------------------------------------
@@ -259,7 +219,7 @@ BAD = [
     (_not_trunk, [], "expert_003 lists shared tensor blk.0.ffn_up.weight, which is not a trunk tensor"),
     (_no_tokens, [], "expert_003 records no tokens_seen"),
     (None, ["--merge", "avg"], "unknown merge 'avg'"),
-    (None, ["--merge", "ties", "--merge-density", "0"], "--merge-density 0.0 is out of range"),
+    (None, ["--merge", "ties"], "merging with --merge ties, which mfgguf removed"),
 ]
 
 

@@ -33,7 +33,7 @@ from mfgguf.run import RunDir, read_manifest
 from mfgguf.converters.routing import complement as cp
 from mfgguf.converters.routing import stats as routerstats
 from mfgguf.gguf import schema
-from mfgguf.converters.merge import DEFAULT_DENSITY, merge_plan
+from mfgguf.converters.merge import merge_plan
 from mfgguf.converters.routing.router import needs_stats
 from mfgguf.gguf.header import kv_value
 from mfgguf.families import family, resolve_layout
@@ -65,7 +65,6 @@ class Plan:
     kv: list[tuple[str, str, object]]
     slots: list[Slot]
     merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
-    density: float = DEFAULT_DENSITY  # ties: share of each delta row kept
     merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
     complement: bool = False  # the seed is routed slot 0: the experts complement it, or a seed gate (routing/complement.py)
     seed_gate: float | None = None  # plain experts with the seed routed: its row is this x the ridge rows' sum
@@ -103,7 +102,7 @@ def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
 
 
 def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str, experts: list[int] | None,
-         merge: str = "mean", density: float = DEFAULT_DENSITY, seed_gate: float | None = None) -> Plan:
+         merge: str = "mean", seed_gate: float | None = None) -> Plan:
     """Validate everything and lay the file out; reads metadata and headers only."""
     schema.qtype(quant)
     if quant not in schema.USER_QUANTS:
@@ -142,7 +141,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         raise MfggufError(f"--top-k {top_k} is out of range; this model has {R} experts, use 1..{R}")
     if N == 0:
         top_k = 0
-    merged = merge_plan(mods, trunk_shapes(cfg), merge, density)
+    merged = merge_plan(mods, trunk_shapes(cfg), merge)
     lay = "dense" if N == 0 else layout
     arch = schema.arch_of(layout, N, cfg.family)
     if comp and seed_gate is None and arch != "granitemoe":
@@ -166,10 +165,10 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         kv = [(k, t, ctx if k == f"{arch}.context_length" else v) for k, t, v in kv]
     kv += tok_kv
     kv += _mfgguf_kv(cfg, info, trunk, mods, ids, pooled, lay=lay, quant=quant, router=router, top_k=top_k,
-                     comp=comp, merged=merged, merge=merge, density=density, seed_gate=seed_gate)
+                     comp=comp, merged=merged, merge=merge, seed_gate=seed_gate)
     vocab_tokens = next((v[1] for k, _, v in tok_kv if k == "tokenizer.ggml.tokens"), None)
     kv += [(BASE, "STRING", name)] + (expert_kv(run, ids, [m.meta for m in mods], vocab_tokens) if N else [])
-    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, density, merged, comp,
+    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, merged, comp,
              seed_gate, constants=_constants(cfg, arch))
     _place(p)
     return p
@@ -202,7 +201,7 @@ def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, 
 
 def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], ids: list[int], pooled: Module | None, *,
                lay: str, quant: str, router: str, top_k: int, comp: bool, merged: dict, merge: str,
-               density: float, seed_gate: float | None = None) -> list[tuple[str, str, object]]:
+               seed_gate: float | None = None) -> list[tuple[str, str, object]]:
     """The `mfgguf.*` keys: what the file was assembled from and how, and what `extend` recomputes the router from."""
     N = len(mods)
     kv = [
@@ -235,8 +234,6 @@ def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], 
         kv.append(("mfgguf.seed_gate", "FLOAT64", float(seed_gate)))  # f64: the exact C given
     if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions
         kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
-        if merge == "ties":
-            kv.append(("mfgguf.merge_density", "FLOAT64", density))  # f64: the exact float given
     return kv
 
 

@@ -137,7 +137,7 @@ class Writer:
         for name, positions in p.merged.items():
             write = self._merged_writer(name)
             for r0, x in merged_chunks(name, p.trunk, [p.expert_modules[i] for i in positions],
-                                       method=p.merge, density=p.density):
+                                       method=p.merge):
                 write(r0, x)
 
     def fold(self) -> None:

@@ -14,8 +14,7 @@ What the jobs left (plan.py) write, from the trunk's shape and the options, noth
                   router's pooled statistics take instead of a pass: beside the module for good, or with
                   --shared and rounds until the final sync (none with --shared and one round, or
                   --stats-from pass);
-  - syncs:        each sync's merged trunk (the one before it stays under RUN/rounds/), and with
-                  --outer-momentum the momentum of the merged tensors;
+  - syncs:        each sync's merged trunk (the one before it stays under RUN/rounds/);
   - the rest:     the pooled router statistics, a loss plot and a log per job.
 Their sum over-counts a run with rounds (its checkpoints are gone before its last modules are written), so
 the total is the larger of the two moments that hold the most. The check compares it with the free space
@@ -59,7 +58,7 @@ def _shared(plan: RunPlan, r: int) -> int:
 
 
 def _ffn(plan: RunPlan) -> int:
-    """Bytes of one expert's FFN and router means (complement's learned rows are a mean's size)."""
+    """Bytes of one expert's FFN and router means."""
     c = plan.cfg
     per_layer = 3 * c.dim * c.expert_ff * F32 + 2 * c.dim * F32 + 4 * PER_TENSOR
     return c.n_layers * per_layer
@@ -76,7 +75,7 @@ def _moments_file(plan: RunPlan) -> int:
     return c.n_layers * (c.dim * (c.dim + 1) // 2 * F32 + PER_TENSOR)
 
 
-def estimate(plan: RunPlan, workers: int, outer_momentum: float = 0.0) -> dict[str, int]:
+def estimate(plan: RunPlan, workers: int) -> dict[str, int]:
     """Bytes the jobs of `plan` will add to RUN, by what writes them (each at its own peak), and "total": the most
     they hold at once. `workers` jobs run at once. With rounds the peak is at the start of the last round (every
     expert's checkpoint, every earlier round's modules) or at the end (every module, the moments, the final
@@ -92,7 +91,7 @@ def estimate(plan: RunPlan, workers: int, outer_momentum: float = 0.0) -> dict[s
     experts = {i for i, _ in todo}
     inflight = 2 * min(workers, len(todo)) * ckpt  # a save writes the new checkpoint beside the old
     kept = len(experts - set(plan.checkpoints)) * ckpt if R > 1 else 0  # each expert's, between its rounds
-    trunk = int(plan.trunk.get("bytes") or 0) + (_shared(plan, 1) if outer_momentum else 0)
+    trunk = int(plan.trunk.get("bytes") or 0)
     syncs = (R - plan.first_round + 1) if tc.shared != "none" and todo else 0
     rewrite = len(experts) * (_ffn(plan) + JSON_FIXED + history) if syncs else 0  # the final sync's FFN + means
     out = {

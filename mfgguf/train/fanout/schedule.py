@@ -76,8 +76,7 @@ def plan_workers(preset: str, workers: int | None = None) -> tuple[int, int]:
 
 def train_experts(run: Path, *, experts: str | list[int] | None = None, workers: int | None = None,
                   ray: str | None = None, transfer: str = "auto", retries: int = 2, progress: bool = True,
-                  job: JobOptions = JobOptions(), outer_lr: float = 1.0, outer_momentum: float = 0.0,
-                  in_process: bool | None = None, keep_free: int = KEEP_FREE) -> dict:
+                  job: JobOptions = JobOptions(), in_process: bool | None = None, keep_free: int = KEEP_FREE) -> dict:
     """Train every selected expert not yet trained, many at once: local processes, or Ray tasks.
 
     `experts` selects (`1-40,45`; default all). Locally, `workers` jobs run at once (default: as
@@ -90,7 +89,6 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     the same for every job. A job
     killed from outside is retried up to `retries` times (it resumes from its checkpoint); one that
     fails with an error is reported and the others go on. Exits 1 (MfggufError) if any job failed.
-    `outer_lr` / `outer_momentum` are every sync's (DiLoCo's outer step; see `mfgguf sync`).
     `in_process` runs the local jobs in this process, one after another: no process start per job, and
     the compiled step (`--compile`) is compiled once for every job instead of once a job (a job killed
     from outside then stops the run; re-running resumes it; the process keeps some of each job's memory, so
@@ -105,9 +103,6 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     Example:
         mfgguf train-experts RUN --workers 2 --shared all --rounds 4
     """
-    from mfgguf.train.rounds.outer import check_outer
-
-    check_outer(outer_lr, outer_momentum)
     rd = RunDir(run)
     info = rd.info()
     trunk = _trunk_meta(rd)
@@ -119,7 +114,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     plan = run_plan(rd, ids, trunk, rounds, opts, [i for i in ids if _trained(rd, i, trunk, int(trunk.get("round", 0)) + 1)])
     check_shards(rd, plan)
     n_workers, threads = plan_workers(trunk.get("preset", "small"), workers) if ray is None else (len(ids), 1)
-    need = estimate(plan, n_workers, outer_momentum)
+    need = estimate(plan, n_workers)
     disk = check_disk(rd.root, need, keep_free)
     if plan.todo:
         _say(progress, f"{len(plan.todo)} of {plan.total_jobs} job(s) to run, {plan.total_tokens - plan.done_tokens:,}"
@@ -128,8 +123,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     t0 = time.perf_counter()
     run_progress = RunProgress(plan, t0)
     try:
-        all_jobs, syncs = _run_rounds(rd, ids, int(info["n_experts"]), rounds, backend, opts, progress, outer_lr,
-                                      outer_momentum, run_progress)
+        all_jobs, syncs = _run_rounds(rd, ids, int(info["n_experts"]), rounds, backend, opts, progress, run_progress)
         if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, int(info["n_experts"])) \
                 and not router_stats_current(rd):
             from mfgguf.train.experts.pooled import pool_router_stats
@@ -175,7 +169,7 @@ def _backend(rd: RunDir, trunk: dict, ray: str | None, plan: tuple[int, int], in
 
 
 def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend, opts: JobOptions, progress: bool,
-                outer_lr: float, outer_momentum: float, run_progress: RunProgress) -> tuple[list[Job], int]:
+                run_progress: RunProgress) -> tuple[list[Job], int]:
     """Each round's jobs of the experts not trained yet, then its sync, until the last round (or a failure,
     or a selection that leaves other experts to train first); every job run, and the syncs."""
     all_jobs: list[Job] = []
@@ -184,7 +178,7 @@ def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend
         if rd.pending_sync() is not None:  # a sync that was killed: finish it first
             from mfgguf.train.rounds.sync import sync
 
-            sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
+            sync(rd.root, progress=progress)
         trunk = _trunk_meta(rd)
         if trunk.get("final"):
             break
@@ -209,7 +203,7 @@ def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend
                            f" {','.join(map(str, ids))}`")
             break
         _say(progress, f"sync {r}/{rounds}")
-        sync(rd.root, progress=progress, outer_lr=outer_lr, outer_momentum=outer_momentum)
+        sync(rd.root, progress=progress)
         syncs += 1
         if r >= rounds:
             break

@@ -3,7 +3,7 @@
 With `train-expert --shared CHOICE --rounds R` every expert's schedule is cut into R equal parts
 (rounds). After each round, every expert has written a module file holding its FFNs and its
 trained copies of the shared trunk tensors; `sync` merges the copies (merge.py: token-weighted
-mean or TIES, one row chunk of one tensor at a time) into a new version of the trunk. Each expert
+mean, one row chunk of one tensor at a time) into a new version of the trunk. Each expert
 then continues its next round from that trunk, with its own FFNs and AdamW state (kept in its
 checkpoint). Only the shared tensors travel; experts still run in any order, anywhere.
 
@@ -34,19 +34,18 @@ from pathlib import Path
 import numpy as np
 
 from mfgguf.gguf.fileio import pwrite_all
-from mfgguf.converters.merge import DEFAULT_DENSITY, merge_plan, merged_chunks
-from mfgguf.errors import MfggufError
+from mfgguf.converters.merge import merge_plan, merged_chunks
+from mfgguf.errors import MfggufError, retired
 from mfgguf.machine import startup_s
 from mfgguf.run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
                    read_module_meta, recorded_experts, router_stats_current, trained_copies, update_manifest, write_json)
-from mfgguf.train.rounds.outer import is_plain
 
 SYNC_FORMAT = "mfgguf-sync"
+OUTER_FILE = "outer.safetensors"  # the momentum of a sync with --outer-momentum, which mfgguf removed
 
 
-def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, restat: bool = True,
-         device: str = "cpu", progress: bool = True, outer_lr: float = 1.0, outer_momentum: float = 0.0,
-         experts: list[int] | None = None, stats_from: str = "train") -> dict:
+def sync(run: Path, *, merge: str = "mean", restat: bool = True,
+         device: str = "cpu", progress: bool = True, experts: list[int] | None = None, stats_from: str = "train") -> dict:
     """Merge the experts' shared-tensor copies into the next trunk version (between sync rounds).
 
     Run it after every expert has trained its current round (`train-expert --shared ... --rounds R`).
@@ -57,10 +56,8 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     (--stats-from pass: forward only, and the held-out losses too), and so are the router's pooled
     statistics (`mfgguf router-stats`); --no-restat leaves both to `mfgguf restat RUN --expert I`,
     one process per expert on any machine, then `mfgguf router-stats RUN`. --merge mean
-    (token-weighted) or ties (--merge-density).
-    --outer-lr / --outer-momentum: DiLoCo's outer Nesterov step on the pseudo-gradient trunk - merge
-    instead of taking the merge (1 and 0, the default, take it; DiLoCo uses 0.7 and 0.9). --experts
-    I,J: only those experts take part (a domain held out of training, or trained later); later syncs
+    (token-weighted).
+    --experts I,J: only those experts take part (a domain held out of training, or trained later); later syncs
     keep the set the first one recorded. A killed sync finishes when re-run.
 
     Example:
@@ -73,6 +70,7 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
         raise MfggufError(f"unknown --stats-from {stats_from!r}; choose train (the last round's steps) or pass")
     rd = RunDir(run)
     info = rd.info()
+    check_no_outer(rd)
     t0 = time.perf_counter()
     plan_file = rd.pending_sync()
     if plan_file is None:
@@ -85,7 +83,7 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
                                   f" `mfgguf assemble {rd.root}`")
             plan_file = sorted(rd.rounds.glob("sync_*/sync.json"))[-1]
         else:
-            plan_file = _stage(rd, info, ids, merge, density, device, progress, outer_lr, outer_momentum)
+            plan_file = _stage(rd, info, ids, merge, device, progress)
     plan = read_json(plan_file, "the sync plan")
     ids = plan.get("expert_ids") or list(range(1, plan["experts"] + 1))
     _publish(rd, plan_file.parent, plan)
@@ -99,7 +97,6 @@ def sync(run: Path, *, merge: str = "mean", density: float = DEFAULT_DENSITY, re
     plan["startup_s"] = round(float(plan.get("startup_s") or 0.0) + startup_s(t0), 2)  # and its process's start
     write_json(plan_file, plan)  # the wall-clock-matched baseline's budget counts every sync
     return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
-            "outer_lr": plan.get("outer_lr", 1.0), "outer_momentum": plan.get("outer_momentum", 0.0),
             "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],
             "heldout_loss": trunk.get("heldout_loss", {}), "before_heldout_loss": plan["before_heldout_loss"],
             "experts": plan["experts"], "restated": restated, "adopted": adopted, "wall_s": time.perf_counter() - t0,
@@ -161,14 +158,10 @@ def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[i
 # ---- staging: compute every new module under rounds/sync_<k>/after ------------------------------
 
 
-def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, device: str, progress: bool,
-           outer_lr: float = 1.0, outer_momentum: float = 0.0) -> Path:
+def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, progress: bool) -> Path:
     from mfgguf.converters.plan.modules import load_module, trunk_shapes
     from mfgguf.converters.plan.layout import model_config
     from mfgguf.train.experts.expert import load_trunk_meta
-    from mfgguf.train.rounds.outer import check_outer, previous_momentum
-
-    check_outer(outer_lr, outer_momentum)
     n = len(ids)
     trunk = load_trunk_meta(rd)
     k = int(trunk.get("round", 0))
@@ -192,15 +185,13 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
         raise MfggufError("the experts share no trunk tensors, so there is nothing to sync; assemble the run directly,"
                           " or train the experts with --shared norms|attn|all")
     final = k + 1 == R
-    if outer_momentum and (f := previous_momentum(rd.rounds, trunk)) is not None:  # refuse a stale one up front
-        f.close()
 
     manifest = read_manifest(rd)
     tmod = load_module(rd, 0, manifest)
     cfg = model_config(tmod, info.get("vocab_size") or trunk["config"]["vocab_size"])
     mods = [load_module(rd, i, manifest) for i in ids]
     shapes = trunk_shapes(cfg)
-    what = merge_plan(mods, shapes, merge, density)
+    what = merge_plan(mods, shapes, merge)
 
     d = rd.sync_dir(k + 1)
     if d.exists():  # a sync that died before its plan was written: start it over
@@ -212,13 +203,10 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
         for src in (rd.module_file(i), rd.module_meta(i)):
             link_or_copy(src, before / src.name)
 
-    outer = {"lr": outer_lr, "momentum": outer_momentum, "from_trunk": trunk["sha256"], "round": k + 1,
-             "previous": trunk if outer_momentum else None, "rounds_dir": rd.rounds}
-    how = merge if is_plain(outer_lr, outer_momentum) else f"{merge}, outer lr {outer_lr:g} momentum {outer_momentum:g}"
-    _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({how}) from {n} experts"
+    _say(progress, f"sync round {k + 1}/{R}: merging {len(what)} trunk tensors ({merge}) from {n} experts"
          + ("" if what else " (an FFN-only round: the trunk stays as it is)"))
     new_trunk = after / rd.module_file(0).name
-    _merged_trunk(tmod, mods, what, new_trunk, merge, density, outer, {nm: shapes[nm] for nm in what})
+    _merged_trunk(tmod, mods, what, new_trunk, merge)
     from mfgguf.train.engine.loop import mean
 
     held, before_held = _scores(rd, trunk, list(metas.values()), new_trunk, scored=k + 2 >= R, device=device)
@@ -226,12 +214,11 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, density: float, d
              "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
              "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
              "heldout_loss": held, "heldout_loss_mean": mean(held) if held else None,
-             "sync": {"merge": merge, "density": density, "merged_tensors": list(what), "experts": n,
-                      "expert_ids": ids, "outer_lr": outer_lr, "outer_momentum": outer_momentum}}
+             "sync": {"merge": merge, "merged_tensors": list(what), "experts": n,
+                      "expert_ids": ids}}
     tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
     metas_after = {"trunk": tfull}
     plan = {"format": SYNC_FORMAT, "state": "staged", "round": k + 1, "rounds": R, "final": final, "merge": merge,
-            "density": density, "outer_lr": outer_lr, "outer_momentum": outer_momentum,
             "merged_tensors": len(what), "experts": n, "expert_ids": ids,
             "before_heldout_loss": before_held, "modules": metas_after}
     write_json(d / "sync.json", plan)
@@ -256,62 +243,29 @@ def _scores(rd: RunDir, trunk: dict, metas: list[dict], new_trunk: Path, *, scor
     return held, before
 
 
-def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge: str, density: float,
-                  outer: dict | None = None, shapes: dict | None = None) -> None:
+def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge: str) -> None:
     """The trunk file with every tensor in `what` replaced by its merge, written atomically at `out`.
 
     Same safetensors header and tensor offsets as the trunk (all f32, same shapes), so the copy is
-    patched in place one merged row chunk at a time: memory is one chunk, whatever N is. With a
-    non-plain `outer` (outer.py) the chunk written is the outer step toward the merge, and the new
-    momentum goes to `out`'s folder as outer.safetensors.
+    patched in place one merged row chunk at a time: memory is one chunk, whatever N is.
     """
-    from mfgguf.train.rounds.outer import OUTER_FILE, MomentumFile, is_plain, outer_rows, previous_momentum
-
-    step = outer is not None and not is_plain(outer["lr"], outer["momentum"])
-    prev = new_v = None
     with atomic_path(out) as tmp:
         shutil.copyfile(tmod.path, tmp)
         fd = os.open(tmp, os.O_WRONLY)
         try:
-            if step and outer["previous"] is not None:
-                prev = previous_momentum(outer["rounds_dir"], outer["previous"])
-            if step and outer["momentum"]:  # μ = 0 keeps no state
-                new_v = MomentumFile.create(out.parent / OUTER_FILE, shapes,
-                                            {"from_trunk": outer["from_trunk"], "round": outer["round"],
-                                             "lr": outer["lr"], "momentum": outer["momentum"]})
             for name, positions in what.items():
                 e = tmod.entries[name]
                 cols = e.shape[-1] if e.shape else 1
-
-                def outer_step(r0: int, t: np.ndarray, merged: np.ndarray) -> np.ndarray:
-                    """t: (rows, cols), the trunk this round started from -> the rows the outer step writes."""
-                    v = prev.read(name, r0, t.shape[0], cols) if prev is not None else None
-                    rows, v2 = outer_rows(t, merged, v, lr=outer["lr"], momentum=outer["momentum"])
-                    if new_v is not None:
-                        new_v.write(name, r0, v2)
-                    return rows
-
-                for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge, density=density,
-                                              then=outer_step if step else None):
+                for r0, rows in merged_chunks(name, tmod, [mods[p] for p in positions], method=merge):
                     pwrite_all(fd, rows.astype(np.float32, copy=False), e.begin + r0 * cols * 4)
-            if new_v is not None:
-                new_v.close(sync=True)
-                new_v = None
         finally:
             os.close(fd)
-            for f in (prev, new_v):
-                if f is not None:
-                    f.close()
 
 
 # ---- publishing: idempotent steps, so a killed sync completes when re-run ------------------------
 
 
 def _publish(rd: RunDir, d: Path, plan: dict) -> None:
-    from mfgguf.train.rounds.outer import OUTER_FILE
-
-    if (d / "after" / OUTER_FILE).is_file():  # before the trunk: the next sync checks it against the trunk
-        os.replace(d / "after" / OUTER_FILE, rd.rounds / OUTER_FILE)
     for meta in plan["modules"].values():
         index = int(meta["index"])
         staged = d / "after" / meta["file"]
@@ -319,6 +273,17 @@ def _publish(rd: RunDir, d: Path, plan: dict) -> None:
             os.replace(staged, rd.module_file(index))
         write_json(rd.module_meta(index), meta)
         update_manifest(rd, index, meta)
+
+
+def check_no_outer(rd: RunDir) -> None:
+    """Refuse a RUN whose syncs took DiLoCo's outer step: a plain merge now would change its recipe halfway."""
+    synced = [(read_module_meta(rd, 0).get("sync") or {}) if rd.module_meta(0).is_file() else {}]
+    if (staged := rd.pending_sync()) is not None:  # a sync the old version staged and did not publish
+        synced.append(read_json(staged, "the sync plan"))
+    if (rd.rounds / OUTER_FILE).is_file() or any(s.get("outer_lr", 1.0) != 1.0 or s.get("outer_momentum", 0.0)
+                                                 for s in synced):
+        raise retired(f"{rd.root} was synced", "--outer-lr / --outer-momentum",
+                      "train its experts again with plain syncs (a new RUN)")
 
 
 def _say(progress: bool, msg: str) -> None:

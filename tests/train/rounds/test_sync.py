@@ -366,80 +366,16 @@ def test_eval_of_a_synced_run_also_measures_the_trunk_as_trained(finished, tmp_p
     assert "Recipe: experts 3" in (tmp_path / "eval" / "report.md").read_text()
 
 
-# ---- DiLoCo's outer optimizer (outer.py): sync --outer-lr / --outer-momentum --------------------------
+# ---- a RUN synced with --outer-lr / --outer-momentum, which mfgguf removed ---------------------------------
 
 
-def test_outer_rows_are_nesterov_momentum_and_plain_without_it():
-    from mfgguf.train.rounds.outer import outer_rows
-
-    rng = np.random.default_rng(0)
-    t, m1, m2 = (rng.standard_normal((3, 5)).astype(np.float32) for _ in range(3))
-    same, v0 = outer_rows(t, m1, None, lr=1.0, momentum=0.0)
-    assert np.array_equal(same, m1)  # η = 1, μ = 0: the merge itself
-    t1, v1 = outer_rows(t, m1, None, lr=0.7, momentum=0.9)
-    d1 = t.astype(np.float64) - m1
-    assert np.allclose(v1, d1) and np.allclose(t1, t - 0.7 * 1.9 * d1, atol=1e-6)  # 1.33x the way to the merge
-    t2, v2 = outer_rows(t1, m2, v1, lr=0.7, momentum=0.9)
-    d2 = t1.astype(np.float64) - m2
-    assert np.allclose(v2, 0.9 * d1 + d2, atol=1e-6)
-    assert np.allclose(t2, t1 - 0.7 * (d2 + 0.9 * (0.9 * d1 + d2)), atol=1e-6)
-
-
-def test_sync_with_outer_momentum_steps_past_the_merge_and_carries_momentum(round1, tmp_path):
-    from mfgguf.train.rounds.outer import OUTER_FILE, outer_rows
-
-    run = _copy_mid_run(round1, tmp_path / "run")
-    rd, old, copies, tokens = _sync_inputs(run)
-    code, out = _cli("sync", run, "--outer-lr", "0.7", "--outer-momentum", "0.9", "--no-progress")
-    assert code == 0, out
-    t1, m = load_file(rd.module_file(0)), _meta(run, 0)
-    assert (m["sync"]["outer_lr"], m["sync"]["outer_momentum"]) == (0.7, 0.9)
-    v1 = load_file(rd.rounds / OUTER_FILE)
-    assert set(v1) == set(m["sync"]["merged_tensors"])
-    for name in m["sync"]["merged_tensors"]:
-        merged = merge_arrays("mean", old[name], [copies[i][SHARED_PREFIX + name] for i in EXPERTS], tokens)
-        want_t, want_v = outer_rows(old[name].reshape(-1, old[name].shape[-1]), merged.reshape(-1, old[name].shape[-1]),
-                                    None, lr=0.7, momentum=0.9)
-        assert np.array_equal(t1[name], want_t.reshape(old[name].shape)), name
-        assert np.array_equal(v1[name], want_v.reshape(old[name].shape)), name
-        assert not np.array_equal(t1[name], merged)
-    # round 2, then the final sync: the momentum of sync 1 enters sync 2's step
-    _round(run)
-    _, _, copies2, tokens2 = _sync_inputs(run)
-    sync(run, progress=False, outer_lr=0.7, outer_momentum=0.9)
-    t2 = load_file(rd.module_file(0))
-    for name in m["sync"]["merged_tensors"]:
-        shape, cols = t1[name].shape, t1[name].shape[-1]
-        merged = merge_arrays("mean", t1[name], [copies2[i][SHARED_PREFIX + name] for i in EXPERTS], tokens2)
-        want_t, _ = outer_rows(t1[name].reshape(-1, cols), merged.reshape(-1, cols), v1[name].reshape(-1, cols),
-                               lr=0.7, momentum=0.9)
-        assert np.array_equal(t2[name], want_t.reshape(shape)), name
-
-
-def test_a_stale_outer_momentum_is_refused_and_a_killed_outer_sync_finishes(round1, tmp_path):
-    from mfgguf.train.rounds import sync as sync_mod
-    from mfgguf.train.rounds.outer import OUTER_FILE
-
-    whole, killed = (_copy_mid_run(round1, tmp_path / name) for name in ("whole", "killed"))
-    sync(whole, progress=False, outer_lr=0.7, outer_momentum=0.9)
-    rd = RunDir(killed)  # killed after the momentum's rename, before the trunk's
-    plan_file = sync_mod._stage(rd, rd.info(), list(EXPERTS), "mean", 0.2, "cpu", False, 0.7, 0.9)
-    os.replace(plan_file.parent / "after" / OUTER_FILE, rd.rounds / OUTER_FILE)
-    code, out = _cli("sync", killed, "--no-progress")
-    assert code == 0, out
-    for a, b in ((RunDir(whole).module_file(0), rd.module_file(0)), (RunDir(whole).rounds / OUTER_FILE, rd.rounds / OUTER_FILE)):
-        assert sha256_file(a) == sha256_file(b)
-    # round 2 against a momentum file from another history: one line, the trunk untouched
-    _round(killed)
-    other = RunDir(whole).rounds / OUTER_FILE
+def test_a_run_synced_with_the_removed_outer_step_is_refused_in_one_line(round1, tmp_path):
+    run = _copy_mid_run(round1, tmp_path / "outer")
+    rd = RunDir(run)
+    (rd.rounds / "outer.safetensors").write_bytes(b"")  # the momentum an old sync left
     before = sha256_file(rd.module_file(0))
-    (rd.rounds / OUTER_FILE).write_bytes(other.read_bytes().replace(b'"from_trunk":"', b'"from_trunk":"0', 1))
-    code, out = _cli("sync", killed, "--outer-momentum", "0.9", "--outer-lr", "0.7")
-    assert code == 1 and "another sync history" in out and len(out.splitlines()) == 1, out
-    (rd.rounds / OUTER_FILE).unlink()
-    code, out = _cli("sync", killed, "--outer-momentum", "0.9", "--outer-lr", "0.7")
-    assert code == 1 and "is missing" in out and "--outer-momentum 0" in out, out
+    code, out = _cli("sync", run, "--no-progress")
+    assert code == 1 and "--outer-lr / --outer-momentum" in out and "2a0bd6e" in out, out
+    assert len(out.splitlines()) == 1 and "Traceback" not in out
     assert sha256_file(rd.module_file(0)) == before
-    for bad in (["--outer-lr", "0"], ["--outer-momentum", "1"]):
-        code, out = _cli("sync", killed, *bad)
-        assert code == 1 and bad[0] in out and len(out.splitlines()) == 1, out
+    assert _cli("sync", run, "--outer-lr", "0.7")[0] == 2  # no longer an option
