@@ -1,4 +1,4 @@
-"""CLI verbs that retune a finished GGUF's routing on training tokens: `calibrate` (top-k, temperature, bias by
+"""CLI verbs that retune a finished GGUF's routing on training tokens: `calibrate` (top-k and temperature by
 search) and `tune-router` (the router rows by gradient steps)."""
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ def calibrate_cmd(
     out: Path = typer.Option(..., "-o", "--out", help="The calibrated .gguf to write."),
     top_k: str = typer.Option(None, "--top-k", help="Top-k values to try, e.g. 1,2,3 (default 1..min(experts, 4))."),
     temperature: str = typer.Option(None, "--temperature", help="Router temperatures tried with top-k >= 2 (default 0.5,1,2)."),
-    bias: str = typer.Option(None, "--bias", help="Bias steps in nats tried per expert, e.g. -1,1 (default none: no bias search)."
-                             " Experimental: measured not to pay, see docs/studies.md."),
-    bias_passes: int = typer.Option(1, "--bias-passes", help="Rounds of the per-expert bias search."),
     tokens: int = typer.Option(8192, "--tokens", help="Calibration sample: training tokens scored per candidate."),
     ctx: int = typer.Option(None, "--ctx", help="Window length (default and maximum: the model's context)."),
     threads: int = typer.Option(None, "--threads", help="llama.cpp threads (default: all cores)."),
@@ -43,19 +40,16 @@ def calibrate_cmd(
     if any(k != int(k) for k in ks):
         raise MfggufError(f"--top-k {top_k!r} must list whole numbers, e.g. 1,2")
     grid = CalibrationGrid(top_k=tuple(int(k) for k in ks) or None,
-                           temperature=_floats(temperature, "--temperature", d.temperature) or (1.0,),
-                           bias=_floats(bias, "--bias", d.bias), bias_passes=bias_passes)
+                           temperature=_floats(temperature, "--temperature", d.temperature) or (1.0,))
     r = calibrate(model, run, out, grid=grid, tokens=tokens, ctx=ctx, threads=threads, force=force, progress=not quiet)
     if as_json:
         typer.echo(json.dumps(r, indent=2))
         return
     c = r["chosen"]
-    typer.echo(f"{'top-k':>5} {'temp':>5}  {'bias':<24} {'ppl':>9}")
+    typer.echo(f"{'top-k':>5} {'temp':>5} {'ppl':>9}")
     for x in r["candidates"]:
-        b = "none" if not any(x["bias"]) else ",".join(f"{v:+g}" for v in x["bias"])
-        typer.echo(f"{x['top_k']:>5} {x['temperature']:>5g}  {b:<24} {x['ppl']:>9.4f}")
-    b = "none" if not any(c["bias"]) else ",".join(f"{v:+g}" for v in c["bias"])
-    typer.echo(f"wrote {r['path']}: top-{c['top_k']}, temperature {c['temperature']:g}, bias {b}; calibration sample"
+        typer.echo(f"{x['top_k']:>5} {x['temperature']:>5g} {x['ppl']:>9.4f}")
+    typer.echo(f"wrote {r['path']}: top-{c['top_k']}, temperature {c['temperature']:g}; calibration sample"
                f" ({r['tokens']} training tokens) ppl {r['ppl_before']:.4f} -> {r['ppl_after']:.4f}")
 
 

@@ -220,11 +220,8 @@ def restat_cmd(
 @command("router-stats", help=_doc("experts.pooled", "pool_router_stats"))
 def router_stats_cmd(
     run: Path = _RUN,
-    source: str = typer.Option("experts", "--source", help="experts: trunk + each expert over a sample of its shard"
-                               " (as the experts' own statistics); trunk: the trunk alone over the mixed data"
-                               " (cheaper; experimental: measured not to pay, see docs/studies.md)."),
-    tokens: int = typer.Option(None, "--tokens", help="Tokens per expert (source experts) or in all (source trunk);"
-                               " default: each expert's own statistics' sample (16,384 for every preset; 4 x its eval tokens)."),
+    tokens: int = typer.Option(None, "--tokens", help="Tokens per expert; default: each expert's own statistics'"
+                               " sample (16,384 for every preset; 4 x its eval tokens)."),
     experts: str = typer.Option(None, "--experts", help="Experts to pool over, e.g. 1,3 or 1-4 (default all; the ones"
                                 " `assemble --experts` takes)."),
     forward_pass: bool = typer.Option(False, "--forward-pass", help="Measure every expert with a forward pass over"
@@ -234,7 +231,7 @@ def router_stats_cmd(
     from mfgguf.options import parse_experts
     from mfgguf.train.experts.pooled import pool_router_stats
 
-    m = pool_router_stats(run, source=source, tokens=tokens, device=device, progress=progress,
+    m = pool_router_stats(run, tokens=tokens, device=device, progress=progress,
                           experts=parse_experts(experts), forward_pass=forward_pass)
     typer.echo(f"router statistics: second moments over {m['router_stats_count']:,} tokens ({m['router_stats_on']}),"
                f" {Path(run) / 'modules' / m['file']}, {m['seconds']:.1f} s")

@@ -413,7 +413,7 @@ def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -
     ({name: sha256}), or None when they do."""
     if meta.get("trunk_sha256") != trunk_sha256:
         return "belong to another version of the trunk"
-    if meta.get("source") != "trunk":  # the trunk's own pass holds for any experts
+    if meta.get("source") != "trunk":  # an old `router-stats --source trunk` pass holds for any experts
         pooled = meta.get("experts") or {}
         for name, sha in experts.items():
             if name not in pooled:

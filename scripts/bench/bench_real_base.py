@@ -166,8 +166,8 @@ def main() -> None:
     r, _ = run_stage("perturbed experts", [sys.executable, "-c", code])
     b.emit(stage="perturbed experts", experts=a.experts - 1, wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
     if not run.router_stats_meta.is_file():
-        r, _ = run_stage("router-stats", ["router-stats", run.root, "--source", "trunk", "--tokens", 8192, "--no-progress"])
-        b.emit(stage="router-stats", source="trunk", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
+        r, _ = run_stage("router-stats", ["router-stats", run.root, "--tokens", 8192, "--no-progress"])
+        b.emit(stage="router-stats", wall_s=r.wall_s, peak_rss_mb=r.peak_rss_mb)
 
     from mfgguf.gguf.inspect import inspect_gguf
 
@@ -218,7 +218,7 @@ def main() -> None:
         run_stage("train-expert (more)", ["train-expert", more.root, "--expert", 1, "--tokens", a.expert_tokens,
                                           "--eval-tokens", 1024, "--no-progress"])
     if not more.router_stats_meta.is_file():  # its pooled G, as the first RUN's: what `extend` adds as a new source
-        run_stage("router-stats (more)", ["router-stats", more.root, "--source", "trunk", "--tokens", 8192, "--no-progress"])
+        run_stage("router-stats (more)", ["router-stats", more.root, "--tokens", 8192, "--no-progress"])
     src, dst = out / "moe-q8_0.gguf", out / f"moe{a.experts + 1}-q8_0.gguf"
     if "extend" in only:
         code = (f"import json; from pathlib import Path; from mfgguf.converters.extend import extend; "

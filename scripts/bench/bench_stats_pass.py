@@ -70,7 +70,7 @@ with torch.no_grad():
             model.load_expert(dict(read_safetensors(rd.module_file(i))))
             evaluate(model, shard, n, "single", dev, prec, hook=stats.hook)
         else:
-            stream_stats(cfg, rd.module_file(0), shard, n, stats.hook, forward="single", expert_path=rd.module_file(i),
+            stream_stats(cfg, rd.module_file(0), shard, n, stats.hook, expert_path=rd.module_file(i),
                          dev=dev, precision=prec)
 save_file({k: v.contiguous() for k, v in stats.tensors().items() if k.endswith("second_moment")}, out)
 """

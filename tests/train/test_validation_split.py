@@ -2,7 +2,7 @@
 
 A real tiny run from scratch has its test split replaced by a decoy that fails whatever opens it;
 every stage that makes a choice on data (training curves and final scores, router statistics,
-calibrate, tune-router, relabel) must still run. A RUN prepared before the validation split existed
+calibrate, tune-router) must still run. A RUN prepared before the validation split existed
 keeps working, with its one held-out split in both roles.
 """
 
@@ -59,14 +59,10 @@ def test_no_choice_making_stage_opens_the_test_split(prepared_run, tmp_path):
     cli("router-stats", run, "--no-progress")
     gguf = tmp_path / "moe.gguf"
     cli("assemble", run, "-o", gguf, "--quant", "f32", "-q")
-    cli("calibrate", gguf, "--run", run, "-o", tmp_path / "cal.gguf", "--top-k", "1,2", "--bias", "none",
+    cli("calibrate", gguf, "--run", run, "-o", tmp_path / "cal.gguf", "--top-k", "1,2",
         "--tokens", 128, "--ctx", 64, "--threads", 2, "--quiet")
     cli("tune-router", gguf, "--run", run, "-o", tmp_path / "tuned.gguf", "--tokens", 512, "--epochs", 1, "--ctx", 32,
         "--val-tokens", 256, "--no-progress")
-    cli("relabel", run, "-o", tmp_path / "relabelled", "--prefix", 32, "--no-progress")
-    moved = RunDir(tmp_path / "relabelled")
-    assert moved.valid_dir.is_dir() and sorted(p.name for p in moved.valid_dir.iterdir()) == sorted(
-        p.name for p in rd.valid_dir.iterdir())
 
 
 def test_a_run_prepared_before_validation_uses_its_held_out_split_for_both(prepared_run, tmp_path):

@@ -13,13 +13,6 @@ the expert's shard that its training measured (4 x that expert's eval_tokens, wi
 shard), experts one after another: the very G that format 1 pooled at assembly. The pass was half of
 `assemble` on the README's run (docs/base-model.md); how the recorded moments route: docs/studies/routing.md.
 
-Experts that complement the seed (train/experts/complement.py) are measured with their own forward, the
-two-way MoE of [seed, expert] they trained as.
-
-`--source trunk` measures G instead with the trunk alone over the mixed training data: no expert
-needed, but the deeper layers' FFN inputs then lack the experts' contribution; measured worse
-(docs/studies/routing.md), kept as an option.
-
 Output: modules/router_stats.safetensors (`router_stats.blk.{l}.second_moment`, f32) and its JSON,
 recorded in the manifest with their hashes; the JSON names the trunk and every expert (sha256) it
 was computed with, so assembly never uses statistics that predate a retrained module: it runs this
@@ -33,34 +26,31 @@ Example:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from mfgguf.config import ModelConfig, get_preset
+from mfgguf.config import ModelConfig
 from mfgguf.errors import MfggufError
 from mfgguf.run.records import ModuleMeta
 from mfgguf.run import RunDir, module_name, read_module, trained_expert, write_router_stats
 from mfgguf.train.experts.expert import load_trunk_meta
-from mfgguf.train.engine.loop import load_tokens, resolve_device, resolve_precision
+from mfgguf.train.engine.loop import load_tokens, resolve_device
 from mfgguf.train.rounds.restat import precision_of
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
 from mfgguf.train.experts.stats_pass import stream_stats
 from mfgguf.train.experts.tailstats import read_moments
 
-SOURCES = ("experts", "trunk")
-
 
 @torch.no_grad()
-def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None = None, device: str = "cpu",
+def pool_router_stats(run: Path, *, tokens: int | None = None, device: str = "cpu",
                       progress: bool = True, experts: list[int] | None = None, forward_pass: bool = False) -> dict:
     """Compute the router's pooled statistics of RUN (modules/router_stats.safetensors), which assembly
     needs for the ridge router: the second moment of the FFN inputs over every expert's shard, from
     trunk + that expert (forward only, one expert in memory at a time). Run it after the experts are
     trained, and again after retraining one (`train-experts`, the final `sync` and `assemble`, where
     they are missing or stale, do it for you).
-    --source trunk uses the trunk alone over the mixed data (no experts needed; a worse router).
     --experts I,J pools over those experts only (the ones an assembly of a subset takes).
     An expert whose training recorded its second moments gives those, unless --tokens or --forward-pass
     asks for a forward pass over every expert's shard.
@@ -69,49 +59,36 @@ def pool_router_stats(run: Path, *, source: str = "experts", tokens: int | None 
         >>> pool_router_stats(Path("RUN"))["experts"]
         {'expert_001': '3f2a...', ...}
     """
-    if source not in SOURCES:
-        raise MfggufError(f"unknown --source {source!r}; choose experts or trunk")
     t0 = time.perf_counter()
     rd = RunDir(run)
     info = rd.run_info()
     trunk = ModuleMeta.from_json(load_trunk_meta(rd))
     cfg = ModelConfig.from_dict(trunk.config)
     dev = resolve_device(device)
-    per = int(tokens or trunk_source_tokens(trunk))
     stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
-    if source == "trunk":
-        stream_stats(cfg, rd.module_file(0), load_tokens(rd.train_tokens, "the trunk's training tokens"), per,
-                     stats.hook, forward="trunk", dev=dev, precision=trunk_pass_precision(trunk, dev))
-    else:
-        ids = range(1, info.n_experts + 1) if experts is None else [rd.check_expert_index(int(i)) for i in experts]
-        if not ids:
-            raise MfggufError("no experts to pool router statistics over; pass --experts with at least one")
-        metas = {i: _Brief.of(trained_expert(rd, trunk.sha256, i, "mfgguf router-stats")) for i in ids}
-        prec = next(iter(metas.values())).precision
-        comp = any(m.complement for m in metas.values())  # complementing experts: their own forward
-        if comp and not all(m.complement for m in metas.values()):
-            raise MfggufError("some experts complement the seed and some do not; retrain them alike (all with or all"
-                              " without `train-expert --complement`) before `mfgguf router-stats`")
-        recorded = 0
-        with _Bar(len(metas), progress) as bar:
-            for i in metas:
-                bar.update(module_name(i))
-                own = None if tokens or forward_pass else read_moments(rd, i, metas[i].sha256, cfg.n_layers, cfg.dim)
-                if own is not None:  # the moments its last training steps recorded
-                    stats.add(own)
-                    recorded += 1
-                else:
-                    n = int(tokens or metas[i].stats_tokens)  # the sample the expert's own statistics measured
-                    stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(i), f"shard {i}"), n, stats.hook,
-                                 forward="complement" if comp else "single", expert_path=rd.module_file(i), dev=dev,
-                                 precision=prec)
-                bar.advance()
-        per = int(tokens or max(m.stats_tokens for m in metas.values()))
-        on = "trunk + each expert over its shard" + (
-            "" if not recorded else ", from the experts' last training steps" if recorded == len(metas)
-            else f", {recorded} of {len(metas)} experts from their last training steps")
-        return _write(rd, stats, trunk, "experts", {module_name(i): m.sha256 for i, m in metas.items()}, per, on, t0)
-    return _write(rd, stats, trunk, "trunk", {}, per, "trunk alone over the mixed training data", t0)
+    ids = range(1, info.n_experts + 1) if experts is None else [rd.check_expert_index(int(i)) for i in experts]
+    if not ids:
+        raise MfggufError("no experts to pool router statistics over; pass --experts with at least one")
+    metas = {i: _Brief.of(trained_expert(rd, trunk.sha256, i, "mfgguf router-stats")) for i in ids}
+    prec = next(iter(metas.values())).precision
+    recorded = 0
+    with _Bar(len(metas), progress) as bar:
+        for i in metas:
+            bar.update(module_name(i))
+            own = None if tokens or forward_pass else read_moments(rd, i, metas[i].sha256, cfg.n_layers, cfg.dim)
+            if own is not None:  # the moments its last training steps recorded
+                stats.add(own)
+                recorded += 1
+            else:
+                n = int(tokens or metas[i].stats_tokens)  # the sample the expert's own statistics measured
+                stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(i), f"shard {i}"), n, stats.hook,
+                             expert_path=rd.module_file(i), dev=dev, precision=prec)
+            bar.advance()
+    per = int(tokens or max(m.stats_tokens for m in metas.values()))
+    on = "trunk + each expert over its shard" + (
+        "" if not recorded else ", from the experts' last training steps" if recorded == len(metas)
+        else f", {recorded} of {len(metas)} experts from their last training steps")
+    return _write(rd, stats, trunk, "experts", {module_name(i): m.sha256 for i, m in metas.items()}, per, on, t0)
 
 
 def write_pooled(rd: RunDir, stats: RouterStats, *, t0: float, tokens: int | None = None,
@@ -133,24 +110,6 @@ def _write(rd: RunDir, stats: RouterStats, trunk: ModuleMeta, source: str, exper
     })
 
 
-def trunk_pass_precision(trunk: ModuleMeta | dict, dev) -> str:
-    """The precision of a forward pass through the trunk alone: the one it trained in, except for an imported
-    base, which records fp32 without having trained here; its experts train at bf16 where the CPU has it
-    natively, and so does its pass (much faster there: docs/benchmarks.md)."""
-    t = trunk if isinstance(trunk, ModuleMeta) else ModuleMeta.from_json(trunk)
-    return resolve_precision("auto", dev) if t.source == "base" else precision_of(t.json)
-
-
-def trunk_source_tokens(trunk: ModuleMeta | dict) -> int:
-    """Default tokens of `--source trunk`: the sample each expert of the trunk's preset measures its own statistics
-    on: larger samples routed no better and cost the pass many times more (docs/benchmarks.md)."""
-    try:
-        t = trunk if isinstance(trunk, ModuleMeta) else ModuleMeta.from_json(trunk)
-        return stats_tokens(asdict(get_preset(str(t.preset or "small")).expert))
-    except MfggufError:  # a trunk of a preset this version does not know
-        return stats_tokens({"eval_tokens": 4096})
-
-
 @dataclass(frozen=True)
 class _Brief:
     """What the pass needs of an expert's record: a record whole holds its loss history, and a hundred of them
@@ -158,12 +117,11 @@ class _Brief:
 
     sha256: str
     precision: str
-    complement: bool
     stats_tokens: int
 
     @classmethod
     def of(cls, meta: ModuleMeta) -> "_Brief":
-        return cls(str(meta.sha256), precision_of(meta.json), bool(meta.json.get("complement")), _stats_tokens(meta))
+        return cls(str(meta.sha256), precision_of(meta.json), _stats_tokens(meta))
 
 
 def _stats_tokens(meta: ModuleMeta) -> int:

@@ -19,21 +19,18 @@ The statistics are those of the in-memory pass: the same windows, the same batch
 order per layer, the same weights in the same dtypes under the same autocast (tests/train/experts
 compare the two).
 
-Forwards (FORWARDS): "single", anchor + the expert (the expert's training forward); "complement",
-the two-way MoE of [seed, expert] a complementing expert trained as (complement.py); "trunk", the
-trunk alone (anchor, + its seed FFN if it has one), with no expert file.
+The forward is the expert's training forward (route "single"): anchor + the expert.
 
 Example:
     >>> stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
     >>> stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(1), "shard 1"), 16_384, stats.hook,
-    ...              forward="single", expert_path=rd.module_file(1), precision="bf16")
+    ...              expert_path=rd.module_file(1), precision="bf16")
     16384
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -43,15 +40,11 @@ import torch.nn as nn
 
 from mfgguf.config import ModelConfig
 from mfgguf.converters.plan.modules import read_header
-from mfgguf.converters.routing.complement import LEARNED_ROW
 from mfgguf.errors import MfggufError
 from mfgguf.gguf.fileio import pread_into
-from mfgguf.model import Block, rope_for, seed_name_map, trunk_name_map
+from mfgguf.model import Block, rope_for, trunk_name_map
 from mfgguf.train.engine.loop import EVAL_ROWS, autocast, eval_windows
 from mfgguf.train.engine.weights import set_param
-from mfgguf.train.experts.complement import TOP_K
-
-FORWARDS = ("single", "complement", "trunk")
 HIDDEN_BYTES = 128 << 20  # the sample's hidden states (f32) held at once; a larger sample runs in chunks,
 #                           each reading every layer again (from the page cache, usually)
 EMBED_BYTES = 16 << 20  # rows of the token embedding read at once to gather the sample's rows
@@ -59,16 +52,12 @@ EMBED_BYTES = 16 << 20  # rows of the token embedding read at once to gather the
 
 @torch.no_grad()
 def stream_stats(cfg: ModelConfig, trunk_path: Path, tokens: np.ndarray, max_tokens: int,
-                 hook: Callable[[int, torch.Tensor], None], *, forward: str, expert_path: Path | None = None,
+                 hook: Callable[[int, torch.Tensor], None], *, expert_path: Path,
                  dev: torch.device = torch.device("cpu"), precision: str = "fp32",
                  hidden_bytes: int = HIDDEN_BYTES) -> int:
     """Call `hook(layer, n)` with the FFN input n (b, win, C) of every layer over evaluate's windows of up to
     `max_tokens` of `tokens`, as `evaluate(model, tokens, max_tokens, route, dev, precision, hook=hook)` would on
     trunk + expert, holding one layer's weights at a time. Returns the tokens measured (0: too short to score)."""
-    if forward not in FORWARDS:
-        raise ValueError(f"unknown forward {forward!r}; one of {FORWARDS}")
-    if (expert_path is None) != (forward == "trunk"):
-        raise ValueError("an expert file is needed by the forwards single and complement, and by those only")
     starts, win = eval_windows(tokens, cfg.ctx_len, max_tokens)
     if not len(starts):
         return 0
@@ -77,50 +66,36 @@ def stream_stats(cfg: ModelConfig, trunk_path: Path, tokens: np.ndarray, max_tok
     per_chunk = max(1, hidden_bytes // (bs * win * cfg.dim * 4))  # batches whose hidden states are held at once
     cos, sin = rope_for(cfg, win, dev)  # (win, hd/2) each
     trunk = _Tensors(trunk_path, "the trunk")
-    expert = _Tensors(expert_path, "the expert") if expert_path is not None else None
+    expert = _Tensors(expert_path, "the expert")
     try:
-        block, route = _block(cfg, forward)
+        with torch.device("meta"):  # filled layer by layer by _load_layer
+            block = Block(cfg, 1)
         for c in range(0, len(batches), per_chunk):
             ids = [np.stack([np.asarray(tokens[s: s + win], dtype=np.int64) for s in b]) for b in batches[c: c + per_chunk]]
             xs = [x.to(dev) for x in _embed(trunk, ids, cfg)]  # each (b, win, C) f32
             for l in range(cfg.n_layers):
-                _load_layer(block, l, cfg, forward, trunk, expert, dev, bf16=precision == "bf16")
+                _load_layer(block, l, cfg, trunk, expert, dev, bf16=precision == "bf16")
                 for j, x in enumerate(xs):
                     with autocast(precision, dev):
                         if l < cfg.n_layers - 1:
-                            xs[j] = block(x, cos, sin, route, hook, l)  # (b, win, C)
+                            xs[j] = block(x, cos, sin, "single", hook, l)  # (b, win, C)
                         else:  # the last layer's FFN feeds nothing the statistics need
                             hook(l, block.ffn_input(x, cos, sin)[1])
             del xs
     finally:
         trunk.close()
-        if expert is not None:
-            expert.close()
+        expert.close()
     return sum(len(b) for b in batches) * win
 
 
-def _block(cfg: ModelConfig, forward: str) -> tuple[Block, str]:
-    """(one Block on the meta device, shaped for `forward`, its route): filled layer by layer by _load_layer."""
-    with torch.device("meta"):
-        if forward == "complement":  # slot 0 the seed, slot 1 the expert, top-2 of the two (complement.two_way)
-            return Block(replace(cfg, top_k=TOP_K), 2), "router"
-        if forward == "trunk":  # trunk_model: the seed rides as the one expert where the trunk has one
-            return (Block(cfg, 1), "single") if cfg.seed_expert else (Block(cfg, 0), "anchor")
-        return Block(cfg, 1), "single"
-
-
-def _load_layer(block: Block, l: int, cfg: ModelConfig, forward: str, trunk: "_Tensors", expert: "_Tensors | None",
-                dev: torch.device, bf16: bool) -> None:
+def _load_layer(block: Block, l: int, cfg: ModelConfig, trunk: "_Tensors", expert: "_Tensors", dev: torch.device,
+                bf16: bool) -> None:
     """Layer l's tensors into `block`, replacing the previous layer's. Dtypes as expert.build_expert_model gives them:
-    the trunk's Linear weights bf16 under bf16 (the seed too, as complement.two_way freezes it), all else f32."""
+    the trunk's Linear weights bf16 under bf16, all else f32."""
     linear = {n + ".weight" for n, m in block.named_modules() if isinstance(m, nn.Linear)}
     at = f"layers.{l}."
     names = {n[len(at):]: (trunk, g) for n, g in trunk_name_map(cfg.n_layers, cfg.family).items() if n.startswith(at)}
-    if forward == "complement" or (forward == "trunk" and cfg.seed_expert):
-        names |= {n[len(at):]: (trunk, g) for n, g in seed_name_map(cfg.n_layers).items() if n.startswith(at)}
-    if expert is not None:
-        slot = 1 if forward == "complement" else 0
-        names |= {f"experts.{slot}.{f}.weight": (expert, f"blk.{l}.ffn_{f}.weight") for f in ("gate", "up", "down")}
+    names |= {f"experts.0.{f}.weight": (expert, f"blk.{l}.ffn_{f}.weight") for f in ("gate", "up", "down")}
     for name, (src, g) in names.items():
         want = tuple(block.get_parameter(name).shape)
         a = src.get(g)
@@ -128,12 +103,8 @@ def _load_layer(block: Block, l: int, cfg: ModelConfig, forward: str, trunk: "_T
             raise MfggufError(f"{src.what} tensor {g} has shape {a.shape}, its config says {want}; retrain it")
         t = to_bf16(a) if bf16 and src is trunk and name in linear else torch.from_numpy(a)
         set_param(block, name, t.to(dev), requires_grad=False)
-    if block.router is not None:  # the seed's row (complement) or the one expert's (a single expert ignores it)
-        rows = 1 if forward == "complement" else len(block.experts)
-        set_param(block, "router", torch.zeros(rows, cfg.dim, device=dev), requires_grad=False)
-    if forward == "complement":
-        row = torch.from_numpy(expert.get(LEARNED_ROW.format(l=l))).reshape(1, -1)  # (1, C)
-        block.router_learned = nn.Parameter(row.to(dev), requires_grad=False)
+    if block.router is not None:  # the one expert's row, which a single expert ignores
+        set_param(block, "router", torch.zeros(len(block.experts), cfg.dim, device=dev), requires_grad=False)
     if left := [n for n, p in block.named_parameters() if p.is_meta]:
         raise MfggufError(f"no tensor in the module files for layer {l}'s {left[0]}; retrain the modules")
 

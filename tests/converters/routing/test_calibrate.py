@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
-from mfgguf.converters.routing.calibrate import CALIBRATION_KEY, CalibrationGrid, bias_directions, calibrate, routers, training_sample
+from mfgguf.converters.routing.calibrate import CALIBRATION_KEY, CalibrationGrid, calibrate, routers, training_sample
 from mfgguf.converters.ggufedit import copy_with_kv, read_f32, read_kv, set_scalar
 from mfgguf.run import RunDir
 from mfgguf.runtime.perplexity import perplexity
@@ -22,7 +22,7 @@ from tests.conftest import copy_run
 from tests.converters import llama_logits
 
 CTX = 32
-GRID = CalibrationGrid(top_k=(1, 2), temperature=(0.5, 1.0), bias=(1.0,))
+GRID = CalibrationGrid(top_k=(1, 2), temperature=(0.5, 1.0))
 
 
 _OPENED: list[str] | None = None
@@ -56,21 +56,20 @@ def test_calibration_never_reads_heldout_and_writes_what_llama_runs(f32_moe, tmp
 
     # every candidate was scored, the settings the file had among them; the best one was chosen
     c = r["chosen"]
-    assert len(r["candidates"]) >= 1 + 2 + 3  # top-1 as built, top-2 at two temperatures, one bias step per expert
-    assert r["ppl_before"] == next(x["ppl"] for x in r["candidates"] if x["top_k"] == 1 and not any(x["bias"]))
+    assert len(r["candidates"]) == 1 + 2  # top-1 as built, top-2 at two temperatures
+    assert r["ppl_before"] == next(x["ppl"] for x in r["candidates"] if x["top_k"] == 1)
     assert min(x["ppl"] for x in r["candidates"]) == pytest.approx(r["ppl_after"], rel=1e-9)
     assert r["ppl_after"] <= r["ppl_before"]
 
-    # the file holds the settings: top-k as expert_used_count, temperature and bias in the router
+    # the file holds the settings: top-k as expert_used_count, temperature in the router
     kv = read_kv(out)
     assert kv["granitemoe.expert_used_count"] == kv["mfgguf.top_k"] == c["top_k"]
     rec = json.loads(kv[CALIBRATION_KEY])
-    assert (rec["top_k"], rec["temperature"], rec["bias"]) == (c["top_k"], c["temperature"], c["bias"])
+    assert (rec["top_k"], rec["temperature"]) == (c["top_k"], c["temperature"])
     assert rec["sample"] == "data/train.npy" and rec["tokens"] == 4 * CTX
     names = [f"blk.{l}.ffn_gate_inp.weight" for l in range(2)]
     R0, R1 = read_f32(gguf, names), read_f32(out, names)
-    u, _ = bias_directions(RunDir(run), kv, 2)
-    want = routers(R0, c["temperature"], np.array(c["bias"]), u)
+    want = routers(R0, c["temperature"])
     for n in names:
         np.testing.assert_array_equal(R1[n], want[n])
 
@@ -92,7 +91,7 @@ def test_temperature_folds_into_the_router(f32_moe, tmp_path):
         p = tmp_path / f"k{k}t{t}.gguf"
         copy_with_kv(gguf, p, [])
         set_scalar(p, "granitemoe.expert_used_count", k)
-        set_f32(p, routers(R, t, np.zeros(3), None))
+        set_f32(p, routers(R, t))
         return llama_logits(p, ids, CTX)
 
     np.testing.assert_array_equal(logits(1, 0.5), logits(1, 1.0))
@@ -143,13 +142,13 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(f32_moe, tmp_path):
 def test_cli_calibrates(f32_moe, tmp_path):
     run, gguf = f32_moe
     out = tmp_path / "cal.gguf"
-    code, text = _cli(gguf, "--run", run, "-o", out, "--top-k", "1,2", "--temperature", "1", "--bias", "none",
+    code, text = _cli(gguf, "--run", run, "-o", out, "--top-k", "1,2", "--temperature", "1",
                       "--tokens", 2 * CTX, "--ctx", CTX, "--threads", 2, "--quiet")
     assert code == 0, text
     assert f"wrote {out}: top-" in text and "ppl" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.gguf"]
     rec = json.loads(read_kv(out)[CALIBRATION_KEY])
-    assert rec["bias"] == [0.0, 0.0, 0.0] and rec["bias_direction"] is None and rec["top_k"] in (1, 2)
+    assert rec["top_k"] in (1, 2) and "bias" not in rec
 
 
 def test_mixtral_layout_and_dense_model(f32_moe, tmp_path):
@@ -157,7 +156,7 @@ def test_mixtral_layout_and_dense_model(f32_moe, tmp_path):
     run, _ = f32_moe
     mix, dense = tmp_path / "mix.gguf", tmp_path / "dense.gguf"
     assemble(run, mix, quant="f32", layout="mixtral", progress=False)
-    r = calibrate(mix, run, tmp_path / "mix-cal.gguf", grid=CalibrationGrid(top_k=(2,), temperature=(1.0,), bias=()),
+    r = calibrate(mix, run, tmp_path / "mix-cal.gguf", grid=CalibrationGrid(top_k=(2,), temperature=(1.0,)),
                   tokens=2 * CTX, ctx=CTX, threads=2, progress=False)
     kv = read_kv(tmp_path / "mix-cal.gguf")
     assert kv["general.architecture"] == "llama" and kv["llama.expert_used_count"] == r["chosen"]["top_k"]
@@ -173,7 +172,7 @@ def test_extend_drops_the_record_with_the_rows_it_recomputes(f32_moe, tmp_path):
 
     run, gguf = f32_moe
     cal = tmp_path / "cal.gguf"
-    calibrate(gguf, run, cal, grid=CalibrationGrid(top_k=(1,), temperature=(1.0,), bias=(1.0,)), tokens=2 * CTX,
+    calibrate(gguf, run, cal, grid=CalibrationGrid(top_k=(1,), temperature=(1.0,)), tokens=2 * CTX,
               ctx=CTX, threads=2, progress=False)
     assert CALIBRATION_KEY in read_kv(cal)
     extend(cal, tmp_path / "two.gguf", remove=[3])  # every row recomputed for the two left: the record is stale

@@ -1,6 +1,6 @@
 """The layer-streamed router-statistics pass equals the in-memory one, and never holds the trunk.
 
-Reference: trunk + expert built as one model (expert.build_expert_model, complement.two_way, weights.trunk_alone)
+Reference: trunk + expert built as one model (expert.build_expert_model)
 scored by loop.evaluate with RouterStats' hook, the pass pooled.py ran before. Both run the same windows in the
 same batches, the same weights in the same dtypes under the same autocast, so the statistics agree to float
 rounding (f64 sums of f32 batch products: compared at rtol 1e-5), and so does the ridge router solved from them.
@@ -17,17 +17,14 @@ from safetensors.numpy import load_file
 
 from mfgguf.config import ModelConfig
 from mfgguf.converters.routing.router import RouterBuilder
-from mfgguf.options import TrainOptions
 from mfgguf.run import STATS_PREFIX, RunDir, read_module_meta
 from mfgguf.train.engine.loop import evaluate, load_tokens
-from mfgguf.train.engine.weights import read_safetensors, trunk_alone
-from mfgguf.train.experts import complement as cx
-from mfgguf.train.experts.expert import build_expert_model, train_expert
+from mfgguf.train.engine.weights import read_safetensors
+from mfgguf.train.experts.expert import build_expert_model
 from mfgguf.train.experts.stats import RouterStats
 from mfgguf.train.experts.stats_pass import stream_stats, to_bf16
-from mfgguf.train.whole.trunk import train_trunk
 
-from tests.conftest import TINY_EXPERTS, copy_run
+from tests.conftest import TINY_EXPERTS
 
 CPU = torch.device("cpu")
 RTOL = 1e-5  # the two passes' statistics: equal up to the order of float additions
@@ -54,7 +51,7 @@ def _in_memory(rd: RunDir, cfg: ModelConfig, i: int, n: int, precision: str) -> 
 
 def _streamed(rd: RunDir, cfg: ModelConfig, i: int, n: int, precision: str, **kw) -> RouterStats:
     st = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)
-    got = stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(i), "shard"), n, st.hook, forward="single",
+    got = stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(i), "shard"), n, st.hook,
                        expert_path=rd.module_file(i), precision=precision, **kw)
     assert got == st.n
     return st
@@ -96,17 +93,6 @@ def test_a_sample_larger_than_the_budget_runs_in_chunks_with_the_same_statistics
         assert torch.equal(chunked.sq[l], whole.sq[l]) and torch.equal(chunked.sum[l], whole.sum[l])
 
 
-def test_the_trunk_alone_forward(trained_run):
-    rd = RunDir(trained_run)
-    cfg = _cfg(rd)
-    tokens = load_tokens(rd.train_tokens, "train")
-    old, new = (RouterStats(cfg.n_layers, cfg.dim, second_moment=True) for _ in range(2))
-    model, route = trunk_alone(rd.module_file(0), cfg, CPU)
-    evaluate(model, tokens, 2000, route, CPU, "bf16", hook=old.hook)
-    stream_stats(cfg, rd.module_file(0), tokens, 2000, new.hook, forward="trunk", precision="bf16")
-    _same(new, old)
-
-
 def _tensors() -> list[torch.Tensor]:
     """Every tensor the garbage collector tracks; by type(), since isinstance() on a dead weak proxy raises."""
     return [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
@@ -135,41 +121,12 @@ def test_it_holds_one_layer_never_the_trunk(trained_run):
         return h
 
     stream_stats(cfg, rd.module_file(0), load_tokens(rd.shard(1), "shard"), 1000, watching("streamed"),
-                 forward="single", expert_path=rd.module_file(1), precision="fp32")
+                 expert_path=rd.module_file(1), precision="fp32")
     model = build_expert_model(rd, cfg, 0, CPU, bf16_trunk=False, trunk_path=rd.module_file(0))
     evaluate(model, load_tokens(rd.shard(1), "shard"), 1000, "single", CPU, "fp32", hook=watching("in memory"))
     del model
     assert peak["in memory"] >= trunk_bytes, (peak, trunk_bytes)  # the measure sees a whole trunk where one is held
     assert peak["streamed"] <= layer_bytes + 8192, (peak, layer_bytes)  # + RoPE's tables
-
-
-@pytest.fixture(scope="module")
-def complement_expert(prepared_run, tmp_path_factory):
-    """A trunk with a seed FFN and one expert trained with --complement, briefly (its row and FFN move)."""
-    root = copy_run(prepared_run, tmp_path_factory.mktemp("seeded") / "run")
-    train_trunk(root, preset="tiny", options=TrainOptions(tokens=4096, seed_expert=True), progress=False)
-    train_expert(root, 1, options=TrainOptions(tokens=2048, complement=True), progress=False)
-    return RunDir(root)
-
-
-def test_complement_and_seeded_trunk_forwards(complement_expert):
-    rd = complement_expert
-    cfg = _cfg(rd)
-    prec = read_module_meta(rd, 1)["precision"]
-    tokens = load_tokens(rd.shard(1), "shard")
-    old, new = (RouterStats(cfg.n_layers, cfg.dim, second_moment=True) for _ in range(2))
-    model = cx.two_way(build_expert_model(rd, cfg, 0, CPU, bf16_trunk=prec == "bf16", init="seed"), CPU, prec == "bf16")
-    cx.load_module(model, dict(read_safetensors(rd.module_file(1))))
-    evaluate(model, tokens, 2000, cx.ROUTE, CPU, prec, hook=old.hook)
-    stream_stats(cfg, rd.module_file(0), tokens, 2000, new.hook, forward="complement", expert_path=rd.module_file(1),
-                 precision=prec)
-    _same(new, old)
-    old, new = (RouterStats(cfg.n_layers, cfg.dim, second_moment=True) for _ in range(2))  # the trunk alone: + seed
-    model, route = trunk_alone(rd.module_file(0), cfg, CPU)
-    assert route == "single"
-    evaluate(model, tokens, 2000, route, CPU, "fp32", hook=old.hook)
-    stream_stats(cfg, rd.module_file(0), tokens, 2000, new.hook, forward="trunk", precision="fp32")
-    _same(new, old)
 
 
 def test_bf16_rounding_is_torchs_bit_for_bit():
