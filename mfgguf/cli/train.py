@@ -1,4 +1,4 @@
-"""CLI verbs `train-trunk`, `train-expert`, `train-experts`, `sync`, `restat`, `router-stats` and `relabel`.
+"""CLI verbs `train-trunk`, `train-expert`, `train-experts`, `sync`, `restat` and `router-stats`.
 
 Their training options (tokens, lr, --shared, ...) are TrainOptions' fields, one CLI option each
 (cli/options.py), handed to the library as one `TrainOptions`.
@@ -16,7 +16,7 @@ import typer
 
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions, TrainOptions, option_help
-from mfgguf.run.records import ModuleMeta, RunInfo
+from mfgguf.run.records import ModuleMeta
 from mfgguf.cli.app import command
 from mfgguf.cli.options import train_options
 
@@ -235,33 +235,3 @@ def router_stats_cmd(
                           experts=parse_experts(experts), forward_pass=forward_pass)
     typer.echo(f"router statistics: second moments over {m['router_stats_count']:,} tokens ({m['router_stats_on']}),"
                f" {Path(run) / 'modules' / m['file']}, {m['seconds']:.1f} s")
-
-
-@command("relabel", help=f"{_doc('whole.relabel', 'relabel')}\n\n{NOT_PAYING}")
-def relabel_cmd(
-    run: Path = _RUN,
-    out: Path = typer.Option(..., "--out", "-o", help="The new RUN directory to write (its experts untrained)."),
-    experts: str = typer.Option(None, "--experts", help="Trained experts whose shards are relabelled, e.g. 1,2,4,5"
-                                " (default all)."),
-    prefix: int = typer.Option(256, "--prefix", help="Tokens of each document scored (shorter documents whole)."),
-    cap: float = typer.Option(1.5, "--cap", help="A new shard holds at most CAP x the mean shard's tokens."),
-    tokens: int = typer.Option(None, "--tokens", help="Score (and keep) only documents drawn at random from each shard"
-                               " up to this many tokens (default: all of them)."),
-    keep_labels: bool = typer.Option(False, "--keep-labels", help="Write the same draw with every document in its old"
-                                     " shard, unscored: a study's control."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (only once the new RUN is complete)."),
-    device: str = _DEVICE, progress: bool = _PROGRESS,
-):
-    from mfgguf.train.whole.relabel import relabel
-
-    info = relabel(run, out, experts=experts, prefix=prefix, cap=cap, tokens=tokens, keep_labels=keep_labels,
-                   force=force, device=device, progress=progress)
-    r = RunInfo.from_json(info).relabel
-    loss = "" if r["prefix_loss_before"] is None else \
-        f" mean prefix loss {r['prefix_loss_before']:.4f} -> {r['prefix_loss_after']:.4f};"
-    typer.echo(f"{out}: {r['moved_docs']:,} of {r['docs']:,} documents ({r['moved_tokens']:,} tokens) moved;{loss}"
-               f" {r['scored_tokens']:,} tokens scored ({r['forward_flops']:.3g} FLOPs), {r['seconds']:.1f} s")
-    for s in RunInfo.from_json(info).shards:
-        if "relabelled_from" in s:
-            src = ", ".join(f"{k} {v:,}" for k, v in s["relabelled_from"].items())
-            typer.echo(f"  shard {s['id']}: {s['tokens']:,} tokens ({src})")

@@ -88,7 +88,7 @@ class ModuleMeta:
 
 @dataclass(frozen=True)
 class RunInfo:
-    """run.json: what `prepare` (or `relabel`) wrote about the RUN's data, read by `RunDir.run_info`."""
+    """run.json: what `prepare` wrote about the RUN's data, read by `RunDir.run_info`."""
 
     format: str | None = None
     version: int | None = None
@@ -99,7 +99,6 @@ class RunInfo:
     token_dtype: str | None = None  # uint16 or uint32
     domains: list = field(default_factory=list)
     shards: Any = None  # one entry per shard (id, docs, tokens, domains)
-    relabel: dict | None = None  # a relabelled RUN: what moved
     json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
 
     @classmethod
@@ -108,7 +107,7 @@ class RunInfo:
         return cls(format=g("format"), version=g("version"), n_experts=_int(d, "n_experts", 0),
                    partition=g("partition"), vocab_size=g("vocab_size"), eos_id=g("eos_id"),
                    token_dtype=g("token_dtype"), domains=list(g("domains") or []), shards=g("shards"),
-                   relabel=g("relabel"), json=dict(d))
+                   json=dict(d))
 
     def to_json(self) -> dict:
         return dict(self.json)

@@ -125,14 +125,3 @@ def test_mfgguf_chat_answers_with_the_base_template(seed_experts, tmp_path):
         child.expect(pexpect.EOF)
     finally:
         child.terminate(force=True)
-
-
-def test_relabel_writes_a_run_of_the_imported_base_that_trains_and_assembles(seed_experts, tmp_path):
-    em = tmp_path / "em"
-    out = cli("relabel", seed_experts, "-o", em, "--experts", "2,3", "--prefix", "32", "--tokens", "3000", "--no-progress")
-    assert "documents" in out and not (em / "tokenizer.json").exists()  # the base's tokenizer lives in base/
-    cli("train-expert", em, "--expert", "2", "--tokens", "256", "--batch-size", "2", "--lr", "0", *FAST)
-    moe = tmp_path / "em.gguf"
-    cli("assemble", em, "-o", moe, "--experts", "2", "--quant", "q8_0", "-q")
-    with loaded(moe) as llm:
-        assert llm.mfgguf_header["arch"] == "granitemoe"

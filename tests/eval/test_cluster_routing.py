@@ -12,7 +12,6 @@ import pytest
 from mfgguf.converters.assemble import assemble
 from mfgguf.data.partition import partition_cluster
 from mfgguf.data.prepare import _save_clusters
-from mfgguf.data.relabel import documents
 from mfgguf.errors import MfggufError
 from mfgguf.eval.cluster_routing import assign, cluster_routed
 from mfgguf.eval.domain_stream import BASE, domain_stream, split_documents
@@ -31,9 +30,11 @@ def clustered(trained_run, tmp_path_factory):
     docs, domains = [], []
     for s in rd.info()["shards"]:
         t = np.load(rd.shard(int(s["id"])))
-        for a, b in documents(t, eos):
-            docs.append(t[a:b])
-            domains.append(max(s["domains"], key=s["domains"].get))
+        ends = np.flatnonzero(t == eos)  # each document is followed by its EOS
+        for a, b in zip(np.concatenate([[0], ends + 1]), np.concatenate([ends, [len(t)]])):
+            if b > a:
+                docs.append(t[a:b])
+                domains.append(max(s["domains"], key=s["domains"].get))
     _save_clusters(rd.clusters, partition_cluster(docs, 3, domains=domains, seed=0))
     moe = root.parent / "moe.gguf"
     assemble(root, moe, quant="f32", progress=False)
