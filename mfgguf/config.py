@@ -127,9 +127,6 @@ class TrainConfig:
     #                        (fewer cost routed perplexity: scripts/bench/bench_stats_tokens.py)
     stats_from: StatsFrom = "train"  # experts: where those means come from: train = the forward of training's last steps that
     #                            cover stats_tokens (free; tailstats.py), pass = a pass over the shard after training
-    expert_layers: str = "all"  # experts: the layers whose expert trains: all, upper (the upper half), lower, or layer
-    #                             indices and ranges (15-29,3); elsewhere the expert keeps its start (the seed, or a zero
-    #                             down-projection), so the backward pass stops at the lowest trained layer
     shared: Shared = "none"  # experts: trunk tensors to also train a private copy of (SHARED_CHOICES): none (the FFN
     #                       only), norms, attn (norms + attention) or all
     shared_lr_scale: float = 1.0  # experts: peak LR of the shared copies = lr * this (same warm-up and cosine)
@@ -140,10 +137,6 @@ class TrainConfig:
     #                           (docs/benchmarks.md, the recipe's wall)
     rounds: int = 1  # experts: sync rounds R (with shared); the schedule is cut into R equal parts, `mfgguf sync`
     #                  between them; 1 = no communication between experts (the original contract)
-    ffn_rounds: int = 0  # experts: the last K of the R rounds train the FFN only, against the merged trunk: the
-    #                      attention the MoE serves, not the expert's own copy of it that the merge averages away
-    complement: bool = False  # experts: complement the seed: train as a two-way MoE of (frozen seed FFN, own FFN
-    #                           from the seed) with a learned router row; assembly routes the seed as expert 0
     schedule: Schedule = "cosine"  # LR schedule: cosine (warm-up, cosine decay) or wsd (warm-up, stable at lr, then a 1-sqrt
     #                           cooldown); a wsd trunk keeps its state where the cooldown begins (the branch point) and
     #                           wsd experts start from it at its LR with no warm-up
@@ -157,31 +150,6 @@ class TrainConfig:
             if value not in allowed:
                 flag = FLAGS.get(name, "--" + name.replace("_", "-"))
                 raise MfggufError(f"unknown {flag} {value!r}; choose one of {', '.join(allowed)}")
-
-
-def expert_layers(spec: str, n_layers: int) -> tuple[int, ...]:
-    """The layers `TrainConfig.expert_layers` names, sorted: "all", "upper" (the upper half), "lower", or
-    comma-separated indices and ranges.
-
-    Example:
-        >>> expert_layers("upper", 30)[:2], expert_layers("0-2,7", 30)
-        ((15, 16), (0, 1, 2, 7))
-    """
-    spec = str(spec).strip().lower()
-    named = {"all": range(n_layers), "upper": range(n_layers // 2, n_layers), "lower": range(n_layers // 2)}
-    if spec in named:
-        return tuple(named[spec])
-    out = set()
-    try:
-        for part in filter(None, (p.strip() for p in spec.split(","))):
-            a, _, b = part.partition("-")
-            out.update(range(int(a), int(b or a) + 1))
-    except ValueError:
-        out = set()
-    if not out or min(out) < 0 or max(out) >= n_layers:
-        raise MfggufError(f"--expert-layers {spec!r} names no layers of this trunk's 0-{n_layers - 1};"
-                          " use all, upper, lower, or indices and ranges like 15-29")
-    return tuple(sorted(out))
 
 
 @dataclass(frozen=True)

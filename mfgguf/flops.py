@@ -34,10 +34,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from mfgguf.config import ModelConfig, expert_layers, shared_tensor_names
+from mfgguf.config import ModelConfig, shared_tensor_names
 
 @dataclass(frozen=True)
 class StepFlops:
@@ -55,8 +54,7 @@ def _cfg(cfg) -> ModelConfig:
     return cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(cfg)
 
 
-def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
-          layers: Collection[int] | None = None, complement: bool = False, rank: int = 0) -> StepFlops:
+def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool, rank: int = 0) -> StepFlops:
     """Walk the forward graph in order; `live` = the residual stream depends on a trained tensor. `rank` > 0: every
     linear of every block (not the head) carries a trained LoRA of that rank beside its frozen weight."""
     C, L, V, H, KV, hd = cfg.dim, cfg.n_layers, cfg.vocab_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -92,11 +90,8 @@ def _step(cfg: ModelConfig, trained: set[str], with_expert: bool, causal: bool,
         f_in = live or t("ffn_norm")
         out = swiglu(cfg.anchor_ff, (t("ffn_gate_shexp"), t("ffn_up_shexp"), t("ffn_down_shexp")), f_in)
         if with_expert or cfg.seed_expert:  # an expert job's expert, or the trunk's seed FFN (trains with it)
-            e = (layers is None or l in layers) and not rank  # elsewhere frozen (--expert-layers; a LoRA's seed)
+            e = not rank  # a LoRA's seed is frozen
             out = swiglu(cfg.expert_ff, (e, e, e), f_in) or out
-            if complement:  # the frozen seed FFN beside it and the gate's learned row (train/experts/complement.py)
-                out = swiglu(cfg.expert_ff, (False, False, False), f_in) or out
-                mm(C, e, f_in)
         live = live or f_in or out
     mm(C * V, "output.weight" in trained, live or "output_norm.weight" in trained)
     return StepFlops(fwd, bwd)
@@ -108,13 +103,9 @@ def trunk_step_flops(cfg, *, causal: bool = True) -> StepFlops:
     return _step(cfg, set(shared_tensor_names(cfg, "all")), False, causal)
 
 
-def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True, layers: str = "all",
-                      complement: bool = False) -> StepFlops:
-    """FLOPs per token of an expert job's step: the expert FFNs of `layers` (TrainConfig.expert_layers) train,
-    plus private copies of `shared_tensors`; with `complement` the frozen seed FFN runs beside each expert
-    (forward and activation gradients) beside its learned gate row."""
-    cfg = _cfg(cfg)
-    return _step(cfg, set(shared_tensors or ()), True, causal, expert_layers(layers, cfg.n_layers), complement)
+def expert_step_flops(cfg, shared_tensors=(), *, causal: bool = True) -> StepFlops:
+    """FLOPs per token of an expert job's step: the expert FFNs train, plus private copies of `shared_tensors`."""
+    return _step(_cfg(cfg), set(shared_tensors or ()), True, causal)
 
 
 def continued_step_flops(cfg, mode: str, rank: int = 16, *, causal: bool = True) -> StepFlops:
@@ -138,9 +129,7 @@ def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
         c = meta["continued"]
         return continued_step_flops(meta["config"], c["mode"], c.get("rank") or 16, causal=causal)
     if meta.get("kind") == "expert":
-        return expert_step_flops(meta["config"], meta.get("shared_tensors") or (), causal=causal,
-                                 layers=meta.get("train", {}).get("expert_layers", "all"),
-                                 complement=bool(meta.get("complement")))
+        return expert_step_flops(meta["config"], meta.get("shared_tensors") or (), causal=causal)
     return trunk_step_flops(meta["config"], causal=causal)
 
 
@@ -148,12 +137,7 @@ def module_flops(meta: dict, *, causal: bool = True) -> float:
     """Training FLOPs a module spent: tokens_seen * its per-token step FLOPs, plus the forward passes a sync's
     restat ran on it (router statistics and validation scoring on the merged trunk: `restat_tokens`)."""
     step = module_step_flops(meta, causal=causal)
-    total = meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
-    if meta.get("shared_trained"):  # FFN-only last rounds: the rounds before them trained these copies too
-        earlier = meta["shared_trained"]
-        with_copies = module_step_flops({**meta, "shared_tensors": earlier["tensors"]}, causal=causal)
-        total += int(earlier["tokens"]) * (with_copies.total - step.total)
-    return total
+    return meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
 
 
 def served_flops(cfg, *, ffns: int = 1, routed: int = 0, rank: int = 0, causal: bool = True) -> float:

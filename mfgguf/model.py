@@ -134,8 +134,6 @@ class Block(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(cfg.dim, cfg.expert_ff) for _ in range(n_experts))
         # Router rows, one per expert: logits = x @ router.T, as llama.cpp's ffn_gate_inp.
         self.router = nn.Parameter(torch.zeros(n_experts, cfg.dim), requires_grad=False) if n_experts else None
-        # Trainable router rows appended below `router` (a complementing expert's own row: train/experts/complement.py).
-        self.register_parameter("router_learned", None)
         # Divide the selected gates by their sum held constant: the same forward, and a gradient for the
         # router under top-1, whose renormalised weight is exactly 1 (train/whole/router_tune.py).
         self.straight_through_gates = False
@@ -163,8 +161,7 @@ class Block(nn.Module):
             assert len(self.experts) == 1, "route='single' needs exactly one loaded expert"
             return self.experts[0](x)
         k = min(self.cfg.top_k, len(self.experts))
-        rows = self.router if self.router_learned is None else torch.cat([self.router, self.router_learned])  # (E, C)
-        probs = F.softmax(x.float() @ rows.float().T, dim=-1)  # (B, T, E)
+        probs = F.softmax(x.float() @ self.router.float().T, dim=-1)  # (B, T, E)
         w, idx = probs.topk(k, dim=-1)  # (B, T, k)
         s = w.sum(-1, keepdim=True)  # (B, T, 1)
         if self.renormalise_topk:

@@ -34,7 +34,7 @@ from mfgguf.errors import MfggufError
 MODEL_OPTIONS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("vocab_size", "n_experts", "top_k", "family",
                                                                              "attn_head_dim", "rope_freq_factors"))
 # TrainConfig fields only expert jobs use: the train-expert and train-experts verbs take them, train-trunk does not.
-EXPERT_ONLY = ("expert_init", "shared", "shared_lr_scale", "rounds", "ffn_rounds", "complement", "stats_tokens", "stats_from")
+EXPERT_ONLY = ("expert_init", "shared", "shared_lr_scale", "rounds", "stats_tokens", "stats_from")
 
 
 def flag(name: str) -> str:

@@ -48,18 +48,6 @@ def test_hand_counts_tiny():
     assert trunk_step_flops(TINY, causal=False).total - t.total == 12 * 16 * 4 * L * (T - (T + 1) / 2)
 
 
-def test_complement_counts_the_frozen_seed_beside_the_expert():
-    """`--complement` runs the frozen seed FFN beside each expert under a learned gate row: its forward
-    everywhere, its activation gradients where its input carries them (layer 1 of 2), the row's weight
-    gradient everywhere and its input gradient in layer 1."""
-    C, L, e_w = 64, 2, 3 * 64 * 128
-    e, c = expert_step_flops(TINY), expert_step_flops(TINY, complement=True)
-    assert c.forward == e.forward + L * (2 * e_w + 2 * C)
-    assert c.backward == e.backward + 2 * e_w + 2 * C + 4 * C
-    meta = {"kind": "expert", "config": TINY.to_dict(), "complement": True}
-    assert module_step_flops(meta) == c and module_step_flops({**meta, "complement": False}) == e
-
-
 def _measured_step(model, named, batch, route: str) -> float:
     """torch's count of one real training step (forward, backward, AdamW), per token, attention unfused."""
     x, y = batch

@@ -10,7 +10,6 @@ import typer
 from mfgguf.converters.assemble import assemble
 from mfgguf.converters.extend import extend
 from mfgguf.converters.routing.guard import Guard
-from mfgguf.converters.routing.complement import ROUTERS as COMPLEMENT_ROUTERS
 from mfgguf.gguf.inspect import format_inspect, inspect_gguf
 from mfgguf.converters.merge import MERGES
 from mfgguf.gguf.schema import LAYOUTS, ROUTERS, USER_QUANTS
@@ -31,10 +30,8 @@ def assemble_cmd(
     run: Path = typer.Argument(..., help="The RUN directory (trunk and experts trained)."),
     out: Path = typer.Option(..., "-o", "--out", help="Output .gguf file."),
     quant: str = typer.Option("q8_0", "--quant", help=f"Weight type: {'|'.join(USER_QUANTS)}."),
-    top_k: int = typer.Option(None, "--top-k", help="Experts used per token (default 1 = the exact trained function;"
-                              " 2 for experts that complement the seed: seed + one, as they trained)."),
-    router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}; experts that complement the"
-                               f" seed (train-expert --complement): {'|'.join(COMPLEMENT_ROUTERS)}."),
+    top_k: int = typer.Option(None, "--top-k", help="Experts used per token (default 1 = the exact trained function)."),
+    router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}."),
     layout: str = typer.Option("auto", "--layout", help=f"GGUF layout: auto|{'|'.join(LAYOUTS)} (auto: the model"
                                " family's own: granitemoe for llama, qwen2moe's shared expert for qwen2, qwen3moe folded for qwen3;"
                                " mixtral writes a qwen2 trunk as llama, exact at any top-k)."),

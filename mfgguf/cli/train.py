@@ -15,18 +15,10 @@ from pathlib import Path
 import typer
 
 from mfgguf.errors import MfggufError
-from mfgguf.options import JobOptions, TrainOptions, option_help
+from mfgguf.options import JobOptions, TrainOptions
 from mfgguf.run.records import ModuleMeta
 from mfgguf.cli.app import command
 from mfgguf.cli.options import train_options
-
-NOT_PAYING = "Experimental: measured not to pay, see docs/studies.md."
-
-
-def _not_paying(*names: str) -> dict[str, str]:
-    """The help of training options the studies measured not to pay: their own, and the mark."""
-    return {n: f"{option_help(n)} {NOT_PAYING}" for n in names}
-
 
 def _doc(module: str, fn: str) -> str:
     """The docstring of mfgguf.train.<module>.<fn> up to 'Example', without importing it."""
@@ -82,7 +74,7 @@ def train_trunk_cmd(
 
 
 @command("train-expert", help=_doc("experts.expert", "train_expert"))
-@train_options("expert", help=_not_paying("complement", "expert_layers", "ffn_rounds"))
+@train_options("expert")
 def train_expert_cmd(
     run: Path = _RUN,
     expert: int = typer.Option(..., "--expert", help="Expert index, 1..N."),
@@ -130,8 +122,7 @@ def train_base_cmd(
 
 @command("train-experts", help=_doc("fanout.schedule", "train_experts"))
 @train_options("expert", help={"rounds": "Sync rounds R: every expert's round, then `sync`, R times (default: what"
-                                         " the run's experts were started with, else 1).",
-                               **_not_paying("complement", "expert_layers", "ffn_rounds")})
+                                         " the run's experts were started with, else 1)."})
 def train_experts_cmd(
     run: Path = _RUN,
     experts: str = typer.Option(None, "--experts", help="Which experts, e.g. 1-40,45 (default: all)."),

@@ -51,8 +51,8 @@ Layouts, one writer class each (writers/granitemoe.py, mixtral.py, dense.py) on 
               unnamed f32 scratch file beside the output and folded from there; the experts'
               down rows then wait for it (fold phase) instead of being joined while they stream.
   dense       no experts (`experts=[]`): the trunk alone as a plain `llama` file.
-  complement  granitemoe whose experts complement the seed (`train-expert --complement`): the seed
-              is routed expert 0 beside them (converters/routing/complement.py, writers/complement.py).
+  seed gate   any MoE layout with the seed routed as expert 0 beside the experts (`seed_gate`:
+              converters/routing/seed_gate.py, writers/seed_slot.py).
 
 Example:
     >>> assemble(Path("RUN"), Path("model.gguf"), quant="q8_0", top_k=1)
@@ -73,7 +73,7 @@ from mfgguf.converters.plan.layout import plan
 from mfgguf.converters.profile import Profile
 from mfgguf.converters.readback import verify
 from mfgguf.converters.writers.base import Writer
-from mfgguf.converters.writers.complement import SEED_SLOT_WRITERS
+from mfgguf.converters.writers.seed_slot import SEED_SLOT_WRITERS
 from mfgguf.converters.writers.dense import DenseWriter
 from mfgguf.converters.writers.granitemoe import GraniteMoeWriter
 from mfgguf.converters.writers.mixtral import MixtralWriter
@@ -101,10 +101,10 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
     pooled statistics, where missing or stale, are computed first by `pool_stats` (`mfgguf router-stats`'s
     pass, which the caller above hands in; None: the planner's error, naming that verb, stands).
-    `top_k=None`: 1, or 2 when the experts complement the seed (seed + one expert, as they trained).
+    `top_k=None`: 1.
     `seed_gate=C`: the untrained seed FFN beside plain experts as routed expert 0 (any MoE layout), so a token no
     expert claims computes the trunk alone (on an imported base: the base's FFN); its router row is C times
-    the sum of the ridge rows (converters/routing/complement.py).
+    the sum of the ridge rows (converters/routing/seed_gate.py).
 
     Example:
         mfgguf assemble RUN -o model.gguf --quant q8_0 --top-k 1 --router ridge --merge mean

@@ -33,7 +33,7 @@ dropping slots in every layout.
 Refused with one line, nothing written: a GGUF without the router statistics (not written by this
 mfgguf's assemble, or with a router that needs none, or rewritten by a tool that dropped the block
 after its tensors), a file without experts, a file whose trunk was merged from experts' copies or
-whose seed is routed (complementing experts, `assemble --seed-gate`), an expert trained against another trunk (or
+whose seed is routed (`assemble --seed-gate`), an expert trained against another trunk (or
 unfinished, or with trunk copies of its own, or already in the file), a folded file's additions from
 a RUN whose trunk is not the file's, a slot K out of range, and an existing destination without
 --force.

@@ -215,10 +215,8 @@ def _assembled_models(ev: Evaluation) -> dict[str, dict]:
     if trained is not None:
         models["trunk as trained (before sync)"] = {"path": ev.gguf(f"trunk-trained-{q}", run=trained.root, quant=q,
                                                                     experts=[]), "kind": "trunk"}
-    # complementing experts (train-expert --complement): the oracle is [seed, expert] as trained, top-2 of 2
-    oracle = {"router": "learned", "top_k": 2} if ev.metas.get(1, {}).get("complement") else {}
     for d, e in _best_expert_per_domain(ev.metas, ev.domains).items():
-        models[f"oracle {d}"] = {"path": ev.gguf(f"oracle-{d}-{q}", quant=q, experts=[e], **oracle),
+        models[f"oracle {d}"] = {"path": ev.gguf(f"oracle-{d}-{q}", quant=q, experts=[e]),
                                  "kind": "oracle", "domains": [d], "expert": e}
     return models
 

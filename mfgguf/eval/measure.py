@@ -133,7 +133,7 @@ def routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) 
     ids = read_gguf_header(gguf).value("mfgguf.experts") or sorted(main)  # the file's experts, in slot order
     home = {int(i): main[int(i)] for i in ids}  # slot order: an assembled subset (1,2,4,5) is not slots 1..4
     n_layers, n_exp = model.cfg.n_layers, len(home)
-    first = model.cfg.n_experts - n_exp  # 1 when the seed is routed slot 0 (complementing experts): not counted
+    first = model.cfg.n_experts - n_exp  # 1 when the seed is routed slot 0 (a seed gate): not counted
     counts = np.zeros((len(domains), n_layers, n_exp))  # domain x layer x expert
     ctx = model.cfg.ctx_len
     for di, d in enumerate(domains):

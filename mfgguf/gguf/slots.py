@@ -2,7 +2,7 @@
 the experts in slot order, each with the id, label, tokens and trunk `assemble` wrote for it (converters/plan/names.py).
 
 `mfgguf.experts` lists the experts' ids and the name keys their entries, in expert order; a file assembled with
-`--seed-gate` (or complementing experts) routes the seed in slot 0, before them.
+`--seed-gate` routes the seed in slot 0, before them.
 
 Example:
     >>> routed_slots(read_gguf_header(Path("model.gguf")).value)[0]

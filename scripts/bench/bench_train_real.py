@@ -7,7 +7,7 @@ fp32), same batch and context, each configuration in its own process (its own pe
   - mfgguf's expert step (train/engine/loop.py's InMemorySteps on the imported base, real tokens): as
     `train-expert` runs it (train/whole/trunk.py's plan_activations: micro-batches of 2 sequences, no
     recompute), the whole batch at once, and recompute with the heap limit it needs (what
-    `train-expert` ran before micro-batches); and `--expert-layers upper` (experts in layers 15-29 only);
+    `train-expert` ran before micro-batches);
   - transformers' LlamaForCausalLM full fine-tune (AdamW on every parameter), with and without
     gradient checkpointing;
   - peft LoRA, rank 16 on every linear (q, k, v, o, gate, up, down), with and without it; and with its
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path[:0] = [str(ROOT / "scripts" / "bench"), str(ROOT / "scripts" / "studies"), str(ROOT / "scripts")]
 
-CONFIGS = ("expert", "expert-upper", "expert-whole-batch", "expert-recompute", "expert-attn", "full", "full-ckpt", "full-micro2",
+CONFIGS = ("expert", "expert-whole-batch", "expert-recompute", "expert-attn", "full", "full-ckpt", "full-micro2",
            "lora", "lora-ckpt", "lora-bf16", "lora-bf16-micro2")
 LEVERS = ("expert-compile", "expert-attn-compile", "expert-unfused-head", "expert-micro1", "expert-micro2",
           "expert-micro4", "expert-micro8", "expert-short-head")  # measured on request (--configs): none is train-expert's default
@@ -80,7 +80,7 @@ def flops(kind: str, ctx: int, run: Path) -> float:
         wide = ModelConfig.from_dict(read_module_meta(RunDir(wide_run(run)), 0)["config"])
         return expert_step_flops(wide, shared_tensor_names(wide, "attn")).total
     if kind.startswith("expert"):
-        return expert_step_flops(ours, layers="upper" if kind == "expert-upper" else "all").total
+        return expert_step_flops(ours).total
     if kind.startswith("full"):
         return trunk_step_flops(dense).total
     return continued_step_flops(dense, "lora", rank=LORA_RANK).total  # peft's LoRA on every linear of the base
@@ -131,9 +131,9 @@ def child(kind: str, run: Path, batch: int, ctx: int, steps: int, warm: int, pee
 def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     import torch
 
-    from mfgguf.config import ModelConfig, expert_layers, get_preset
+    from mfgguf.config import ModelConfig, get_preset
     from mfgguf.run import RunDir, read_module_meta
-    from mfgguf.train.experts.expert import build_expert_model, expert_params, freeze_expert_layers
+    from mfgguf.train.experts.expert import build_expert_model, expert_params
     from mfgguf.train.experts.shared import lr_scales, shared_names, shared_params
     from mfgguf.train.engine.loop import InMemorySteps, limit_heap_retention
     from mfgguf.train.whole.trunk import plan_activations
@@ -154,8 +154,6 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
         limit_heap_retention()  # as train-expert does when it recomputes
     copies = list(shared_names(cfg, tc.shared)) if tc.shared != "none" else []
     model = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="seed", trainable=copies)
-    if kind == "expert-upper":  # `train-expert --expert-layers upper`
-        freeze_expert_layers(model, expert_layers("upper", cfg.n_layers))
     named = {**expert_params(model), **(shared_params(model, tc.shared) if copies else {})}
     impl = InMemorySteps(model, named, tc, dev=dev, precision=prec, route="single", recompute=recompute,
                          ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=lr_scales(model, tc) if copies else None,
@@ -273,7 +271,7 @@ def main() -> None:
         print(json.dumps(r), flush=True)
         if kind not in rows or r["tokens_per_s"] > rows[kind]["tokens_per_s"]:
             rows[kind] = r
-    ours = max((rows[k]["tokens_per_s"] for k in rows if k.startswith("expert") and k not in ("expert-upper", "expert-attn")
+    ours = max((rows[k]["tokens_per_s"] for k in rows if k.startswith("expert") and k != "expert-attn"
                 and k not in LEVERS), default=None)
     for k in LEVERS:
         ref = "expert-attn" if k.startswith("expert-attn") else "expert"
@@ -289,15 +287,11 @@ def main() -> None:
         if ours and best:
             print(json.dumps({"ratio": f"expert / fastest {peer}", "value": round(ours / best, 3),
                               "goal": ">= 1.5" if peer == "full" else ">= 1.3"}), flush=True)
-            for k in ("expert-upper", "expert-attn", *LEVERS):
+            for k in ("expert-attn", *LEVERS):
                 if k in rows:
                     goal = {"goal": ">= 1.2"} if (k, peer) == ("expert-attn", "lora") else {}
                     print(json.dumps({"ratio": f"{k} / fastest {peer}", "value": round(rows[k]["tokens_per_s"] / best, 3),
                                       **goal}), flush=True)
-    if "expert-upper" in rows and "expert" in rows:
-        print(json.dumps({"ratio": "expert-upper / expert (all layers)", "goal": ">= 1.6",
-                          "value": round(rows["expert-upper"]["tokens_per_s"] / rows["expert"]["tokens_per_s"], 3)}),
-              flush=True)
 
 
 if __name__ == "__main__":

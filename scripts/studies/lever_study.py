@@ -7,7 +7,7 @@ each on the validation split by llama.cpp, exactly as eval measured the referenc
 windows): one JSON line per MoE with the lever's perplexities, the reference's and their ratio, then a summary
 line with the experts' own PyTorch validation losses beside the reference's. Nothing reads test.
 
-    python scripts/studies/lever_study.py --study protocol-study --tokens 65536 --seed 1 --name ffn1 --opts="--ffn-rounds 1"
+    python scripts/studies/lever_study.py --study protocol-study --tokens 65536 --seed 1 --name attn05 --opts="--shared-lr-scale 0.5"
     python scripts/studies/lever_study.py --study protocol-study --tokens 262144 --seed 1 --name lr2e-3 --lr 2e-3
 
 Each step is skipped where its output exists, so a killed run resumes.
@@ -35,7 +35,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1, help="the reference run's seed")
     ap.add_argument("--name", required=True, help="the lever's name: its RUN is STUDY/levers/<name>-t<T>-s<S>")
     ap.add_argument("--lr", type=float, default=None, help="the experts' peak LR (default: the reference run's)")
-    ap.add_argument("--opts", default="", help="extra train-expert options, e.g. '--ffn-rounds 1'")
+    ap.add_argument("--opts", default="", help="extra train-expert options, e.g. '--shared-lr-scale 0.5'")
     ap.add_argument("--moes", default="top1,top2,seed0.4-top2,seed0.6-top1",
                     help=f"the MoEs to measure, of {','.join(MOES)}")
     a = ap.parse_args(argv)

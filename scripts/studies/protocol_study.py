@@ -110,8 +110,7 @@ def recipe(a) -> dict:
     return {"base": str(a.base), "expert_ff": a.expert_ff, "lr": a.lr, "shared": a.shared,
             "shared_lr_scale": a.shared_lr_scale, "rounds": a.rounds, "domains": a.domains, "held_out": a.held_out,
             "baselines": a.baselines, "eval_max_tokens": a.max_tokens, "eval_tokens": a.eval_tokens,
-            **({"seed_gates": a.seed_gates} if a.seed_gates else {}),
-            **({"ffn_rounds": a.ffn_rounds} if a.ffn_rounds else {})}
+            **({"seed_gates": a.seed_gates} if a.seed_gates else {})}
 
 
 def check_resumable(a, template: Path, rows: list[dict]) -> None:
@@ -203,7 +202,7 @@ def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Pa
             if meta is None or int(meta.get("round", 1)) < k:
                 mfgguf("train-expert", run, "--expert", i, "--tokens", tokens, "--eval-tokens", a.eval_tokens,
                        "--lr", a.lr, "--shared", a.shared, "--shared-lr-scale", a.shared_lr_scale, "--rounds", a.rounds,
-                       "--seed", seed, *(("--ffn-rounds", a.ffn_rounds) if a.ffn_rounds else ()), "--no-progress",
+                       "--seed", seed, "--no-progress",
                        log=log, dry=dry)
         trunk = read_json(run / "modules" / "trunk.json") or {}
         if a.shared != "none" and int(trunk.get("round") or 0) < k:
@@ -629,8 +628,6 @@ def parse(argv=None):
     ap.add_argument("--shared", default="attn", help="train-expert --shared (none: FFN-only experts, no sync)")
     ap.add_argument("--shared-lr-scale", type=float, default=0.3)
     ap.add_argument("--rounds", type=int, default=4, help="sync rounds")
-    ap.add_argument("--ffn-rounds", type=int, default=0, help="train-expert --ffn-rounds: the last K rounds train the"
-                    " FFN only, against the merged trunk")
     ap.add_argument("--domains", type=names, default=["c", "cpp", "man", "python"], help="the trained domains")
     ap.add_argument("--held-out", default="english", help="the domain no training sees (forgetting)")
     ap.add_argument("--baselines", default=IMPORTED_BASELINES, help="eval --baselines")

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mfgguf.errors import MfggufError
+from mfgguf.errors import MfggufError, retired
 from mfgguf.run import RunDir, finished_against, read_manifest, router_stats_stale
 from mfgguf.gguf.fileio import truncated
 from mfgguf.gguf.header import Header, read_gguf_header
@@ -52,9 +52,11 @@ class Source:
         if not (layout == "granitemoe" and arch in SHARED_EXPERT_ARCHS or layout == "mixtral"):
             raise MfggufError(f"{path} has the {layout} layout ({arch}); extend adds to and removes from the MoE"
                               " layouts mfgguf writes (granitemoe, mixtral): assemble the RUN with the experts instead")
+        if v("mfgguf.complement") and v("mfgguf.seed_gate") is None:  # a seed routed without a gate: complementing experts
+            raise retired(f"{path} was assembled from experts trained", "--complement",
+                          "retrain them without it and assemble again")
         if v("mfgguf.complement"):
-            why = "a seed gate" if v("mfgguf.seed_gate") is not None else "complementing experts"
-            raise MfggufError(f"{path} routes the seed as expert 0 ({why}); extend supports files of plain experts:"
+            raise MfggufError(f"{path} routes the seed as expert 0 (a seed gate); extend supports files of plain experts:"
                               " re-assemble with the new experts instead")
         router = v("mfgguf.router")
         if router not in ("ridge", "centroid"):
@@ -145,9 +147,6 @@ def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
         if m.meta.get("shared_tensors") or any(k.startswith("shared.") for k in m.entries):
             raise MfggufError(f"{name} trained copies of trunk tensors, which cannot join a finished file; extend takes"
                               " FFN-only experts")
-        if m.meta.get("complement"):
-            raise MfggufError(f"{name} complements the seed (--complement); extend takes plain experts: assemble"
-                              " complementing experts from their RUN")
         if not m.meta.get("router_stats_count"):
             raise MfggufError(f"{name} recorded no router statistics; retrain it")
         _check_expert(m, name, src)

@@ -4,7 +4,7 @@ The ridge router needs the second moment of the FFN inputs pooled over every exp
 (train/experts/pooled.py). `train-experts` and `sync` write it, but a run whose experts were trained one
 by one with `train-expert` has none, and retraining one expert makes it stale. Then `assemble`
 computes it first (one line on stderr says so; the pass shows its progress bar when progress is
-on), as `mfgguf router-stats RUN` would, with the source the old statistics were computed from.
+on), as `mfgguf router-stats RUN` would.
 The pass itself (train/experts/pooled.py's `pool_router_stats`) sits on the training floor above this
 one, so the callers above (the CLI's `assemble` and `extend`) hand it in as `pool`, importing torch only when
 it runs; without it the planner's error stands, and it names the `mfgguf router-stats` that fixes it.
@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Callable, TypeVar
 
@@ -26,7 +25,7 @@ from mfgguf.run import RunDir, read_module_meta, untrained_reason
 from mfgguf.converters.plan.modules import PooledStatsNeeded
 
 T = TypeVar("T")
-# the router-stats pass: pool_router_stats(run, *, source, progress, experts)
+# the router-stats pass: pool_router_stats(run, *, progress, experts)
 Pool = Callable[..., object]
 
 
@@ -42,21 +41,18 @@ def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool, v
     except PooledStatsNeeded as e:
         if pool is None:
             raise
-        source = _recorded_source(rd)
-        if (blocked := cannot_pool(rd, source, experts)) is not None:
+        if (blocked := cannot_pool(rd, experts)) is not None:
             raise MfggufError(f"{e} ({verb} cannot compute them here: {blocked})") from None
         some = "" if experts is None else " --experts " + ",".join(map(str, experts))
         print(f"{verb}: the pooled router statistics {e.why}; computing them first (`mfgguf router-stats"
-              f" {rd.root}{' --source trunk' if source == 'trunk' else some}`)", file=sys.stderr, flush=True)
-        pool(rd.root, source=source, progress=progress, experts=experts)
+              f" {rd.root}{some}`)", file=sys.stderr, flush=True)
+        pool(rd.root, progress=progress, experts=experts)
     return make_plan()
 
 
-def cannot_pool(rd: RunDir, source: str = "experts", experts: list[int] | None = None) -> str | None:
+def cannot_pool(rd: RunDir, experts: list[int] | None = None) -> str | None:
     """Why the router-stats pass over `experts` (None: all) cannot run on this machine (modules or shards
     absent), or None."""
-    if source == "trunk":
-        return None if rd.train_tokens.is_file() else f"the training tokens data/{rd.train_tokens.name} are absent"
     trunk_sha = read_module_meta(rd, 0).get("sha256")
     for i in range(1, int(rd.info()["n_experts"]) + 1) if experts is None else experts:
         if (why := untrained_reason(rd, trunk_sha, i)) is not None:
@@ -64,11 +60,3 @@ def cannot_pool(rd: RunDir, source: str = "experts", experts: list[int] | None =
         if not rd.shard(i).is_file():
             return f"shard {i} (data/{rd.shard(i).name}) is absent"
     return None
-
-
-def _recorded_source(rd: RunDir) -> str:
-    """The source the existing statistics were computed from (`experts` where there are none)."""
-    try:
-        return json.loads(rd.router_stats_meta.read_text()).get("source") or "experts"
-    except (OSError, ValueError):
-        return "experts"

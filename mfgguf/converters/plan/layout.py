@@ -30,7 +30,7 @@ from mfgguf.config import ModelConfig, get_preset
 from mfgguf.base.runbase import imported
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_manifest
-from mfgguf.converters.routing import complement as cp
+from mfgguf.converters.routing import seed_gate as sg
 from mfgguf.converters.routing import stats as routerstats
 from mfgguf.gguf import schema
 from mfgguf.converters.merge import merge_plan
@@ -66,7 +66,7 @@ class Plan:
     slots: list[Slot]
     merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
     merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
-    complement: bool = False  # the seed is routed slot 0: the experts complement it, or a seed gate (routing/complement.py)
+    complement: bool = False  # the seed is routed slot 0: a seed gate (routing/seed_gate.py)
     seed_gate: float | None = None  # plain experts with the seed routed: its row is this x the ridge rows' sum
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # tensors no module holds, from the config alone
     header: bytes = b""  # header_bytes: key-values and tensor infos, not padded
@@ -107,9 +107,9 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     schema.qtype(quant)
     if quant not in schema.USER_QUANTS:
         raise MfggufError(f"unknown quant type {quant!r}; choose one of {', '.join(schema.USER_QUANTS)}")
-    if router not in schema.ROUTERS + cp.ROUTERS:
-        raise MfggufError(f"unknown router {router!r}; choose one of {', '.join(dict.fromkeys(schema.ROUTERS + cp.ROUTERS))}")
-    stats = needs_stats(router) or router == "ridge+learned"  # the experts' means feed the router
+    if router not in schema.ROUTERS:
+        raise MfggufError(f"unknown router {router!r}; choose one of {', '.join(schema.ROUTERS)}")
+    stats = needs_stats(router)  # the experts' means feed the router
     info = run.info()
     run.check_no_pending_sync()
     manifest = read_manifest(run)
@@ -128,13 +128,11 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     N = len(ids)
     if seed_gate is not None and not N:
         raise MfggufError("--seed-gate routes the seed beside experts, and none is selected; drop it or select experts")
-    comp = N > 0 and cp.check(router, layout, cfg.seed_expert, [m.name for m in mods], [cp.is_complement(m.meta) for m in mods],
-                              seed_gate)
-    R = N + comp  # routed experts: the seed is one more when the experts complement it or a gate routes it
-    # complementing experts trained as seed + one; plain experts (seed gate or not) as one
-    top_k = (2 if comp and seed_gate is None else 1) if top_k is None else top_k
+    comp = N > 0 and sg.check(router, cfg.seed_expert, seed_gate)
+    R = N + comp  # routed experts: the seed is one more when a gate routes it
+    top_k = 1 if top_k is None else top_k
     pooled = None
-    if N and router in ("ridge", "ridge+learned") and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
+    if N and router == "ridge" and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
         pooled = load_pooled_stats(run, manifest, trunk, mods)  # format-1 experts alone: their own second moments
         check_shapes("the pooled router statistics", pooled.entries, pooled_shapes(cfg), f"run `mfgguf router-stats {run.root}`")
     if N and not 1 <= top_k <= R:
@@ -144,9 +142,6 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     merged = merge_plan(mods, trunk_shapes(cfg), merge)
     lay = "dense" if N == 0 else layout
     arch = schema.arch_of(layout, N, cfg.family)
-    if comp and seed_gate is None and arch != "granitemoe":
-        raise MfggufError(f"experts that complement the seed assemble as granitemoe (a llama trunk) only, not {arch};"
-                          " retrain them without --complement")
     if seed_gate is not None and lay == "mixtral" and any("_shexp." in n for n in merged):  # a merged anchor
         raise MfggufError("--seed-gate in a folded layout (mixtral, qwen3moe) cannot fold an anchor the experts"
                           " trained (--shared all) into the seed's slot; pass --merge none or --layout granitemoe")
@@ -185,14 +180,13 @@ def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, 
             raise MfggufError(f"module {m.name} has trained round {m.meta['round']} of {m.meta['rounds']}; run"
                               f" `mfgguf sync RUN`, then `mfgguf train-expert RUN --expert {i}` for the next round")
         if (trunk.meta.get("final") and m.meta.get("trunk_sha256") == trunk.meta.get("synced_from")
-                and not m.meta.get("shared_merged")):  # an FFN-only last round leaves the trunk's bytes as they were
+                and not m.meta.get("shared_merged")):
             raise MfggufError(f"module {m.name}'s router statistics predate the final sync; run"
                               f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
         if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
             raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
-        check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats, _format1(m) and router == "ridge")
-                      | (cp.learned_shapes(cfg.n_layers, cfg.dim) if cp.is_complement(m.meta) else {}),
-                      "retrain it (or use --router uniform if only its statistics are missing)")
+        check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats, _format1(m) and router == "ridge"),
+                     "retrain it (or use --router uniform if only its statistics are missing)")
         if stats and not m.meta.get("router_stats_count"):
             raise MfggufError(f"module {m.name} recorded no router statistics; retrain it or use --router uniform")
         mods.append(m)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from mfgguf.errors import MfggufError
+from mfgguf.errors import MfggufError, retired
 from mfgguf.run import atomic_path, write_json
 
 CKPT_FORMAT = "mfgguf-checkpoint"
@@ -49,12 +49,18 @@ def save(d: Path, named_params: dict[str, torch.Tensor], opt: torch.optim.Optimi
 
 def _same(key: str, saved, now) -> bool:
     """A checkpoint's record matches this training's; a TrainConfig field added after the checkpoint was saved
-    matches it at its default (an upgrade does not cost a run in progress its steps)."""
+    matches it at its default (an upgrade does not cost a run in progress its steps), and so does one removed since
+    at its off value (a removed option at another value: the removal's one line)."""
     if key == "train" and isinstance(saved, dict) and isinstance(now, dict):
         from dataclasses import fields
 
         from mfgguf.config import TrainConfig
+        from mfgguf.run.rundir import RETIRED_TRAIN
 
+        saved = dict(saved)
+        for n, (flag, off) in RETIRED_TRAIN.items():
+            if n in saved and saved.pop(n) != off:
+                raise retired("this checkpoint was trained", flag, "start it over without it (--restart)")
         defaults = json.loads(json.dumps({f.name: f.default for f in fields(TrainConfig)}))
         now = {n: v for n, v in now.items() if n in saved or v != defaults.get(n, object())}
     return saved == now

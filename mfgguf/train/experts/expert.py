@@ -1,8 +1,7 @@
 """Train expert i alone against the frozen trunk, on its own shard; record its router statistics.
 
 The training forward is route "single": trunk + anchor + this expert, exactly what the assembled
-model computes for a token routed to expert i (top-1 weight is 1). With --complement it is a
-two-way MoE of [frozen seed, this expert] instead (complement.py). The expert starts with a zero
+model computes for a token routed to expert i (top-1 weight is 1). The expert starts with a zero
 down-projection, so at step 0 the model is exactly the trunk and the expert can only add to it.
 
 Memory: only the expert's parameters (and, with --shared, its private f32 copies of the chosen
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from mfgguf.config import EXPERT_INITS, ModelConfig, expert_layers, get_preset
+from mfgguf.config import EXPERT_INITS, ModelConfig, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name_map
 from mfgguf.options import TrainOptions
@@ -122,16 +121,6 @@ def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.devic
     return model
 
 
-def freeze_expert_layers(model: Transformer, layers: Collection[int]) -> None:
-    """Freeze the expert everywhere but `layers` (`--expert-layers`): there it keeps its start, which every
-    expert shares (the seed, or a zero down-projection), so the assembled file routes those layers to
-    identical FFNs and stays exact, and autograd stops below the lowest layer that trains."""
-    for l, layer in enumerate(model.layers):
-        if l not in layers:
-            for p in layer.experts[0].parameters():
-                p.requires_grad_(False)
-
-
 def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions(), device: str = "cpu",
                  progress: bool = True, precision: str = "auto", restart: bool = False,
                  recompute: bool | None = None) -> dict:
@@ -141,18 +130,13 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     its parameters train. The last training steps that cover --stats-tokens record the router
     statistics (per layer: the mean of the FFN-input vectors) into the module file; --stats-from
     pass measures them by a pass over the shard after training instead (slower, a little better
-    routed: docs/studies/speed.md). --expert-layers upper trains the expert in the upper half of the
-    layers only (faster; elsewhere it stays the seed). Resumes
+    routed: docs/studies/speed.md). Resumes
     from RUN/checkpoints/expert_00I if a compatible checkpoint is there (--restart deletes it).
     `options` change the trunk's preset's expert TrainConfig (tokens, lr, batch_size, seed, ...).
 
     --shared norms|attn|all also trains a private f32 copy of those trunk tensors (the norms;
     + attention; the whole trunk), at peak LR lr * --shared-lr-scale, stored in the module file as
     shared.<trunk tensor name> for assembly (or `mfgguf sync`) to merge. Default none: the FFN only.
-
-    --complement trains the expert as a two-way MoE of (the frozen seed FFN, its own FFN starting
-    from the seed), gated as the assembled file gates (softmax, top-2 of 2), with the seed's router
-    row frozen at zero and its own row learned; assembly then routes the seed as expert 0 too.
 
     --rounds R (with --shared) cuts the schedule into R rounds: each call trains the next round and
     keeps its checkpoint; `mfgguf sync RUN` between rounds merges every expert's shared copies into
@@ -173,7 +157,7 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     rec, micro = plan_activations(cfg, tc.batch_size) if recompute is None else (recompute, tc.batch_size)
     if rec:  # the memory-bound regime (a big trunk): keep freed buffers out of RSS
         limit_heap_retention()
-    ffn, shared = pc.Complement() if tc.complement else pc.PlainFfn(), pc.SharedCopies(cfg, tc, job.rnd)
+    ffn, shared = pc.PlainFfn(), pc.SharedCopies(cfg, tc)
     model = _build(job, ffn, shared)
     named = {**ffn.params(model), **shared.params(model)}
     ckpt_meta = {"module": module_name(i), "kind": "expert", "preset": job.preset, "model": cfg.to_dict(),
@@ -218,13 +202,9 @@ def open_job(run: Path, expert: int, options: TrainOptions, device: str, precisi
 
 
 def _build(job: pc.Job, ffn: pc.PlainFfn, shared: pc.SharedCopies) -> Transformer:
-    """The expert's model: frozen trunk, the FFN piece's expert (in `--expert-layers` only), shared copies."""
-    layers = expert_layers(job.tc.expert_layers, job.cfg.n_layers)
-    ffn.check(job, layers)
-    model = build_expert_model(job.rd, job.cfg, job.tc.seed + job.i, job.dev, bf16_trunk=job.bf16_trunk,
-                               init=job.tc.expert_init, trainable=shared.names())
-    freeze_expert_layers(model, layers)
-    return ffn.adapt(job, model)
+    """The expert's model: frozen trunk, the FFN piece's expert, shared copies."""
+    return build_expert_model(job.rd, job.cfg, job.tc.seed + job.i, job.dev, bf16_trunk=job.bf16_trunk,
+                              init=job.tc.expert_init, trainable=shared.names())
 
 
 def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, tail: TailStats | None, rec: bool,
@@ -260,7 +240,6 @@ def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, 
         "wall_breakdown_s": {**{k: round(v, 2) for k, v in clock.items()}, "train": round(res.train_s, 2),
                              "curve": round(res.eval_s, 2)},
         **shared.record(), "round": job.rnd, "rounds": tc.rounds, **pc.BranchStart.record(job),
-        **ffn.record(job),
     }
     means = {k: v for k, v in stats.tensors().items() if k.endswith(".mean")}  # the module keeps its means only
 

@@ -1,8 +1,7 @@
 """An expert job's training options as pieces: each brings its checks, trainable parameters, LR factors,
 start state, JSON record and module tensors, and `train_expert` (expert.py) composes them in one order.
 
-- the FFN: `PlainFfn` (route "single": trunk + anchor + this expert) or `Complement` (a two-way MoE of
-  [frozen seed, this expert], complement.py); exactly one per job;
+- the FFN: `PlainFfn` (route "single": trunk + anchor + this expert);
 - `SharedCopies`: private f32 copies of trunk tensors (`--shared`, shared.py); none trains nothing;
 - `BranchStart`: a fresh wsd expert of a wsd trunk continues from the trunk's branch point (branch.py);
 - `RoundStart`: round r > 1 continues from round r - 1's checkpoint across a sync (rounds/);
@@ -10,28 +9,26 @@ start state, JSON record and module tensors, and `train_expert` (expert.py) comp
   after training (`--stats-from pass`).
 
 Example:
-    >>> ffn = Complement() if tc.complement else PlainFfn()
+    >>> ffn = PlainFfn()
     >>> named = {**ffn.params(model), **SharedCopies(cfg, tc).params(model)}
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from mfgguf.config import ModelConfig, TrainConfig, shared_tensor_names
+from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.model import Transformer
 from mfgguf.run.records import ModuleMeta, RunInfo, module_name
 from mfgguf.run import RunDir
-from mfgguf.train.experts import complement as cx
 from mfgguf.train.experts import shared as sh
 from mfgguf.train.experts.stats import stats_tokens
-from mfgguf.train.engine.driver import schedule_steps
 from mfgguf.train.experts.tailstats import TailStats, tail_steps
 from mfgguf.train.rounds.ends import round_end
 from mfgguf.train.whole import branch as br
@@ -60,7 +57,7 @@ class Job:
 
 
 def expert_params(model: Transformer) -> dict[str, nn.Parameter]:
-    """The only trainable parameters: layers[*].experts[0] (of the layers `freeze_expert_layers` left)."""
+    """The only trainable parameters: layers[*].experts[0]."""
     return {n: p for n, p in model.named_parameters() if ".experts.0." in n and p.requires_grad}
 
 
@@ -69,74 +66,26 @@ class PlainFfn:
 
     route, slot = "single", 0
 
-    def check(self, job: Job, layers: tuple[int, ...]) -> None:
-        pass
-
-    def adapt(self, job: Job, model: Transformer) -> Transformer:
-        return model
-
     def params(self, model: Transformer) -> dict[str, nn.Parameter]:
         return expert_params(model)
 
     def tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         return model.expert_tensors(0)
 
-    def record(self, job: Job) -> dict:
-        return {}
-
-
-class Complement(PlainFfn):
-    """`--complement`: the two-way MoE of [frozen seed, this expert] with a learned router row."""
-
-    route, slot = cx.ROUTE, 1
-
-    def check(self, job: Job, layers: tuple[int, ...]) -> None:
-        if len(layers) < job.cfg.n_layers:
-            raise MfggufError("--complement trains a two-way MoE in every layer; pass --expert-layers all with it")
-        cx.check_complement(job.cfg, job.tc)
-
-    def adapt(self, job: Job, model: Transformer) -> Transformer:
-        model = cx.two_way(model, job.dev, bf16_trunk=job.bf16_trunk)
-        job.extra.update(cx.init_rows(model, job.rd, job.data, job.tc.eval_tokens, job.dev, job.prec))
-        return model
-
-    def params(self, model: Transformer) -> dict[str, nn.Parameter]:
-        return cx.complement_params(model)
-
-    def tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
-        return cx.complement_tensors(model)
-
-    def record(self, job: Job) -> dict:
-        return {"complement": True, **job.extra}
-
 
 @dataclass(frozen=True)
 class SharedCopies:
-    """`--shared`: the trunk tensors the expert also trains a private copy of (none: nothing). In the last
-    `--ffn-rounds` rounds (`rnd` past R - K) it trains none: the FFN adapts to the merged trunk it is served with."""
+    """`--shared`: the trunk tensors the expert also trains a private copy of (none: nothing)."""
 
     cfg: ModelConfig
     tc: TrainConfig
-    rnd: int = 1  # the round this job trains
 
     @property
     def choice(self) -> str:
-        """What this round trains a copy of: --shared, or none in an FFN-only round."""
-        return "none" if self.ffn_only else self.tc.shared
-
-    @property
-    def ffn_only(self) -> bool:
-        return self.tc.shared != "none" and self.rnd > self.tc.rounds - self.tc.ffn_rounds
+        return self.tc.shared
 
     def check(self) -> None:
         sh.check_shared(self.tc)
-        k, R = self.tc.ffn_rounds, self.tc.rounds
-        if k == 0:
-            return
-        if not (isinstance(k, int) and 0 < k < R and self.tc.shared != "none"):
-            raise MfggufError(f"--ffn-rounds {k}: the last K rounds of --rounds {R} train the FFN only against the"
-                              f" merged trunk, so K must be below R and the rounds before them train shared copies"
-                              f" (--shared norms|attn|all); pass --ffn-rounds 0 to {max(0, R - 1)}")
 
     def names(self) -> dict[str, str]:
         return sh.shared_names(self.cfg, self.choice)
@@ -145,22 +94,14 @@ class SharedCopies:
         return sh.shared_params(model, self.choice)
 
     def lr_scales(self, model: Transformer) -> dict[str, float]:
-        return sh.lr_scales(model, replace(self.tc, shared=self.choice))
+        return sh.lr_scales(model, self.tc)
 
     def tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         return sh.shared_module_tensors(model, self.choice)
 
     def record(self) -> dict:
-        """The module's record of its copies; an FFN-only round also names what the rounds before it trained
-        (`shared_trained`: the FLOPs of those tokens count the copies, flops.module_flops)."""
-        out = sh.shared_meta(self.cfg, self.choice)
-        if self.ffn_only:
-            steps = schedule_steps(self.tc, self.cfg.ctx_len)
-            out["shared_trained"] = {"shared": self.tc.shared,
-                                     "tensors": shared_tensor_names(self.cfg, self.tc.shared),
-                                     "tokens": round_end(steps, self.tc.rounds, self.tc.rounds - self.tc.ffn_rounds)
-                                     * self.tc.batch_size * self.cfg.ctx_len}
-        return out
+        """The module's record of its copies."""
+        return sh.shared_meta(self.cfg, self.choice)
 
 
 class BranchStart:
@@ -170,7 +111,7 @@ class BranchStart:
     def state(job: Job, named: dict, ffn: PlainFfn, ckpt_state: dict | None) -> dict | None:
         if job.rnd == 1 and ckpt_state is None and "branch" in job.trunk.json and job.tc.schedule == "wsd":
             return br.start_from_branch(br.read_branch(job.rd, job.trunk.json), named,
-                                        br.branch_names(job.cfg, job.tc), ffn_slot=ffn.slot)
+                                        br.branch_names(job.cfg, job.tc))
         return None
 
     @staticmethod
@@ -215,5 +156,5 @@ def gathers_moments(tc: TrainConfig) -> bool:
     return tc.stats_from != "pass" and (tc.shared == "none" or tc.rounds > 1)
 
 
-__all__ = ["Job", "expert_params", "PlainFfn", "Complement", "SharedCopies", "BranchStart", "RoundStart", "statistics",
+__all__ = ["Job", "expert_params", "PlainFfn", "SharedCopies", "BranchStart", "RoundStart", "statistics",
            "gathers_moments"]

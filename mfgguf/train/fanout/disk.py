@@ -48,13 +48,10 @@ def _bytes(shape) -> int:
     return n
 
 
-def _shared(plan: RunPlan, r: int) -> int:
-    """Bytes of the private trunk copies a job of round r trains (0 in an FFN-only round, or without --shared)."""
-    from mfgguf.train.experts.pieces import SharedCopies
-
-    choice = SharedCopies(plan.cfg, plan.tc, r).choice
+def _shared(plan: RunPlan) -> int:
+    """Bytes of the private trunk copies a job trains (0 without --shared)."""
     shapes = plan.trunk.get("tensors") or {}
-    return sum(_bytes(shapes[n]) + PER_TENSOR for n in shared_tensor_names(plan.cfg, choice) if n in shapes)
+    return sum(_bytes(shapes[n]) + PER_TENSOR for n in shared_tensor_names(plan.cfg, plan.tc.shared) if n in shapes)
 
 
 def _ffn(plan: RunPlan) -> int:
@@ -84,9 +81,9 @@ def estimate(plan: RunPlan, workers: int) -> dict[str, int]:
 
     tc, R, todo = plan.tc, plan.rounds, plan.todo
     history = plan.steps * JSON_PER_STEP
-    module = {r: _ffn(plan) + _shared(plan, r) + JSON_FIXED + history for r in range(1, R + 1)}
+    module = {r: _ffn(plan) + _shared(plan) + JSON_FIXED + history for r in range(1, R + 1)}
     gathers = gathers_moments(tc)  # the last round also gathers second moments (tailstats.py)
-    ckpt = max(3 * (_ffn(plan) + _shared(plan, r)) for r in range(1, R + 1)) + history
+    ckpt = 3 * (_ffn(plan) + _shared(plan)) + history
     ckpt += 2 * _moments(plan) if gathers else 0
     experts = {i for i, _ in todo}
     inflight = 2 * min(workers, len(todo)) * ckpt  # a save writes the new checkpoint beside the old

@@ -26,7 +26,6 @@ from mfgguf.train.experts.expert import load_trunk_meta
 from mfgguf.train.experts.stats import RouterStats
 
 ON = "own trunk copy, the last round's training steps"
-ON_FINAL = "final trunk, the last round's training steps"  # an FFN-only last round (--ffn-rounds) trained on it
 
 
 def adopt(rd: RunDir, i: int, moments: RouterStats, pooled: RouterStats) -> dict:
@@ -36,10 +35,9 @@ def adopt(rd: RunDir, i: int, moments: RouterStats, pooled: RouterStats) -> dict
     meta = read_module_meta(rd, i)
     tensors = {k: t for k, t in read_safetensors(rd.module_file(i)) if not k.startswith(SHARED_PREFIX)}
     pooled.add(moments)
-    own = bool(meta.get("shared_tensors"))  # else an FFN-only round, whose trunk the final sync left as it was
     out = write_module(rd, i, tensors, {
-        **meta, "trunk_sha256": trunk["sha256"], "shared_merged": True, "router_stats_on": ON if own else ON_FINAL,
-        "heldout_on": "own trunk copy" if own else "final trunk", "restat_tokens": 0,
+        **meta, "trunk_sha256": trunk["sha256"], "shared_merged": True, "router_stats_on": ON,
+        "heldout_on": "own trunk copy", "restat_tokens": 0,
         "restat_s": time.perf_counter() - t0,
         "premerge": {k: meta.get(k) for k in ("heldout_loss", "heldout_loss_mean", "shard_loss", "trunk_sha256")},
     })

@@ -178,25 +178,21 @@ def branch_names(cfg: ModelConfig, tc: TrainConfig) -> list[str]:
     return [*(ffn if init == "seed" else []), *sh.shared_names(cfg, tc.shared)]
 
 
-def start_from_branch(branch: dict, named: dict[str, torch.nn.Parameter], names: list[str],
-                      ffn_slot: int = 0) -> dict[str, dict]:
+def start_from_branch(branch: dict, named: dict[str, torch.nn.Parameter], names: list[str]) -> dict[str, dict]:
     """Set `names` of `named` to the branch point's weights; return their AdamW moments (run_loop's start_state).
 
     The frozen trunk stays the cooled-down one the MoE will run with: only what the expert trains
-    continues from the branch point. `ffn_slot` is where the expert's FFN sits in `named` (1 for a
-    complementing expert, whose slot 0 is the frozen, cooled-down seed); the branch point holds it as
-    the trunk's seed, slot 0.
+    continues from the branch point.
     """
     start = load_branch_state(branch, names)
-    slot = lambda n: n.replace(".experts.0.", f".experts.{ffn_slot}.")  # noqa: E731  (shared names pass unchanged)
     with torch.no_grad():
         for n, st in start.items():
-            p = named[slot(n)]
+            p = named[n]
             if tuple(st["param"].shape) != tuple(p.shape):
                 raise MfggufError(f"the branch point's {n} has shape {tuple(st['param'].shape)}, the expert's"
                                   f" {tuple(p.shape)}; retrain the trunk")
             p.copy_(st["param"])
-    return {slot(n): {"exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"], "step": branch["adam_step"]}
+    return {n: {"exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"], "step": branch["adam_step"]}
             for n, st in start.items()}
 
 

@@ -93,7 +93,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     prec = resolve_precision(precision, dev)
     expert_tc = get_preset(trunk.get("preset", "small")).expert
     tc = replace(expert_tc, tokens=int(tokens), lr=float(lr), eval_every=0, eval_tokens=4096, ckpt_every=10**9,
-                 compile=compile, shared="none", rounds=1, complement=False)
+                 compile=compile, shared="none", rounds=1)
     if seed is not None:
         tc = replace(tc, seed=int(seed))
     ckpt_meta = {"module": "continued", "kind": mode, "tokens": tc.tokens, "lr": tc.lr, "shards": list(shards),

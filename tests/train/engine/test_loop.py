@@ -80,9 +80,16 @@ def test_checkpoint_roundtrip_and_rejections(tmp_path):
     with pytest.raises(MfggufError, match="different train"):
         ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 11}})
     # a TrainConfig field added after the save matches it at its default, and only there
-    assert ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 10, "ffn_rounds": 0}})["step"] == 3
+    assert ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 10, "cooldown": 0.2}})["step"] == 3
     with pytest.raises(MfggufError, match="different train"):
-        ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 10, "ffn_rounds": 1}})
+        ckpt_io.load(tmp_path, q, opt2, {**meta, "train": {"tokens": 10, "cooldown": 0.5}})
+    # a field removed since matches at its off value; at another, the removal's one line
+    ckpt_io.save(tmp_path, p, opt, {**meta, "train": {"tokens": 10, "complement": False}, "step": 3})
+    assert ckpt_io.load(tmp_path, q, opt2, meta)["step"] == 3
+    ckpt_io.save(tmp_path, p, opt, {**meta, "train": {"tokens": 10, "ffn_rounds": 1}, "step": 3})
+    with pytest.raises(MfggufError, match="--ffn-rounds, which mfgguf removed.*2a0bd6e"):
+        ckpt_io.load(tmp_path, q, opt2, meta)
+    ckpt_io.save(tmp_path, p, opt, {**meta, "step": 3, "history": [[1, 8, 2.0]]})
     (tmp_path / "state.safetensors").write_bytes(b"\x00garbage" * 10)
     with pytest.raises(MfggufError, match="corrupted or unreadable.*--restart"):
         ckpt_io.load(tmp_path, q, opt2, meta)

@@ -21,7 +21,6 @@ from mfgguf.errors import MfggufError
 from mfgguf.model import trunk_model
 from mfgguf.options import JobOptions, TrainOptions
 from mfgguf.run import RunDir, read_module_meta
-from mfgguf.train.experts import complement as cx
 from mfgguf.train.experts import shared as sh
 from mfgguf.train.whole.branch import at_branch_lr, branch_files, branch_names, read_branch, start_from_branch
 from mfgguf.train.engine.driver import check_schedule, cooldown_start, lr_at, schedule_steps
@@ -230,32 +229,3 @@ def test_streamed_trunk_keeps_the_same_branch_point(prepared_run, tmp_path):
     for k in ta:
         torch.testing.assert_close(tb[k], ta[k], atol=1e-5 if k.startswith("param.") else 1e-7, rtol=1e-4, msg=k)
     assert not torch.equal(ta["exp_avg.layers.0.attn_q.weight"], torch.zeros_like(ta["exp_avg.layers.0.attn_q.weight"]))
-
-
-def test_complementing_expert_starts_its_own_ffn_from_the_branch_point(wsd_run, tmp_path):
-    """--complement with --schedule wsd: slot 1 (the trained FFN) continues the branch point's seed with
-    its AdamW moments; slot 0 (the frozen, routed seed the MoE ships) stays the cooled-down trunk's."""
-    run = copy_run(wsd_run, tmp_path / "run")
-    rd = RunDir(run)
-    trunk = read_module_meta(rd, 0)
-    branch = read_branch(rd, trunk)
-    cfg = ModelConfig.from_dict(trunk["config"])
-    opts = TrainOptions(tokens=4096, schedule="wsd", complement=True, eval_every=0, eval_tokens=1024)
-    tc = at_branch_lr(opts.train_config(TrainConfig()), trunk, opts)
-    model = cx.two_way(build_expert_model(rd, cfg, 1, torch.device("cpu"), bf16_trunk=False, init="seed"),
-                       torch.device("cpu"), bf16_trunk=False)
-    named = cx.complement_params(model)
-    start = start_from_branch(branch, named, branch_names(cfg, tc), ffn_slot=1)
-    ref, cooled = load_file(branch["path"]), load_file(rd.module_file(0))
-    assert len(start) == 2 * 3
-    for l in range(cfg.n_layers):
-        for f in ("gate", "up", "down"):
-            n = f"layers.{l}.experts.0.{f}.weight"
-            trained = getattr(model.layers[l].experts[1], f).weight
-            assert torch.equal(trained.detach(), ref[f"param.{n}"]), n
-            assert torch.equal(start[f"layers.{l}.experts.1.{f}.weight"]["exp_avg"], ref[f"exp_avg.{n}"])
-            frozen = getattr(model.layers[l].experts[0], f).weight
-            assert torch.equal(frozen.detach(), cooled[f"blk.{l}.ffn_{f}_seed.weight"])
-            assert not torch.equal(frozen.detach(), trained.detach())  # the cooldown moved the seed
-    meta = train_expert(run, 1, options=opts, progress=False)  # the CLI path: no error, and it says where it began
-    assert meta["complement"] and meta["branch_start"]["step"] == branch["step"] and meta["branch_start"]["tensors"] == 6
