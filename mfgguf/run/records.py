@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from mfgguf.errors import retired
+
 
 def module_name(index: int) -> str:
     """0 -> 'trunk', i -> 'expert_00i'."""
@@ -134,4 +136,19 @@ class Untrained(Enum):
         return f"{name} {self.value}"
 
 
-__all__ = ["ModuleMeta", "RunInfo", "Untrained", "module_name"]
+# Expert options the studies measured not to pay, which mfgguf removed: {train field: (flag, its off value)}
+RETIRED_TRAIN = {"complement": ("--complement", False), "expert_layers": ("--expert-layers", "all"),
+                 "ffn_rounds": ("--ffn-rounds", 0)}
+
+
+def check_not_retired(meta: dict, name: str, index: int) -> None:
+    """Refuse a module trained with a removed option: nothing here can train it further, assemble or measure it as
+    it trained (a complementing expert's learned row, an FFN-only round's merged copies)."""
+    train = meta.get("train") or {}
+    for key, (flag, off) in RETIRED_TRAIN.items():
+        if train.get(key, off) != off or (key == "complement" and meta.get("complement")):
+            raise retired(f"module {name} was trained", flag,
+                          f"retrain it without it (`mfgguf train-expert RUN --expert {index} --restart`)")
+
+
+__all__ = ["ModuleMeta", "RunInfo", "Untrained", "module_name", "RETIRED_TRAIN", "check_not_retired"]

@@ -37,11 +37,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mfgguf.errors import MfggufError, retired
+from mfgguf.errors import MfggufError
 # the file helpers and records live in modules of their own; stages import them from here as before
 from mfgguf.run.files import (atomic_path, file_digests, link_or_copy, read_json, sha256_file, swap_dir_into_place,
                           write_json, write_text, blake3_file)
-from mfgguf.run.records import ModuleMeta, RunInfo, Untrained, module_name
+from mfgguf.run.records import ModuleMeta, RunInfo, Untrained, check_not_retired, module_name
 from mfgguf.run.safetensors_f32 import save_f32, save_f32_streamed
 
 RUN_FORMAT = "mfgguf-run"
@@ -299,21 +299,6 @@ def read_module(run: RunDir, index: int, at: tuple[Path, Path] | None = None, we
         raise MfggufError(f"module {name} was written by an incompatible mfgguf; retrain it")
     check_not_retired(meta, name, index)
     return ModuleMeta.from_json(meta)
-
-
-# Expert options the studies measured not to pay, which mfgguf removed: {train field: (flag, its off value)}
-RETIRED_TRAIN = {"complement": ("--complement", False), "expert_layers": ("--expert-layers", "all"),
-                 "ffn_rounds": ("--ffn-rounds", 0)}
-
-
-def check_not_retired(meta: dict, name: str, index: int) -> None:
-    """Refuse a module trained with a removed option: nothing here can train it further, assemble or measure it as
-    it trained (a complementing expert's learned row, an FFN-only round's merged copies)."""
-    train = meta.get("train") or {}
-    for key, (flag, off) in RETIRED_TRAIN.items():
-        if train.get(key, off) != off or (key == "complement" and meta.get("complement")):
-            raise retired(f"module {name} was trained", flag,
-                          f"retrain it without it (`mfgguf train-expert RUN --expert {index} --restart`)")
 
 
 def read_module_meta(run: RunDir, index: int, weights_kept: bool = True) -> dict:

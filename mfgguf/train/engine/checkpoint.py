@@ -55,7 +55,7 @@ def _same(key: str, saved, now) -> bool:
         from dataclasses import fields
 
         from mfgguf.config import TrainConfig
-        from mfgguf.run.rundir import RETIRED_TRAIN
+        from mfgguf.run.records import RETIRED_TRAIN
 
         saved = dict(saved)
         for n, (flag, off) in RETIRED_TRAIN.items():
