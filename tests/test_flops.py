@@ -14,7 +14,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.eval.baselines.scratch import plan_baselines
 from mfgguf.eval.baselines.sides import parse_baselines
 from mfgguf.eval.training_flops import run_flops, tokens_for_flops
-from mfgguf.flops import expert_step_flops, module_step_flops, trunk_step_flops
+from mfgguf.flops import expert_step_flops, trunk_step_flops
 from mfgguf.model import Transformer, trunk_model, trunk_name_map
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.experts.expert import build_expert_model, expert_params
