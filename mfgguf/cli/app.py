@@ -56,7 +56,7 @@ def command(name: str, library_fn=None, **kw):
 def _register() -> None:
     import importlib
 
-    for area in ("data", "base", "train", "convert", "export", "calibrate", "runtime", "evaluate"):
+    for area in ("data", "questions", "base", "train", "convert", "export", "calibrate", "runtime", "evaluate"):
         try:
             importlib.import_module(f"{__package__}.{area}")
         except ModuleNotFoundError as e:  # an area not written yet must not break the others

@@ -86,6 +86,9 @@ def eval_cmd(
                              " dense model's initialisation); a baseline trained with another is trained again."
                              " Default: the trunk's seed (from scratch), train-base's default (an imported base)."
                              " The experts' seed is train-expert's --seed."),
+    questions: bool = typer.Option(True, "--questions/--no-questions", help="Score every final model on the RUN's"
+                                   " closed-book questions too (RUN/questions/, made by `mfgguf questions`), where"
+                                   " there are any."),
     benchmarks: Benchmarks = Benchmarks(),
 ):
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
@@ -96,7 +99,7 @@ def eval_cmd(
                      baseline_lrs=_grid(full=parse_floats(full_lrs, "--full-lrs"),
                                         lora=parse_floats(lora_lrs, "--lora-lrs")),
                      benchmarks={k: str(v) for k, v in benchmarks.files.items()} or None,
-                     benchmark_tasks=benchmarks.tasks or None)
+                     benchmark_tasks=benchmarks.tasks or None, questions=questions)
     r = evaluate(run, out, cfg, force=force)
     out = Path(out) if out else Path(run) / "eval"
     from rich.console import Console

@@ -40,7 +40,7 @@ from mfgguf.eval.baselines.baseline import SECTIONS, Job, Outcome
 from mfgguf.eval.baselines.imported import first_trunk_view
 from mfgguf.eval.baselines.sides import side_for
 from mfgguf.eval.domain_stream import stream_candidates
-from mfgguf.eval.general import check_benchmarks, score_general
+from mfgguf.eval.general import check_benchmarks, score_general, with_questions
 from mfgguf.eval.measure import measure, measure_stream, mixed, routing_accuracy
 from mfgguf.eval.measured import file_key, kept
 from mfgguf.eval.plots import eval_plots
@@ -74,6 +74,7 @@ class EvalConfig:
     #                                           scored on it (eval/general.py); None = none
     benchmark_tasks: dict[str, int | None] | None = None  # tasks of each benchmark (eval/general.py's EVAL_TASKS
     #                                                        where not given)
+    questions: bool = True  # also score the RUN's question sets (RUN/questions/, `mfgguf questions`) as benchmarks
 
 
 def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *, force: bool = False,
@@ -85,6 +86,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     RSS per model. Writes report.md (tables, each goal checked against `target`), report.json (raw
     figures) and PNG plots.
     """
+    cfg = with_questions(cfg, Path(run))
     check_benchmarks(cfg.benchmarks, cfg.benchmark_tasks)
     ev = _open(Path(run), out, cfg, force)
     t_start = time.perf_counter()

@@ -12,6 +12,9 @@ With `--hellaswag FILE` (and `--winogrande`, `--multiple-choice`), eval scores e
 Each is scored by runtime/choice (llama-perplexity where built, llama-cpp-python otherwise) and kept in
 OUT/measured/ like every measurement (eval/measured.py). The report gives each model's accuracy and interval, its
 paired difference to the base in points with its interval (runtime/choice/paired.py), the seconds each took, and a plot.
+The RUN's own closed-book questions (RUN/questions/, `mfgguf questions`: data/question_sets.py) are benchmarks of
+the same kind, HellaSwag's layout under the name `questions-<set>`, scored the same way where `--questions` (the
+default) finds them: every task of each set but the training half's validation one, which only choices read.
 
 Example:
     >>> general = score_general(ev, models, scored)   # in evaluate.py, after the test split is scored
@@ -22,12 +25,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mfgguf.data.question_sets import PREFIX, question_sets
 from mfgguf.eval.measured import file_key, kept
 from mfgguf.runtime.choice.paired import paired
 
 EVAL_TASKS = {"hellaswag": 2000, "winogrande": None, "multiple-choice": None}  # eval's defaults; None = every task
 # (HellaSwag: a paired difference to within about a point; the whole validation set is five times the cost)
 BASE_MODELS = ("trunk as trained (before sync)", "trunk alone")  # the first of these a report holds is the base
+QUESTIONS_NOTE = {"train-test": "Closed-book questions about training documents (the half no choice read): what"
+                                " the models learnt of them.",
+                  "test": "Closed-book questions about the test split's documents, which no model trained on: what"
+                          " generalises.",
+                  "": "Questions brought with `mfgguf import-questions`."}
+
+
+def layout(name: str) -> str:
+    """The layout a benchmark's file is in: a question set (`questions-<set>`, data/question_sets.py) HellaSwag's."""
+    return "hellaswag" if name.startswith(PREFIX) else name
+
+
+def with_questions(cfg, run: Path):
+    """`cfg` with the RUN's question sets (RUN/questions/, `mfgguf questions`) among its benchmarks, where
+    `cfg.questions` asks for them."""
+    from dataclasses import replace
+
+    sets = question_sets(run) if cfg.questions else {}
+    return replace(cfg, benchmarks={**(cfg.benchmarks or {}), **{k: str(v) for k, v in sets.items()}}) if sets else cfg
 
 
 def check_benchmarks(benchmarks: dict | None, tasks: dict | None) -> None:
@@ -35,8 +58,8 @@ def check_benchmarks(benchmarks: dict | None, tasks: dict | None) -> None:
     from mfgguf.runtime.choice.tasks import read_tasks, selected
 
     for name, data in (benchmarks or {}).items():
-        all_tasks = read_tasks(name, Path(data))
-        selected(name, all_tasks, task_count(name, tasks, len(all_tasks)))
+        all_tasks = read_tasks(layout(name), Path(data))
+        selected(layout(name), all_tasks, task_count(name, tasks, len(all_tasks)))
 
 
 def task_count(name: str, tasks: dict | None, in_file: int) -> int | None:
@@ -44,7 +67,7 @@ def task_count(name: str, tasks: dict | None, in_file: int) -> int | None:
     EVAL_TASKS's, or every task of a file that holds fewer (None: every task)."""
     if (tasks or {}).get(name) is not None:
         return tasks[name]
-    n = EVAL_TASKS[name]
+    n = EVAL_TASKS.get(name)
     return None if n is None or n >= in_file else n
 
 
@@ -75,7 +98,7 @@ def score_general(ev, models: dict, scored: set[str], say=print) -> dict:
     targets = general_models(models, scored)
     base = next(iter(targets))
     for name, data in (cfg.benchmarks or {}).items():
-        n = task_count(name, cfg.benchmark_tasks, len(read_tasks(name, Path(data))))
+        n = task_count(name, cfg.benchmark_tasks, len(read_tasks(layout(name), Path(data))))
         sha = sha256_file(Path(data))
         records = {}
         for label, spec in targets.items():
@@ -84,7 +107,7 @@ def score_general(ev, models: dict, scored: set[str], say=print) -> dict:
                         "adapters": {k: file_key(v) for k, v in (adapters or {}).items()}}
             say(f"{name} {label}")
             records[label] = kept(ev.out, spec["path"], settings, lambda p=spec["path"], a=adapters: benchmark(
-                p, name, Path(data), tasks=n, adapters=a, engine="auto"), force=ev.force,
+                p, layout(name), Path(data), tasks=n, adapters=a, engine="auto"), force=ev.force,
                 what="routed" if adapters else "")
         out[name] = {"tasks": records[base]["tasks"], "tasks_in_file": records[base]["tasks_in_file"],
                      "data": str(data), "data_sha256": sha, "base": base,
@@ -103,7 +126,9 @@ def general_markdown(general: dict, moe: str, points: float) -> list[str]:
     """report.md's section: each benchmark's table, and the goal on the best MoE's paired difference to the base."""
     L = []
     for name, g in general.items():
-        L += ["", f"## General ability: {name}", "",
+        asked = name.startswith(PREFIX)  # questions about the RUN's own documents: a goal of their own, not this one
+        L += ["", f"## Questions about the documents: {name[len(PREFIX):]}" if asked else f"## General ability: {name}",
+              *(["", QUESTIONS_NOTE.get(name[len(PREFIX):], QUESTIONS_NOTE[""])] if asked else []), "",
               f"{g['tasks']:,} of the file's {g['tasks_in_file']:,} tasks (llama-perplexity's draw), the same for every"
               f" model, scored as llama-perplexity scores them; the difference to the base ({g['base']}) is paired over"
               " the tasks (95% interval of a paired bootstrap; McNemar's exact p on the tasks one model alone gets"
@@ -117,7 +142,7 @@ def general_markdown(general: dict, moe: str, points: float) -> list[str]:
                      f" {p['mcnemar_p']:.3f}") if p else "(the base) | | |"
             L.append(f"| {label} | {100 * m['accuracy']:.2f}% | {100 * lo:.1f}-{100 * hi:.1f}% | {cells} |"
                      f" {m['seconds']:,.0f} |")
-        if moe in g["paired"]:
+        if moe in g["paired"] and not asked:
             p = g["paired"][moe]
             met = "yes" if p["points"] >= -points else "no"
             L += ["", f"Goal: the MoE ({moe}) at most {points:g} points below the base: {p['points']:+.2f}"
@@ -150,5 +175,5 @@ def general_plot(general: dict, out: Path) -> list[Path]:
     return paths
 
 
-__all__ = ["EVAL_TASKS", "check_benchmarks", "general_markdown", "general_models", "general_plot", "score_general",
-           "task_count"]
+__all__ = ["EVAL_TASKS", "check_benchmarks", "general_markdown", "general_models", "general_plot", "layout",
+           "score_general", "task_count", "with_questions"]
