@@ -37,6 +37,8 @@ CHOICES = {"expert_init": ExpertInit, "stats_from": StatsFrom, "shared": Shared,
 FLAGS = {"expert_init": "--init"}  # CLI flags that are not --<field-name-with-dashes>
 
 
+# A field added to ModelConfig or TrainConfig is an option of TrainOptions (mfgguf/options.py: its type, its help and
+# the verbs that take it), or for ModelConfig one of its NOT_OPTIONS; tests/test_options.py fails until it is.
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 4096  # overwritten by the RUN's tokenizer size

@@ -1,25 +1,34 @@
-"""Training options declared once: TrainOptions from the config dataclasses, the train verbs' CLI
-options from TrainOptions, one `--experts` parser."""
+"""Training options declared once: TrainOptions written out in step with the config dataclasses, each option's
+scope (which verbs take it) beside it, the train verbs' CLI options from TrainOptions, one `--experts` parser."""
 
 from __future__ import annotations
 
+import typing
 from dataclasses import fields
 
 import pytest
 from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
-from mfgguf.cli.options import scope_fields
 from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
-from mfgguf.options import (EXPERT_ONLY, MODEL_OPTIONS, JobOptions, TrainOptions, field_help, flag, option_help,
-                            parse_experts)
+from mfgguf.options import (MODEL_OPTIONS, NOT_OPTIONS, TAKES, JobOptions, TrainOptions, flag, option_help,
+                            option_names, parse_experts, scope)
 
 
 def test_options_are_the_config_fields():
-    assert [f.name for f in fields(TrainOptions)] == [f.name for f in fields(TrainConfig)] + list(MODEL_OPTIONS)
-    assert "vocab_size" not in MODEL_OPTIONS and "n_experts" not in MODEL_OPTIONS
-    assert all(getattr(TrainOptions(), f.name) is None for f in fields(TrainOptions))
+    """The hand-written class keeps in step: every TrainConfig field and every ModelConfig field but NOT_OPTIONS has
+    exactly one option, in the configs' order, typed as the field or None, default None, with a scope and a help."""
+    config = [f.name for f in fields(TrainConfig)]
+    model = [f.name for f in fields(ModelConfig) if f.name not in NOT_OPTIONS]
+    assert [f.name for f in fields(TrainOptions)] == config + model
+    assert set(NOT_OPTIONS) <= {f.name for f in fields(ModelConfig)} and list(MODEL_OPTIONS) == model
+    hints = typing.get_type_hints(TrainOptions)
+    wanted = typing.get_type_hints(TrainConfig) | typing.get_type_hints(ModelConfig)
+    for f in fields(TrainOptions):
+        assert hints[f.name] == wanted[f.name] | None, f.name
+        assert f.default is None and f.metadata["help"], f.name
+        assert scope(f.name) in (("model",) if f.name in model else ("both", "trunk", "expert")), f.name
 
 
 def test_overrides_are_checked():
@@ -38,26 +47,68 @@ def test_job_options_round_trip_as_flags_and_json():
     assert JobOptions.from_dict(job.to_dict()) == job
 
 
-def test_every_field_has_a_comment_as_help():
-    helps = field_help(TrainConfig) | field_help(ModelConfig)
-    assert all(helps[f.name] for f in fields(TrainOptions))
-    assert field_help(TrainConfig)["eval_every"].endswith("training time: docs/benchmarks.md)")  # continuation lines joined
+def test_every_option_has_its_help():
     assert option_help("lr") == "Peak learning rate (AdamW) (default: the preset's)."
+    assert option_help("rounds").startswith("Experts: sync rounds R (with shared); ")  # an expert option says so
+    assert option_help("compile").startswith("Torch.compile the training step")
 
 
-def test_verbs_take_the_fields_of_their_scope():
-    for verb, scope in (("train-trunk", "trunk"), ("train-expert", "expert"), ("train-experts", "expert")):
+def test_each_kind_takes_the_options_of_its_scopes():
+    assert TAKES == {"trunk": ("both", "trunk", "model"), "expert": ("both", "expert")}
+    assert set(MODEL_OPTIONS) & set(option_names("expert")) == set()
+    assert {"expert_init", "shared", "shared_lr_scale", "rounds", "stats_tokens", "stats_from"} & set(
+        option_names("trunk")) == set()
+    for old in ("--tokens", "--lr", "--batch-size", "--ckpt-every", "--seed", "--eval-tokens", "--eval-every",
+                "--curve-tokens", "--anchor-ff", "--seed-expert", "--schedule", "--cooldown"):
+        assert old in [flag(n) for n in option_names("trunk")]
+    for old in ("--tokens", "--init", "--shared", "--shared-lr-scale", "--rounds", "--schedule"):
+        assert old in [flag(n) for n in option_names("expert")]
+
+
+def test_verbs_show_the_options_they_take():
+    for verb, kind in (("train-trunk", "trunk"), ("train-expert", "expert"), ("train-experts", "expert")):
         r = CliRunner().invoke(app, [verb, "--help"], terminal_width=200)
         assert r.exit_code == 0
-        for name in scope_fields(scope):
-            assert f" {flag(name)} " in r.output, (verb, name)
-    assert set(EXPERT_ONLY) & set(scope_fields("trunk")) == set()
-    assert set(MODEL_OPTIONS) & set(scope_fields("expert")) == set()
-    for old in ("--tokens", "--lr", "--batch-size", "--ckpt-every", "--seed", "--eval-tokens", "--eval-every",
-                "--curve-tokens", "--anchor-ff", "--seed-expert"):
-        assert old in [flag(n) for n in scope_fields("trunk")]
-    for old in ("--tokens", "--init", "--shared", "--shared-lr-scale", "--rounds"):
-        assert old in [flag(n) for n in scope_fields("expert")]
+        for name in (f.name for f in fields(TrainOptions)):
+            assert (f" {flag(name)} " in r.output) == (name in option_names(kind)), (verb, name)
+
+
+def test_an_option_a_kind_does_not_take_is_refused_in_one_line():
+    with pytest.raises(MfggufError, match="^--rounds is an expert option; train-trunk does not take it$"):
+        TrainOptions(tokens=1, rounds=4).check("trunk", "train-trunk")
+    with pytest.raises(MfggufError, match=r"^--no-seed-expert is a model shape option \(experts use the trunk's\);"
+                                          " train-expert does not take it$"):
+        TrainOptions(seed_expert=False).check("expert", "train-expert")
+    o = TrainOptions(tokens=1, schedule="wsd", anchor_ff=64)
+    assert o.check("trunk", "train-trunk") is o
+
+
+@pytest.mark.parametrize("args,line", [
+    (["train-trunk", "RUN", "--rounds", "4"], "--rounds is an expert option; train-trunk does not take it"),
+    (["train-trunk", "RUN", "--init", "seed"], "--init is an expert option; train-trunk does not take it"),
+    (["train-expert", "RUN", "--expert", "1", "--anchor-ff", "64"],
+     "--anchor-ff is a model shape option (experts use the trunk's); train-expert does not take it"),
+    (["train-experts", "RUN", "--seed-expert"],
+     "--seed-expert is a model shape option (experts use the trunk's); train-experts does not take it"),
+])
+def test_train_verbs_refuse_an_option_they_do_not_take(tmp_path, args, line):
+    """Exit 1 and one line, before the RUN is read (here there is none)."""
+    r = CliRunner().invoke(app, [str(tmp_path / "none") if a == "RUN" else a for a in args])
+    assert r.exit_code == 1, (r.exit_code, r.output)
+    assert r.stderr.strip().splitlines() == [f"error: {line}"]
+
+
+def test_library_calls_refuse_an_option_they_do_not_take(tmp_path):
+    from mfgguf.train.experts.expert import train_expert
+    from mfgguf.train.fanout.schedule import train_experts
+    from mfgguf.train.whole.trunk import train_trunk
+
+    with pytest.raises(MfggufError, match="^--rounds is an expert option; train-trunk does not take it$"):
+        train_trunk(tmp_path, options=TrainOptions(rounds=4))
+    with pytest.raises(MfggufError, match="^--dim is a model shape option .*; train-expert does not take it$"):
+        train_expert(tmp_path, 1, options=TrainOptions(dim=64))
+    with pytest.raises(MfggufError, match="^--ctx-len is a model shape option .*; train-experts does not take it$"):
+        train_experts(tmp_path, job=JobOptions(TrainOptions(ctx_len=64)))
 
 
 def test_parse_experts():

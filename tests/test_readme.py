@@ -27,7 +27,8 @@ STOP = {"&&", "||", ";", "|", ">", ">>", "2>&1", "&"}
 
 @lru_cache(maxsize=1)
 def cli():
-    """The click group of the real app: {verb: {option strings}} and the group's own options."""
+    """The click group of the real app: {verb: {option strings}} and the group's own options. A hidden option
+    (one a verb takes only to refuse it in one line, cli/options.py) is none of the verb's."""
     import typer.main
 
     from mfgguf.cli.app import app
@@ -37,6 +38,8 @@ def cli():
     for name, cmd in group.commands.items():
         opts = {"--help"}
         for p in cmd.params:
+            if getattr(p, "hidden", False):
+                continue
             opts.update(p.opts)
             opts.update(p.secondary_opts)
         verbs[name] = opts

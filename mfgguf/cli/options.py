@@ -1,9 +1,11 @@
 """The train verbs' training options, built from TrainOptions' fields (mfgguf/options.py).
 
-`@train_options("trunk")` (or "expert") gives a verb one CLI option per field it takes, named
-`flag(field)`, typed as the field, default None (the preset's), its help the field's comment;
-the verb receives them gathered as one `options: TrainOptions` parameter. So a TrainConfig field
-added in mfgguf/config.py is an option of train-trunk, train-expert and train-experts at once.
+`@train_options("trunk")` (or "expert") gives a verb one CLI option per TrainOptions field, named
+`flag(field)`, typed as the field, default None (the preset's), its help the field's declared help;
+the verb receives them gathered as one `options: TrainOptions` parameter. The options of the other
+kind are there too, hidden from --help, so that the library function the verb calls refuses one
+given in one line (`TrainOptions.check`: "--rounds is an expert option; train-trunk does not take it").
+So an option declared in TrainOptions is an option of train-trunk, train-expert and train-experts at once.
 """
 
 from __future__ import annotations
@@ -14,36 +16,25 @@ import typing
 
 import typer
 
-from mfgguf.options import EXPERT_ONLY, MODEL_OPTIONS, TrainOptions, flag, option_help, option_types
-
-SCOPES = ("trunk", "expert")
+from mfgguf.options import TrainOptions, flag, option_help, option_names, option_types
 
 
-def scope_fields(scope: str) -> list[str]:
-    """The TrainOptions fields a verb of this scope takes: the trunk trains no expert-only field and the
-    experts change no model shape (they use the trunk's)."""
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}")
-    skip = EXPERT_ONLY if scope == "trunk" else MODEL_OPTIONS
-    return [n for n in option_types() if n not in skip]
-
-
-def _option(name: str, kind: type, help: str) -> typer.models.OptionInfo:
+def _option(name: str, typ: type, help: str, hidden: bool) -> typer.models.OptionInfo:
     f = flag(name)
-    return typer.Option(None, f"{f}/--no-{f[2:]}" if kind is bool else f, help=help)
+    return typer.Option(None, f"{f}/--no-{f[2:]}" if typ is bool else f, help=help, hidden=hidden)
 
 
-def train_options(scope: str, help: dict[str, str] | None = None):
-    """Decorator: replace the verb's `options: TrainOptions` parameter by the CLI options of `scope`;
-    `help` replaces an option's help where the verb's default is not the preset's."""
-    names = scope_fields(scope)
-    types = option_types()
-    helps = {n: (help or {}).get(n) or option_help(n) for n in names}
+def train_options(kind: str, help: dict[str, str] | None = None):
+    """Decorator: replace the verb's `options: TrainOptions` parameter by the CLI options of a `kind` job (and,
+    hidden, the others, for the library's one-line refusal); `help` replaces an option's help where the verb's
+    default is not the preset's."""
+    taken, types = option_names(kind), option_types()
+    helps = {n: (help or {}).get(n) or option_help(n) for n in types}
 
     def deco(fn):
-        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=_option(n, types[n], helps[n]),
-                                   annotation=types[n]) for n in names]
-        return gathered(fn, "options", extra, lambda kw: TrainOptions(**{n: kw.pop(n) for n in names}))
+        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=types[n],
+                                   default=_option(n, types[n], helps[n], hidden=n not in taken)) for n in types]
+        return gathered(fn, "options", extra, lambda kw: TrainOptions(**{n: kw.pop(n) for n in types}))
 
     return deco
 
@@ -65,4 +56,4 @@ def gathered(fn, name: str, extra: list[inspect.Parameter], gather):
     return verb
 
 
-__all__ = ["gathered", "train_options", "scope_fields", "SCOPES"]
+__all__ = ["gathered", "train_options"]

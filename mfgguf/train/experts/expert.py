@@ -182,12 +182,10 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
 def open_job(run: Path, expert: int, options: TrainOptions, device: str, precision: str) -> pc.Job:
     """Read and check everything an expert job needs before any model exists: the run, the trunk, the
     options over the trunk's preset, the round, the device and the shard."""
+    options.check("expert", "train-expert")
     rd = RunDir(run)
     info = rd.run_info()
     i = rd.check_expert_index(expert)
-    if options.model_changes():
-        raise MfggufError(f"model shape options ({', '.join(options.model_changes())}) belong to the trunk;"
-                          " experts use the trunk's")
     trunk = ModuleMeta.from_json(load_trunk_meta(rd))
     cfg = ModelConfig.from_dict(trunk.config)
     preset = trunk.preset or "small"

@@ -103,6 +103,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     Example:
         mfgguf train-experts RUN --workers 2 --shared all --rounds 4
     """
+    job.train.check("expert", "train-experts")
     rd = RunDir(run)
     info = rd.info()
     trunk = _trunk_meta(rd)

@@ -155,6 +155,7 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
         >>> train_trunk(Path("RUN"), preset="tiny", options=TrainOptions(tokens=40_000))["heldout_loss_mean"]
     """
     t_start = time.perf_counter()
+    options.check("trunk", "train-trunk")
     rd = RunDir(run)
     info = rd.info()
     if imported(rd.root) is not None and rd.module_file(0).is_file() and not restart:
