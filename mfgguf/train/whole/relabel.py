@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mfgguf.config import ModelConfig
+from mfgguf.data.masks import link_mask, load_mask, span_masks, write_mask
 from mfgguf.data.prepare import write_tokens
 from mfgguf.data.relabel import assign_balanced, documents
 from mfgguf.errors import MfggufError
@@ -215,6 +216,7 @@ def _write_run(rd: RunDir, dst: RunDir, ids, shards, spans, new, record: dict, i
         man = read_json(rd.manifest, "the run manifest")
         write_json(tmp.manifest, {**man, "modules": {"trunk": man["modules"]["trunk"]}})
         link_or_copy(rd.train_tokens, tmp.train_tokens)
+        link_mask(rd.train_tokens, tmp.train_tokens)  # a chat RUN's loss masks go with their tokens
         for split in {rd.heldout_dir, rd.validation_dir}:  # the test and validation splits (one dir on older RUNs)
             (tmp.data / split.name).mkdir()
             for f in split.iterdir():
@@ -222,16 +224,19 @@ def _write_run(rd: RunDir, dst: RunDir, ids, shards, spans, new, record: dict, i
         rows = {s["id"]: s for s in info["shards"]}
         out_shards = []
         rng = np.random.default_rng([c.seed, 7])
+        masks = {i: load_mask(rd.shard(i)) for i in ids}
         dtype = np.dtype(info["token_dtype"])
         for k in range(1, int(info["n_experts"]) + 1):
             if k not in ids:
                 link_or_copy(rd.shard(k), tmp.shard(k))
+                link_mask(rd.shard(k), tmp.shard(k))
                 out_shards.append(rows[k])
                 continue
             col = ids.index(k)
             mine = rng.permutation(np.flatnonzero(new == col))
             docs = [shards[spans[d][0]][spans[d][1]: spans[d][2]] for d in mine]
             n = write_tokens(tmp.shard(k), docs, range(len(docs)), dtype, int(info["eos_id"]))
+            write_mask(tmp.shard(k), span_masks(masks, [spans[d] for d in mine]), docs, range(len(docs)))
             from_ = record["moves"]
             got = {i: from_[f"shard {i}"][f"shard {k}"] for i in ids}
             out_shards.append({"id": k, "docs": len(docs), "tokens": n, "domains": _domains(rows, got),
