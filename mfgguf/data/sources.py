@@ -186,8 +186,8 @@ def _record_text(obj, text_field: str, default: str, where: str) -> tuple[str, s
         text = parse_conversation(obj["messages"], where)
     elif not isinstance(obj, dict) or text_field not in obj:
         keys = ", ".join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
-        raise MfggufError(f"{where} has neither a `messages` list nor a field {text_field!r} (has: {keys});"
-                          " pass --text-field for text")
+        raise MfggufError(f"{where} has no field {text_field!r} (has: {keys}); pass --text-field, or give a"
+                          " conversation a `messages` list")
     else:
         text = obj[text_field]
         if not isinstance(text, str):

@@ -100,7 +100,7 @@ def test_smollm2s_own_template_and_tokenizer(tmp_path):
 
 @pytest.mark.parametrize("line,message", [
     ('{"messages": [{"role": "user", "content": "hi"}', "is not valid JSON"),
-    ('{"prompt": "hi"}', "has neither a `messages` list nor a field 'text'"),
+    ('{"prompt": "hi"}', "has no field 'text' (has: prompt); pass --text-field, or give a conversation a `messages`"),
     ('{"messages": "hi"}', "`messages` is str, not a list"),
     ('{"messages": [{"role": "robot", "content": "hi"}, {"role": "assistant", "content": "x"}]}', "unknown role 'robot'"),
     ('{"messages": [{"role": "user", "content": "hi"}]}', "has no assistant turn"),
@@ -165,3 +165,22 @@ def test_a_base_without_a_chat_template_refuses_conversations(tmp_path):
     r = cli("prepare", write_jsonl(d / "c.jsonl", conversations(10)), "--out", d / "run", "--experts", "1", "--no-progress")
     assert r.exit_code == 1 and "has no chat template" in r.output, r.output
     assert sorted(p.name for p in (d / "run").rglob("*")) == before
+
+
+def test_relabel_keeps_each_documents_mask_with_its_tokens(chat_run, tmp_path):
+    """`relabel` rewrites shards document by document: each one's mask goes with it (the control's draw: every
+    document stays in its shard, in a new order), and the training mix keeps its mask."""
+    from mfgguf.train.whole.relabel import relabel
+
+    out = RunDir(tmp_path / "em")
+    relabel(chat_run, out.root, keep_labels=True, progress=False)
+    rd = RunDir(chat_run)
+    i = next(s["id"] for s in rd.info()["shards"] if "chat" in s["domains"])
+
+    def pairs(run: RunDir) -> list:
+        tokens = np.load(run.shard(i))
+        return sorted(map(tuple, masked_spans(tokens, load_mask(run.shard(i), len(tokens)))))
+
+    assert pairs(out) == pairs(rd) and len(pairs(rd)) > 60
+    assert not np.array_equal(np.load(out.shard(i)), np.load(rd.shard(i)))  # reordered, so the masks really moved
+    assert np.array_equal(load_mask(out.train_tokens), load_mask(rd.train_tokens))

@@ -133,3 +133,30 @@ def test_an_expert_trains_on_a_chat_runs_assistant_turns(tmp_path):
     # the validation loss is on the assistant turns in both: the split's mask is still there
     assert load_mask(run / "data" / "valid" / "chat.npy") is not None
     assert set(masked["heldout_loss"]) == {"chat", "prose"}
+
+
+def test_streamed_training_is_the_in_memory_training_under_a_mask(prepared_run, tmp_path):
+    """The layer-streamed head leaves the same targets out as the in-memory one: a random half of the trunk's
+    training targets and of the validation targets masked, the same losses and validation losses either way
+    (tests/train/engine/test_streamed.py compares the two unmasked)."""
+    from dataclasses import replace
+
+    from mfgguf.options import TrainOptions
+    from mfgguf.run import RunDir
+    from mfgguf.train.whole.trunk import train_trunk
+    from tests.conftest import copy_run
+
+    runs = []
+    for name in ("mem", "stream"):
+        rd = RunDir(copy_run(prepared_run, tmp_path / name))
+        rng = np.random.default_rng(0)
+        for f in [rd.train_tokens, *sorted(rd.validation_dir.glob("*.npy"))]:
+            with open(mask_path(f), "wb") as out:
+                np.save(out, (rng.random(len(np.load(f, mmap_mode="r"))) < 0.5).astype(np.uint8))
+        runs.append(rd.root)
+    opts = replace(TrainOptions(tokens=8 * 64 * 3, adam_eps=1e-6), eval_every=3)
+    ma = train_trunk(runs[0], preset="tiny", progress=False, options=opts, precision="fp32")
+    mb = train_trunk(runs[1], preset="tiny", progress=False, options=opts, precision="fp32", stream=True, accum=1)
+    np.testing.assert_allclose([h[2] for h in mb["history"]], [h[2] for h in ma["history"]], rtol=1e-5)
+    np.testing.assert_allclose(list(mb["heldout_loss"].values()), list(ma["heldout_loss"].values()), rtol=1e-5)
+    assert all(math.isfinite(h[2]) for h in ma["history"])
