@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+IGNORE_INDEX = -100  # a target the loss leaves out (a loss mask's context token: data/masks.py); F.cross_entropy's default
 LOGITS_CHUNK = 1 << 22  # logits elements per chunk (4 bytes each in f32): one chunk stays in cache
 FP32_CHUNK_ROWS = 512  # positions per chunk at least where the head runs fp32 (no native bf16): LOGITS_CHUNK is 85
 #                        positions at SmolLM2's vocabulary, too short for the fp32 kernels to near the peak; taller
@@ -52,21 +53,24 @@ class ChunkedHeadLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, y, chunk: int):  # x: (N, C), w: (V, C), y: (N,) int64 -> () f32
         N = y.numel()
+        n = (y != IGNORE_INDEX).sum().clamp_min(1)  # the counted targets (no host sync: a compiled step stays whole)
         dt = matmul_dtype(x, w)
         wc = w.to(dt)  # (V, C): cast once for every chunk (a bf16 head is not copied)
         gx = torch.empty_like(x)  # (N, C)
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         for s in range(0, N, chunk):
             xs, ys = x[s : s + chunk].to(dt), y[s : s + chunk]  # (n, C), (n,)
+            keep = ys != IGNORE_INDEX  # (n,): a target at IGNORE_INDEX is left out of the loss and sends no gradient
+            ys = ys.clamp_min(0)
             logits = F.linear(xs, wc).float()  # (n, V)
             lse = torch.logsumexp(logits, -1)  # (n,)
-            total += (lse - logits.gather(1, ys[:, None])[:, 0]).sum()
+            total += torch.where(keep, lse - logits.gather(1, ys[:, None])[:, 0], 0.0).sum()
             g = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
             g[torch.arange(len(ys), device=g.device), ys] -= 1.0
-            g = g.div_(N).to(dt)  # d(mean CE)/d logits, in the dtype autograd hands the head's matmuls
+            g = g.mul_(keep[:, None]).div_(n).to(dt)  # d(mean CE)/d logits, in the dtype autograd hands the matmuls
             gx[s : s + chunk] = g @ wc  # (n, C)
         ctx.save_for_backward(gx)
-        return total / N
+        return total / n
 
     @staticmethod
     def backward(ctx, grad):  # grad: () -> x's gradient, scaled
@@ -78,9 +82,12 @@ def head_cross_entropy(x, weight, y):  # x: (..., C), weight: (V, C), y: (...) -
     """The mean cross-entropy of the head `weight` over every position of x, LOGITS_CHUNK logits at a time.
 
     Without a gradient to make (no_grad, or nothing upstream trains), or with a head that trains, it is
-    plain cross-entropy over the whole logits."""
+    plain cross-entropy over the whole logits. Targets at IGNORE_INDEX (a loss mask's context tokens) are
+    left out: the mean is over the counted ones, and a batch with none counted has loss 0 and no gradient."""
     if not torch.is_grad_enabled() or not x.requires_grad or weight.requires_grad:
-        return F.cross_entropy(F.linear(x, weight).float().reshape(-1, weight.size(0)), y.reshape(-1))
+        y = y.reshape(-1)
+        ce = F.cross_entropy(F.linear(x, weight).float().reshape(-1, weight.size(0)), y, ignore_index=IGNORE_INDEX)
+        return torch.where((y != IGNORE_INDEX).any(), ce, 0.0)  # nothing counted: 0, not the mean's 0/0
     x2 = x.reshape(-1, x.size(-1))  # (N, C)
     chunk = head_chunk_rows(weight.size(0), matmul_dtype(x, weight))
     return ChunkedHeadLoss.apply(x2, weight, y.reshape(-1), chunk)

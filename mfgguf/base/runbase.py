@@ -41,6 +41,10 @@ class BaseFiles:
         v = self._header().value(f"tokenizer.ggml.{kind}_token_id")
         return None if v is None else int(v)
 
+    def value(self, key: str, default=None):
+        """One key-value of vocab.gguf (`tokenizer.chat_template`, `tokenizer.ggml.token_type`...), or `default`."""
+        return self._header().value(key, default)
+
     def token(self, i: int) -> str:
         return self._header().value("tokenizer.ggml.tokens")[i]
 
@@ -100,7 +104,8 @@ class LlamaCppTokenizer:
     """llama.cpp's tokenizer of a vocab-only GGUF, shaped like a `tokenizers.Tokenizer` for encode_documents.
 
     Text that spells a special token is tokenized as plain text (special=False), as prepare does
-    with `tokenizers` (encode_special_tokens=True), and no BOS is added: prepare adds the EOS.
+    with `tokenizers` (encode_special_tokens=True), and no BOS is added: prepare adds the EOS. With
+    encode_special_tokens False (a chat template's own text) special tokens are parsed, as `tokenizers` does.
     """
 
     def __init__(self, vocab: Path):
@@ -116,7 +121,8 @@ class LlamaCppTokenizer:
         return self.llm.n_vocab()
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = False):
-        return [SimpleNamespace(ids=self.llm.tokenize(t.encode("utf-8"), add_bos=False, special=False)) for t in texts]
+        return [SimpleNamespace(ids=self.llm.tokenize(t.encode("utf-8"), add_bos=False,
+                                                      special=not self.encode_special_tokens)) for t in texts]
 
 
 def carry_into(files: BaseFiles, tmp_run: Path) -> None:

@@ -13,7 +13,7 @@ from mfgguf.cli.app import command
 
 @command("prepare", prepare)
 def prepare_cmd(
-    sources: List[str] = typer.Argument(..., help="Files, dirs, globs, JSONL, hf:NAME[:CONFIG][:SPLIT], builtin, study; LABEL=SOURCE names a domain."),
+    sources: List[str] = typer.Argument(..., help="Files, dirs, globs, JSONL (text, or conversations: a `messages` list), hf:NAME[:CONFIG][:SPLIT], builtin, study; LABEL=SOURCE names a domain."),
     out: Path = typer.Option(..., "--out", help="The RUN directory to create."),
     experts: int = typer.Option(..., "--experts", help="Number of expert shards N."),
     partition: str = typer.Option("label", help="How documents go to experts: label, random or cluster."),

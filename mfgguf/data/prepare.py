@@ -22,6 +22,8 @@ import numpy as np
 from mfgguf.base.runbase import base_info, base_only, base_tokenizer, carry_into, imported
 from mfgguf.errors import MfggufError
 from mfgguf.run import RUN_FORMAT, RUN_VERSION, RunDir, swap_dir_into_place, write_json
+from mfgguf.data.chat import encode_conversations, run_template
+from mfgguf.data.masks import write_mask
 from mfgguf.data.partition import PARTITIONS, partition as _partition_docs, split_three
 from mfgguf.data.sources import load_corpus
 from mfgguf.data.tokenizer import EOS_ID, EOS_TOKEN, MIN_VOCAB, encode_documents, token_dtype, train_tokenizer
@@ -42,7 +44,9 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     names the domain. Partitions: `label` (by domain), `random` (with OVERLAP, a document may join
     a second expert), `cluster` (balanced k-means over tf-idf, c-BTM style). Into a RUN written by
     `mfgguf import-base`, no BPE is trained: the corpus is tokenized with the base's own tokenizer
-    (vocab_size is ignored) and the imported trunk is kept. Returns run.json.
+    (vocab_size is ignored) and the imported trunk is kept. JSONL lines holding a `messages` list are
+    conversations, rendered with the base's chat template; the loss is on their assistant turns only (a mask
+    beside each token file: data/chat.py, data/masks.py). Returns run.json.
 
     Example:
         >>> prepare(["builtin"], Path("RUN"), n_experts=3, vocab_size=4096, max_chars_per_domain=2_000_000)
@@ -57,9 +61,10 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     train_idx, valid_idx, held_idx = _split(domains, heldout_frac, valid_frac, seed)
 
     base = imported(out)  # `mfgguf import-base` wrote RUN: the base's own tokenizer, EOS and vocabulary
+    template = run_template(base) if any(d.conversation for d in docs) else None  # conversations need one: ask first
     tok, vocab, eos, eos_token = _tokenizer(base, [docs[i].text for i in train_idx], vocab_size, progress)
     dtype = token_dtype(vocab)
-    tokens = _tokenize(tok, [d.text for d in docs], dtype, progress)
+    tokens, masks = _encode(tok, template, docs, dtype, progress)
 
     part, shard_docs = _shards(partition, tokens, domains, train_idx, n_experts, overlap, seed, progress)
 
@@ -67,12 +72,8 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     try:
         run = RunDir(tmp)
         _write_tokenizer(run, base, tok)
-        rng = np.random.default_rng([seed, 5])
-        # training order is shuffled once, so a reader that streams the file sees mixed domains
-        train_tokens = write_tokens(run.train_tokens, tokens, rng.permutation(train_idx), dtype, eos)
-        shards = _write_shards(run, shard_docs, tokens, domains, rng, dtype, eos)
-        heldout = _write_split(held_idx, run.heldout, run.heldout_text, docs, tokens, dtype, eos)
-        valid = _write_split(valid_idx, run.valid, run.valid_text, docs, tokens, dtype, eos)
+        train_tokens, shards, heldout, valid = _write_data(run, docs, tokens, masks, (train_idx, valid_idx, held_idx),
+                                                           shard_docs, seed, dtype, eos)
         if partition == "cluster":
             _save_clusters(run.clusters, part)
         info = {
@@ -89,6 +90,7 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
             "shards": shards,
             "train_tokens": train_tokens,
             "train_docs": len(train_idx),
+            "conversations": sum(m is not None for m in masks),  # documents with a loss mask (chat.py)
             "heldout": heldout,  # the test split
             "valid": valid,
             "sources": list(sources),
@@ -159,27 +161,47 @@ def _write_tokenizer(run: RunDir, base, tok) -> None:
         tok.save(str(run.tokenizer))
 
 
-def _write_shards(run: RunDir, shard_docs, tokens, domains, rng, dtype, eos) -> list[dict]:
-    """Each expert's shard, its documents in a shuffled order; run.json's record of each."""
+def _write_data(run: RunDir, docs, tokens, masks, splits, shard_docs, seed: int, dtype, eos):
+    """The token files (and loss masks) of the training tokens, the shards and both splits; run.json's records."""
+    train_idx, valid_idx, held_idx = splits
+    rng = np.random.default_rng([seed, 5])
+    # training order is shuffled once, so a reader that streams the file sees mixed domains
+    order = rng.permutation(train_idx)
+    train_tokens = write_tokens(run.train_tokens, tokens, order, dtype, eos)
+    write_mask(run.train_tokens, masks, tokens, order)
+    shards = _write_shards(run, shard_docs, tokens, masks, [d.domain for d in docs], rng, dtype, eos)
+    heldout = _write_split(held_idx, run.heldout, run.heldout_text, docs, tokens, masks, dtype, eos)
+    valid = _write_split(valid_idx, run.valid, run.valid_text, docs, tokens, masks, dtype, eos)
+    return train_tokens, shards, heldout, valid
+
+
+def _write_shards(run: RunDir, shard_docs, tokens, masks, domains, rng, dtype, eos) -> list[dict]:
+    """Each expert's shard, its documents in a shuffled order; run.json's record of each (`counted`: the tokens
+    its loss mask counts, where it has one)."""
     shards = []
     for i, idx in enumerate(shard_docs, 1):
-        n = write_tokens(run.shard(i), tokens, rng.permutation(idx), dtype, eos)
+        order = rng.permutation(idx)
+        n = write_tokens(run.shard(i), tokens, order, dtype, eos)
+        counted = write_mask(run.shard(i), masks, tokens, order)
         comp = {}
         for j in idx:
             comp[domains[j]] = comp.get(domains[j], 0) + len(tokens[j]) + 1
-        shards.append({"id": i, "docs": len(idx), "tokens": n, "domains": dict(sorted(comp.items()))})
+        shards.append({"id": i, "docs": len(idx), "tokens": n, "domains": dict(sorted(comp.items())),
+                       **({"counted": counted} if counted is not None else {})})
     return shards
 
 
-def _write_split(idx, npy, txt, docs, tokens, dtype, eos) -> dict:
-    """One split's tokens and text per domain ({domain: {docs, tokens}}); `npy`/`txt` name a domain's files."""
+def _write_split(idx, npy, txt, docs, tokens, masks, dtype, eos) -> dict:
+    """One split's tokens and text per domain ({domain: {docs, tokens[, counted]}}); `npy`/`txt` name a domain's
+    files."""
     out = {}
     domains = [d.domain for d in docs]
     for d in sorted(set(domains[i] for i in idx)):
         mine = [i for i in idx if domains[i] == d]
         n = write_tokens(npy(d), tokens, mine, dtype, eos)
+        counted = write_mask(npy(d), masks, tokens, mine)
         txt(d).write_text("\n\n".join(docs[i].text for i in mine), encoding="utf-8")
-        out[d] = {"docs": len(mine), "tokens": n}
+        out[d] = {"docs": len(mine), "tokens": n, **({"counted": counted} if counted is not None else {})}
     return out
 
 
@@ -228,6 +250,22 @@ def _check_shards(shards, partition: str, n_experts: int, n_train: int) -> None:
 def _partition(name, tokens, domains, train_idx, n, overlap, seed):
     return _partition_docs(name, [tokens[i] for i in train_idx], [domains[i] for i in train_idx], n,
                      overlap=overlap, seed=seed)
+
+
+def _encode(tok, template, docs, dtype, progress: bool) -> tuple[list[np.ndarray], list]:
+    """Every document's token ids, and its loss mask: None (all ones) for text, a conversation's from chat.py."""
+    plain = [i for i, d in enumerate(docs) if d.conversation is None]
+    chat = [i for i, d in enumerate(docs) if d.conversation is not None]
+    tokens: list = [None] * len(docs)
+    masks: list = [None] * len(docs)
+    for i, t in zip(plain, _tokenize(tok, [docs[i].text for i in plain], dtype, progress) if plain else []):
+        tokens[i] = t
+    if chat:
+        with _status(progress, f"rendering and tokenizing {len(chat)} conversations"):
+            encoded = encode_conversations(tok, template, [docs[i].conversation for i in chat], dtype)
+        for i, (ids, mask) in zip(chat, encoded):
+            tokens[i], masks[i] = ids, mask
+    return tokens, masks
 
 
 def _tokenize(tok, texts: list[str], dtype, progress: bool) -> list[np.ndarray]:

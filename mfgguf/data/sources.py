@@ -22,6 +22,7 @@ from typing import Iterable, Iterator
 
 from mfgguf.errors import MfggufError
 from mfgguf.data.builtin import BUILTIN, builtin_texts
+from mfgguf.data.chat import Conversation, parse_conversation
 from mfgguf.data.texts import SKIP_DIRS, read_text
 
 MAX_DOC_CHARS = 8192
@@ -33,10 +34,12 @@ _HF_FILE_BUILDERS = ("json", "csv", "text", "parquet")
 
 @dataclass(frozen=True)
 class Document:
-    """One unit of text with its domain label."""
+    """One unit of text with its domain label; a conversation (chat.py) keeps its messages, and its text is a plain
+    form of them."""
 
     text: str
     domain: str
+    conversation: Conversation | None = None
 
 
 def load_documents(sources: list[str], *, text_field: str = "text", max_chars_per_domain: int | None = None,
@@ -44,7 +47,8 @@ def load_documents(sources: list[str], *, text_field: str = "text", max_chars_pe
     """Load labelled documents from SOURCES.
 
     A source is a text file, a directory (read recursively), a glob (`src/**/*.md`), a JSONL file
-    (one object per line with TEXT_FIELD and optionally `domain`), `hf:NAME[:CONFIG][:SPLIT]` (a
+    (one object per line with TEXT_FIELD, or a conversation's `messages` list (chat.py), and optionally
+    `domain`), `hf:NAME[:CONFIG][:SPLIT]` (a
     `datasets` dataset; `hf:json:data/*.jsonl` reads local files), `builtin` (the Python
     standard library's code, English docs and C headers) or `study` (tens of millions of tokens in
     five domains from the installed packages and the distribution: code, docstrings, C and C++
@@ -105,6 +109,10 @@ def _read_source(source: str, text_field: str, st: dict, cap: "_Cap") -> Iterato
         for domain, text in items:
             domain = label or sanitize_label(domain)
             st["domains"].add(domain)
+            if isinstance(text, Conversation):  # a whole conversation, never cut
+                if cap.take(domain, text.text(), whole=True):
+                    yield Document(text.text(), domain, text)
+                continue
             for piece in split_text(text):
                 piece = cap.take(domain, piece)
                 if piece:
@@ -173,13 +181,17 @@ def _jsonl_texts(path: Path, text_field: str, default: str) -> Iterator[tuple[st
         raise MfggufError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _record_text(obj, text_field: str, default: str, where: str) -> tuple[str, str]:
-    if not isinstance(obj, dict) or text_field not in obj:
+def _record_text(obj, text_field: str, default: str, where: str) -> tuple[str, str | Conversation]:
+    if isinstance(obj, dict) and "messages" in obj:  # a conversation: {"messages": [{"role", "content"}, ...]}
+        text = parse_conversation(obj["messages"], where)
+    elif not isinstance(obj, dict) or text_field not in obj:
         keys = ", ".join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
-        raise MfggufError(f"{where} has no field {text_field!r} (has: {keys}); pass --text-field")
-    text = obj[text_field]
-    if not isinstance(text, str):
-        raise MfggufError(f"{where}: field {text_field!r} is {type(text).__name__}, not text")
+        raise MfggufError(f"{where} has no field {text_field!r} (has: {keys}); pass --text-field, or give a"
+                          " conversation a `messages` list")
+    else:
+        text = obj[text_field]
+        if not isinstance(text, str):
+            raise MfggufError(f"{where}: field {text_field!r} is {type(text).__name__}, not text")
     domain = obj.get("domain")
     return (str(domain) if domain not in (None, "") else default), text
 
@@ -269,13 +281,14 @@ class _Cap:
     def all_full(self, domains) -> bool:
         return bool(domains) and all(self.full(d) for d in domains)
 
-    def take(self, domain: str, text: str) -> str:
+    def take(self, domain: str, text: str, whole: bool = False) -> str:
+        """What of TEXT the budget takes (`whole`: all of it while any budget is left, or nothing)."""
         if self.limit is None:
             return text
         left = self.limit - self.used.get(domain, 0)
         if left <= 0:
             return ""
-        if len(text) > left:
+        if len(text) > left and not whole:
             cut = text.rfind("\n", 0, left)
             text = text[: cut + 1] if cut > 0 else text[:left]
         self.used[domain] = self.used.get(domain, 0) + len(text)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mfgguf.config import TrainConfig
+from mfgguf.data.masks import mask_targets
 from mfgguf.errors import MfggufError
 from mfgguf.train.engine.status import StatusFile
 
@@ -131,11 +132,13 @@ class LoopResult:
 
 
 def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int, stream: int, label: str,
-                progress: bool, heldout: Callable[[], dict] | None = None, until: int | None = None) -> LoopResult:
+                progress: bool, heldout: Callable[[], dict] | None = None, until: int | None = None,
+                mask: np.ndarray | None = None) -> LoopResult:
     """Drive `impl` over the schedule's steps (up to `until`, a sync round's end) on random windows of
     `data`. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
     the schedule's last one (not at a round's end: nothing is decided on a round's score; docs/benchmarks.md,
-    the recipe's wall): the held-out curve, kept in checkpoints."""
+    the recipe's wall): the held-out curve, kept in checkpoints. `mask` (data/masks.py: as long as `data`, 0 on
+    context tokens) leaves the targets it zeroes out of every step's loss."""
     check_schedule(tc)
     per_step = tc.batch_size * ctx_len
     steps = schedule_steps(tc, ctx_len)
@@ -161,6 +164,8 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
             impl.branch(0, {"step": 0, "tokens": 0, "lr": tc.lr, "steps": steps})
         for step in range(start, end):
             x, y = get_batch(data, tc.seed, stream, step, tc.batch_size, ctx_len)
+            if mask is not None:  # the mask's windows at the same starts: get_batch draws them from the length alone
+                y = mask_targets(y, get_batch(mask, tc.seed, stream, step, tc.batch_size, ctx_len)[1])
             lv = impl.step(step, x, y, lr_at(step, steps, tc))
             if not math.isfinite(lv):
                 raise MfggufError(f"training diverged at step {step} (loss {lv}); lower --lr and pass --restart")

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as _ckpt
 
 from mfgguf.config import ModelConfig, TrainConfig
+from mfgguf.data.masks import counted_share, load_mask, target_mask
 from mfgguf.errors import MfggufError
 from mfgguf.head_loss import LOGITS_CHUNK, head_cross_entropy
 from mfgguf.machine import startup_s
@@ -176,10 +177,11 @@ def eval_windows(tokens: np.ndarray, ctx_len: int, max_tokens: int) -> tuple[np.
 
 @torch.no_grad()
 def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str, dev, precision: str,
-             hook=None) -> tuple[float, int]:
-    """Mean loss over consecutive non-overlapping windows of up to `max_tokens` tokens.
+             hook=None, mask: np.ndarray | None = None) -> tuple[float, int]:
+    """Mean loss over consecutive non-overlapping windows of up to `max_tokens` tokens; with a loss `mask`
+    (data/masks.py), over the targets it counts only (a chat domain's assistant turns).
 
-    Returns (loss, tokens scored); (nan, 0) for an array too short to score.
+    Returns (loss, tokens scored); (nan, 0) for an array too short to score, or with nothing counted.
     """
     starts, win = eval_windows(tokens, model.cfg.ctx_len, max_tokens)
     n_win = len(starts)
@@ -196,10 +198,13 @@ def evaluate(model: Transformer, tokens: np.ndarray, max_tokens: int, route: str
         with autocast(precision, dev):
             x = model.hidden(w[:, :-1], route=route, hook=hook)  # (b, win, C)
             x, y = x.reshape(-1, x.size(-1)), w[:, 1:].reshape(-1)  # (N, C), (N,)
+            if mask is not None:  # the counted targets only
+                keep = target_mask(mask, starts[b : b + bs], win).reshape(-1).to(dev)
+                x, y = x[keep], y[keep]
             for s in range(0, len(y), head):  # the (rows, vocab) logits a chunk at a time
                 total += float(score_head(model, x[s : s + head], y[s : s + head], weight))
         count += len(y)
-    return total / count, count
+    return (total / count, count) if count else (float("nan"), 0)
 
 
 # ---- optimizer and loop ---------------------------------------------------------------------------
@@ -247,7 +252,8 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
              until: int | None = None, keep: frozenset[str] = frozenset(),
              resume_from: dict | None = None, branch_path: Path | None = None,
              start_state: dict[str, dict] | None = None, micro: int | None = None,
-             tail: TailStats | None = None, ckpt_seconds: float | None = None) -> LoopResult:
+             tail: TailStats | None = None, ckpt_seconds: float | None = None,
+             mask: np.ndarray | None = None) -> LoopResult:
     """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
@@ -263,6 +269,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     router statistics in the steps from its `first_step` on (tailstats.py), kept in the checkpoints.
     `ckpt_seconds` also checkpoints once that long has passed since the last save (a whole model's
     state, where a step count would save too often on a short run or too rarely on a long one).
+    `mask`: the loss mask of `data` (data/masks.py; None: every target counts).
     Returns the loss and held-out histories and token counts.
     """
     impl = InMemorySteps(model, named_params, tc, dev=dev, precision=precision, route=route, recompute=recompute,
@@ -276,7 +283,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
 
     model.train()
     res = train_steps(impl, data, tc, ctx_len=model.cfg.ctx_len, stream=stream, label=label, progress=progress,
-                      heldout=curve if heldout else None, until=until)
+                      heldout=curve if heldout else None, until=until, mask=mask)
     res.compiled = impl.compiled
     return res
 
@@ -357,8 +364,8 @@ class InMemorySteps:
                 else:
                     loss = self._fwd(xm, ym, route=self.route)
                 with autocast_off(self.prec, self.dev):
-                    (loss * (xm.shape[0] / x.shape[0])).backward()
-                total = total + loss.detach() * (xm.shape[0] / x.shape[0])
+                    (loss * counted_share(ym, y)).backward()
+                total = total + loss.detach() * counted_share(ym, y)
                 if hook is not None:
                     self.tail.commit()
         return total
@@ -406,10 +413,12 @@ def wants_compile(choice: str, work: float, recompute: bool) -> bool:
 
 
 def heldout_losses(heldout_dir: Path, model: Transformer, max_tokens: int, route: str, dev, precision: str) -> dict:
-    """{domain: mean loss} over `data/heldout/<domain>.npy`, up to `max_tokens` tokens each."""
+    """{domain: mean loss} over `data/heldout/<domain>.npy`, up to `max_tokens` tokens each (a chat domain's:
+    over its assistant turns, the targets its loss mask counts)."""
     out = {}
     for f in sorted(Path(heldout_dir).glob("*.npy")):
-        loss, n = evaluate(model, load_tokens(f, f"held-out tokens of {f.stem}"), max_tokens, route, dev, precision)
+        tokens = load_tokens(f, f"held-out tokens of {f.stem}")
+        loss, n = evaluate(model, tokens, max_tokens, route, dev, precision, mask=load_mask(f, len(tokens)))
         if n:
             out[f.stem] = loss
     return out

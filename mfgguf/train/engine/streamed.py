@@ -30,6 +30,7 @@ import torch
 from torch.optim.adamw import adamw
 
 from mfgguf.config import ModelConfig, TrainConfig
+from mfgguf.head_loss import IGNORE_INDEX
 from mfgguf.errors import MfggufError
 from mfgguf.model import Block, RMSNorm, rope_for
 from mfgguf.train.engine.loop import LOGITS_CHUNK, autocast
@@ -259,8 +260,11 @@ class StreamedTrunk:
             hn = self.norm(xr)  # (N, C)
         h = hn.detach()
         y = targets.reshape(-1).to(self.dev)
+        keep = y != IGNORE_INDEX  # (N,): a target at IGNORE_INDEX (a loss mask's context) neither counts nor sends gradient
+        n = max(int(keep.sum()), 1)  # the mean is over the counted targets
+        y = y.clamp_min(0)
         lse, tgt = self._lse(h, y)
-        loss = float((lse - tgt).sum()) / N
+        loss = float(torch.where(keep, lse - tgt, 0.0).sum()) / n
         head = self.store.units["head"]
         w_slot = head.slot("output.weight")
         sq_out = torch.zeros((), device=self.dev)
@@ -274,7 +278,7 @@ class StreamedTrunk:
                 yb = y[b]
                 hit = (yb >= r0) & (yb < r0 + rows)
                 g[hit, yb[hit] - r0] -= 1.0
-                g = (g / N).to(self._cdt)  # d(mean CE)/dz, cast as autograd casts the .float()
+                g = (g * keep[b, None] / n).to(self._cdt)  # d(mean CE)/dz, cast as autograd casts the .float()
                 gw += (g.T @ hb[b]).float()
                 dh[b] += (g @ w).float()
             sq_out += gw.pow(2).sum()

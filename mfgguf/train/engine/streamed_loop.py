@@ -37,12 +37,14 @@ def init_from_seed(cfg: ModelConfig, seed: int) -> Callable[[Slot], torch.Tensor
 
 
 def streamed_loop(trunk: StreamedTrunk, data: np.ndarray, tc: TrainConfig, *, stream: int, ckpt_meta: dict,
-                  progress: bool, label: str, heldout: Callable[[], dict] | None, branch_path=None) -> LoopResult:
+                  progress: bool, label: str, heldout: Callable[[], dict] | None, branch_path=None,
+                  mask: np.ndarray | None = None) -> LoopResult:
     """`run_loop` for a StreamedTrunk: the same driver, batches, schedule and held-out curve; every step
-    is a checkpoint. `branch_path`: where a wsd run keeps its branch point (branch.py)."""
+    is a checkpoint. `branch_path`: where a wsd run keeps its branch point (branch.py); `mask`: `data`'s loss
+    mask (data/masks.py)."""
     impl = StreamedSteps(trunk, tc, ckpt_meta, branch_path)
     res = train_steps(impl, data, tc, ctx_len=trunk.cfg.ctx_len, stream=stream, label=label, progress=progress,
-                      heldout=heldout)
+                      heldout=heldout, mask=mask)
     res.io_per_step = impl.io or [0, 0]
     return res
 
@@ -111,14 +113,17 @@ class StreamedSteps:
 
 
 def streamed_heldout(trunk: StreamedTrunk, heldout_dir, max_tokens: int, budget_tokens: int) -> dict:
-    """{domain: mean loss} like `heldout_losses`, forward-streamed in groups of windows."""
+    """{domain: mean loss} like `heldout_losses` (a loss mask's counted targets only), forward-streamed in groups
+    of windows."""
     from pathlib import Path
 
+    from mfgguf.data.masks import load_mask, target_mask
     from mfgguf.train.engine.loop import load_tokens
 
     out = {}
     for f in sorted(Path(heldout_dir).glob("*.npy")):
         tokens = load_tokens(f, f"held-out tokens of {f.stem}")
+        mask = load_mask(f, len(tokens))
         starts, win = eval_windows(tokens, trunk.cfg.ctx_len, max_tokens)
         if not len(starts):
             continue
@@ -127,7 +132,11 @@ def streamed_heldout(trunk: StreamedTrunk, heldout_dir, max_tokens: int, budget_
         for b in range(0, len(starts), per):
             rows = np.stack([np.asarray(tokens[s : s + win + 1], dtype=np.int64) for s in starts[b : b + per]])
             w = torch.from_numpy(rows)
-            total += float(trunk.token_losses(w[:, :-1], w[:, 1:]).double().sum())
-            count += w[:, 1:].numel()
-        out[f.stem] = total / count
+            losses = trunk.token_losses(w[:, :-1], w[:, 1:]).double()  # (b * win,)
+            keep = torch.ones_like(losses, dtype=torch.bool) if mask is None else \
+                target_mask(mask, starts[b : b + per], win).reshape(-1).to(losses.device)
+            total += float(losses[keep].sum())
+            count += int(keep.sum())
+        if count:
+            out[f.stem] = total / count
     return out

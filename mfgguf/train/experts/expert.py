@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from mfgguf.config import EXPERT_INITS, ModelConfig, get_preset
+from mfgguf.data.masks import load_mask
 from mfgguf.errors import MfggufError
 from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name_map
 from mfgguf.options import TrainOptions
@@ -171,7 +172,8 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     res = run_loop(model, named, job.data, tc, dev=job.dev, precision=job.prec, route=ffn.route, stream=i,
                    ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, recompute=rec, progress=progress,
                    label=_label(i, job.rnd, tc.rounds), heldout=curve, lr_scale=shared.lr_scales(model), until=until,
-                   keep=keep, resume_from=resume_from, start_state=start_state, micro=micro, tail=tail)
+                   keep=keep, resume_from=resume_from, start_state=start_state, micro=micro, tail=tail,
+                   mask=load_mask(rd.shard(i), len(job.data)))
     if job.rnd < tc.rounds:
         return _write_round(job, model, res, ffn, shared, rec, t_start)
     meta = _finish(job, model, res, ffn, shared, tail, rec, micro, t_start, clock, before)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from mfgguf.config import ModelConfig, get_preset
+from mfgguf.data.masks import union_masks
 from mfgguf.errors import MfggufError
 from mfgguf.families import family
 from mfgguf.machine import startup_s
@@ -117,7 +118,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
         limit_heap_retention()
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=view.checkpoint_dir(0),
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=f"base, {mode}", micro=micro,
-                   ckpt_seconds=CKPT_SECONDS)
+                   ckpt_seconds=CKPT_SECONDS, mask=union_masks([rd.shard(i) for i in shards], len(data) // len(shards)))
     fresh = res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len  # this process's tokens: its speed
     adapter = None
     if mode == "lora":  # llama.cpp's own form of the same LoRA, for serving it unmerged beside the base

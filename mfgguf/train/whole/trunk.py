@@ -21,6 +21,7 @@ import torch
 
 from mfgguf.base.runbase import imported
 from mfgguf.config import get_preset
+from mfgguf.data.masks import load_mask
 from mfgguf.flops import trunk_step_flops
 from mfgguf.machine import mem_available
 from mfgguf.errors import MfggufError
@@ -194,7 +195,7 @@ def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = Tra
     curve = lambda: heldout_losses(rd.validation_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=ckpt_dir,
                    ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", heldout=curve,
-                   branch_path=_branch_path(tc, ckpt_dir))
+                   branch_path=_branch_path(tc, ckpt_dir), mask=load_mask(rd.train_tokens, len(data)))
 
     heldout = heldout_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
     if not heldout:
@@ -253,7 +254,7 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
     try:
         res = streamed_loop(trunk, data, tc, stream=0, ckpt_meta=ckpt_meta, progress=progress, label="trunk (streamed)",
                             heldout=lambda: streamed_heldout(trunk, rd.validation_dir, tc.curve_tokens, group),
-                            branch_path=_branch_path(tc, ckpt_dir))
+                            branch_path=_branch_path(tc, ckpt_dir), mask=load_mask(rd.train_tokens, len(data)))
         heldout = streamed_heldout(trunk, rd.validation_dir, tc.eval_tokens, group)
         if not heldout:
             raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
