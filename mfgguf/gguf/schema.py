@@ -205,7 +205,8 @@ RS_SOURCES = "mfgguf.router.sources"  # STRING [S]: sha256 of each source's pool
 RS_SOURCE_COUNTS = "mfgguf.router.source_counts"  # UINT64 [S]: tokens each source's G is a mean over
 RS_RIDGE = "mfgguf.router.has_second_moments"  # BOOL: the block holds each source's G after the means (ridge)
 RS_OFFSET = "mfgguf.router.stats_offset"  # UINT64: the block (means, then G), offset in the data section
-# files of mfgguf 0.1 carried the float arrays in the header instead, as base64 strings under these keys
+# files of mfgguf 0.1 carried the float arrays in the header instead, as base64 strings under these keys:
+# the header readers refuse such a file (header.check_not_v01)
 RS_OLD_BLOBS = ("mfgguf.router.means", "mfgguf.router.second_moments")
 
 # records of router rows edited after assembly (JSON strings); they describe those rows only, so `extend`
