@@ -17,7 +17,7 @@ Phases, each checking its own state before the next runs:
   7. fold               mixtral only: the (possibly merged) anchor into every expert slot
   8. router             closed form from the pooled statistics (router.py), F32, one layer of the
                         pooled second moment read at a time; then the statistics `extend` needs go
-                        into their block after the tensor data (routerstats.py)
+                        into their block after the tensor data (routing/stats.py)
   9. fsync + verify     every slot fully written (own byte accounting), then the file is re-read
                         with llama.cpp's GGUF parser (gguf-py's reader as fallback): names, types,
                         sizes, offsets (readback.py)

@@ -216,7 +216,7 @@ def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], 
         kv.append(("mfgguf.router_stats_sha256", "STRING", pooled.meta["sha256"]))
     if N:
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
-    if N and needs_stats(router) and not comp:  # what `mfgguf extend` recomputes the router from (routerstats.py)
+    if N and needs_stats(router) and not comp:  # what `mfgguf extend` recomputes the router from (routing/stats.py)
         counts = [int(m.meta["router_stats_count"]) for m in mods]
         src = pooled.meta["sha256"] if pooled is not None else ""  # "": no G (centroid)
         src_n = int(pooled.meta.get("router_stats_count") or sum(counts)) if pooled is not None else 0

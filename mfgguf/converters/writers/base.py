@@ -155,7 +155,7 @@ class Writer:
         self.rb = None
 
     def _router_stats(self) -> None:
-        """The statistics the router came from, into their block after the tensor data (routerstats.py)."""
+        """The statistics the router came from, into their block after the tensor data (routing/stats.py)."""
         rb, at = self.rb, self.p.stats
         if at is None:
             return

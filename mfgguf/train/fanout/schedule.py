@@ -6,7 +6,7 @@ scheduler only decides where and when it runs:
             the measured peak RSS of one job of the preset, JOB_MB, against available memory, and
             the threads a job of the preset uses well, JOB_THREADS), each with cores // workers threads;
             where that is one job at a time, the jobs run in this process instead (inproc.py);
-  - ray:    one Ray task per job with its CPUs and memory declared (fanout_ray.py), so no node
+  - ray:    one Ray task per job with its CPUs and memory declared (ray.py), so no node
             takes more than fits; the engine retries a task whose worker died.
 With sync rounds (`--rounds R`, experts with `--shared`), it runs every expert's round, then
 `mfgguf sync`, then the next round. Re-running picks up only what is missing: an expert whose
