@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mfgguf import __version__
-from mfgguf.config import ModelConfig, get_preset
+from mfgguf.config import DEFAULT_PRESET, ModelConfig, get_preset
 from mfgguf.base.runbase import imported
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_manifest
@@ -92,7 +92,7 @@ def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
     if "config" in trunk.meta:
         cfg = ModelConfig.from_dict(trunk.meta["config"])
     else:
-        cfg = get_preset(trunk.meta.get("preset", "small")).model
+        cfg = get_preset(trunk.meta.get("preset", DEFAULT_PRESET)).model
     if cfg.vocab_size != vocab_size:
         raise MfggufError(
             f"the trunk was trained with vocab {cfg.vocab_size} but tokenizer.json has {vocab_size} tokens;"

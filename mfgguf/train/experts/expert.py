@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from mfgguf.config import EXPERT_INITS, ModelConfig, get_preset
+from mfgguf.config import DEFAULT_PRESET, EXPERT_INITS, ModelConfig, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name_map
 from mfgguf.options import TrainOptions
@@ -190,7 +190,7 @@ def open_job(run: Path, expert: int, options: TrainOptions, device: str, precisi
                           " experts use the trunk's")
     trunk = ModuleMeta.from_json(load_trunk_meta(rd))
     cfg = ModelConfig.from_dict(trunk.config)
-    preset = trunk.preset or "small"
+    preset = trunk.preset or DEFAULT_PRESET
     tc = br.at_branch_lr(options.train_config(get_preset(preset).expert), trunk.json, options)
     pc.SharedCopies(cfg, tc).check()
     rnd = _round(rd, trunk, tc, i)
