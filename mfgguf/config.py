@@ -195,7 +195,7 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-
+DEFAULT_PRESET = "small"  # where none is named: the commands' default, and what a record without a preset is read as
 
 
 def shared_tensor_names(cfg: ModelConfig, choice: str) -> list[str]:
@@ -231,5 +231,5 @@ def get_preset(name: str) -> Preset:
         raise MfggufError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
 
 
-__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "SCHEDULES", "SHARED_CHOICES", "EXPERT_INITS", "STATS_FROM",
+__all__ = ["ModelConfig", "TrainConfig", "Preset", "PRESETS", "DEFAULT_PRESET", "SCHEDULES", "SHARED_CHOICES", "EXPERT_INITS", "STATS_FROM",
            "COMPILE_CHOICES", "CHOICES", "FLAGS", "get_preset", "shared_tensor_names"]

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mfgguf.budget import MAX_FACTOR, plan_tokens
-from mfgguf.config import get_preset
+from mfgguf.config import DEFAULT_PRESET, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
 from mfgguf.stages import StageResult, run_stage
@@ -27,7 +27,7 @@ from mfgguf.stages import StageResult, run_stage
 
 @dataclass(frozen=True)
 class DemoConfig:
-    preset: str = "small"  # model shape and training lengths (see mfgguf.config.PRESETS)
+    preset: str = DEFAULT_PRESET  # model shape and training lengths (see mfgguf.config.PRESETS)
     experts: int = 3  # one per built-in domain (python, english, c) with partition=label
     partition: str = "label"  # how documents are split into expert shards
     vocab_size: int = 4096  # BPE vocabulary

@@ -9,6 +9,11 @@ class MfggufError(Exception):
     """Bad input or state the user can fix. The message is one line: what is wrong, what to do."""
 
 
+class Outdated(MfggufError):
+    """A file an earlier mfgguf wrote in a format this one no longer reads (a module of format 1, a GGUF of mfgguf
+    0.1), refused where it is first read: the message names the version that wrote it and what to run again."""
+
+
 RETIRED_AT = "2a0bd6e"  # the last commit that still runs the options the studies measured not to pay
 
 

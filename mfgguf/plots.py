@@ -1,6 +1,6 @@
 """PNG plots with matplotlib's Agg backend (no display needed): generic line charts and training loss curves.
 
-The floor every stage draws with: train/ imports it, so it imports nothing above run.py; the figures
+The floor every stage draws with: train/ imports it, so it imports nothing above run/; the figures
 of `mfgguf eval`'s report live in eval/plots.py.
 
 Example:

@@ -10,7 +10,12 @@ One line per check, `{"check": NAME, "count": N, "items": [...]}`, in this order
                    a lazy import hides a cycle, it does not remove it);
   private_names    `from b import _name` where b is another module of the package (not from an `__init__`);
   upward_imports   a module importing one on a higher floor of FLOORS (lazy imports count);
-  figures          measured figures in docstrings and comments (they live in docs/).
+  figures          measured figures in docstrings and comments (they live in docs/);
+  dead_paths       repository paths named in docstrings and `#` comments, of PACKAGE_DIR and of scripts/, that do
+                   not exist: a `<dir>/<name>.py` that no file of the repository ends with (nor one beside the module
+                   that names it), a `docs/<page>.md` or `docs/<dir>/<script>.sh` that is not there, a bare
+                   `<name>.py` where no file of that name exists anywhere in the repository. Files of other
+                   projects (llama.cpp's, transformers') go in EXTERNAL.
 Then the docs' counts, over README.md and every Markdown file under docs/ (fenced code is not prose):
   broken_links     relative links whose file, or whose `#anchor` (GitHub's heading slugs), does not exist;
   readme_figures   figures of the README's "Headline results" table missing from the page the row links;
@@ -76,6 +81,14 @@ ALLOWED: set[tuple[str, str]] = {
     ("mfgguf.train.experts.pooled", "50 MB"),  # a dim x dim f32 matrix at the `1b` shape, computed
     ("mfgguf.train.experts.shared", "0.5 GB"),  # 16 bytes x 31M parameters, computed
 }
+
+# Files that docstrings and comments name and that are another project's.
+EXTERNAL: set[str] = {
+    "convert_hf_to_gguf.py",  # llama.cpp's converter from Hugging Face checkpoints
+    "modeling_granitemoeshared.py", "modeling_mixtral.py", "modeling_qwen2_moe.py", "modeling_qwen3_moe.py",  # transformers'
+}
+# A repository path: any `.py` (with or without folders), a page or script under docs/, the README.
+PATH = re.compile(r"(?<![\w./~-])((?:[\w.-]+/)*[\w-]+\.py|docs/(?:[\w.-]+/)*[\w-]+\.(?:md|sh)|README\.md)(?![\w/])")
 
 UNIT = r"(?:x(?![\w])|×|\s?%|\s?(?:[KMGT]i?B(?:/s)?|tokens/s|tok/s|ms|s|min)(?![\w/]))"
 FIGURE = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?" + UNIT)
@@ -185,7 +198,8 @@ def long_functions(m: str, tree: ast.Module) -> list[str]:
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION]
 
 
-def figures(m: str, source: str, tree: ast.Module) -> list[str]:
+def prose(source: str, tree: ast.Module) -> list[tuple[int, str]]:
+    """(first line, text) of every docstring (module, class, function) and `#` comment of a module."""
     texts: list[tuple[int, str]] = []
     for n in ast.walk(tree):
         if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -195,11 +209,49 @@ def figures(m: str, source: str, tree: ast.Module) -> list[str]:
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
             texts.append((tok.start[0], tok.string))
+    return texts
+
+
+def figures(m: str, source: str, tree: ast.Module) -> list[str]:
     out = []
-    for line, text in texts:
+    for line, text in prose(source, tree):
         for hit in FIGURE.finditer(text):
             if (m, hit.group().strip()) not in ALLOWED:
                 out.append(f"{m}:{line + text[:hit.start()].count(chr(10))}: {hit.group().strip()}")
+    return out
+
+
+def repo_files(repo: Path) -> list[str]:
+    """Every file of the repository, as a path relative to it (hidden folders and caches left out)."""
+    out = []
+    for p in repo.rglob("*"):
+        rel = p.relative_to(repo)
+        if p.is_file() and not any(s.startswith(".") or s == "__pycache__" for s in rel.parts[:-1]):
+            out.append(rel.as_posix())
+    return out
+
+
+def dead_paths(repo: Path, dirs: list[Path]) -> list[str]:
+    """Paths named in the docstrings and comments of the modules under `dirs` that no file of `repo` has."""
+    files = repo_files(repo)
+    names = {f.rsplit("/", 1)[-1] for f in files}
+    out = []
+    for d in dirs:
+        for path in sorted(d.rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            for line, text in prose(source, ast.parse(source, str(path))):
+                for hit in PATH.finditer(text):
+                    named = hit.group(1)
+                    if named in EXTERNAL:
+                        continue
+                    if "/" in named:
+                        here = (path.parent / named).resolve()
+                        found = here.is_file() or any(f == named or f.endswith("/" + named) for f in files)
+                    else:
+                        found = named in names
+                    if not found:
+                        where = line + text[:hit.start()].count("\n")
+                        out.append(f"{path.relative_to(repo).as_posix()}:{where}: {named}")
     return out
 
 
@@ -325,6 +377,7 @@ def house(root: Path) -> list[dict]:
         "private_names": private,
         "upward_imports": upward(package, edges),
         "figures": [f for m in mods for f in figures(m, sources[m], trees[m])],
+        "dead_paths": dead_paths(root.parent, [root] + [d for d in [root.parent / "scripts"] if d.is_dir()]),
         **docs(root.parent),
     }
     return [{"check": k, "count": len(v), "items": v} for k, v in checks.items()]

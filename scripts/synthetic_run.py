@@ -4,9 +4,8 @@ Real pieces where they matter to the assembler: a real byte-level BPE tokenizer 
 that ships with Python (stdlib docs and sources), module files written by `mfgguf.run.write_module`
 (so their format and manifest are the real ones), and router statistics that are valid moments
 (a mean per layer and expert; the pooled second moment, modules/router_stats.safetensors, the mean
-of a positive-definite uncentred moment per expert; `format1=True` stores those in every expert
-instead, as module format 1 did). Weights
-are Gaussian with std 1/sqrt(fan_in) so activations and logits have order-one scale.
+of a positive-definite uncentred moment per expert). Weights are Gaussian with std 1/sqrt(fan_in)
+so activations and logits have order-one scale.
 
     python scripts/synthetic_run.py OUT --preset tiny --experts 3 [--vocab 512] [--seed 0] [--shared attn]
 
@@ -31,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mfgguf.config import get_preset, shared_tensor_names  # noqa: E402
-from mfgguf.run import (RUN_FORMAT, RUN_VERSION, SHARED_PREFIX, RunDir, read_json, write_json, write_module,  # noqa: E402
+from mfgguf.run import (RUN_FORMAT, RUN_VERSION, SHARED_PREFIX, RunDir, write_json, write_module,  # noqa: E402
                         write_router_stats)
 
 
@@ -76,12 +75,10 @@ def _stats(rng, dim: int, rank: int = 32) -> tuple[np.ndarray, np.ndarray]:
 
 def build(out: Path, *, preset: str = "tiny", n_experts: int = 3, vocab: int | None = None, seed: int = 0,
           tokenizer: Path | None = None, max_chars: int = 3_000_000, stats_count: int = 10_000, shared: str = "none",
-          format1: bool = False, **overrides) -> Path:
+          **overrides) -> Path:
     """Write RUN `out` with a trunk and `n_experts` random experts (with `shared` copies); returns `out`.
 
-    The router's pooled second moment is the mean of the experts' random ones (equal counts);
-    `format1=True` writes the modules as mfgguf's module format 1 did instead: every expert holds
-    its own second moments, no blake3 digests, no pooled file.
+    The router's pooled second moment is the mean of the experts' random ones (equal counts).
     """
     out = Path(out)
     rd = RunDir(out)
@@ -131,35 +128,17 @@ def build(out: Path, *, preset: str = "tiny", n_experts: int = 3, vocab: int | N
             mu, M = _stats(rng, C)
             e[f"router_stats.blk.{l}.mean"] = mu
             pooled[l] += M / n_experts
-            if format1:
-                e[f"router_stats.blk.{l}.second_moment"] = M
         for n, (w, sd) in src.items():  # (shape of the trunk tensor)
             e[SHARED_PREFIX + n] = w + np.float32(0.1 * sd) * rng.standard_normal(w.shape, dtype=np.float32)
         write_module(rd, i, e, {"kind": "expert", "preset": preset, "config": cfg.to_dict(), "shard": i,
                                 "trunk_sha256": trunk["sha256"], "router_stats_count": stats_count, "synthetic": True,
                                 "tokens_seen": 1000 * i, "shared_tensors": names})
         del e
-    if format1:
-        _as_format1(rd, n_experts)
-    else:
-        write_router_stats(rd, {f"router_stats.blk.{l}.second_moment": g.astype(np.float32) for l, g in enumerate(pooled)},
-                           {"trunk_sha256": trunk["sha256"], "router_stats_count": stats_count * n_experts, "synthetic": True,
-                            "source": "experts", "experts": {f"expert_{i:03d}": json.loads(rd.module_meta(i).read_text())["sha256"]
-                                                             for i in range(1, n_experts + 1)}})
+    write_router_stats(rd, {f"router_stats.blk.{l}.second_moment": g.astype(np.float32) for l, g in enumerate(pooled)},
+                       {"trunk_sha256": trunk["sha256"], "router_stats_count": stats_count * n_experts, "synthetic": True,
+                        "source": "experts", "experts": {f"expert_{i:03d}": json.loads(rd.module_meta(i).read_text())["sha256"]
+                                                         for i in range(1, n_experts + 1)}})
     return out
-
-
-def _as_format1(rd: RunDir, n_experts: int) -> None:
-    """Module JSON and manifest as module format 1 wrote them: version 1, sha256 only."""
-    for i in range(n_experts + 1):
-        m = read_json(rd.module_meta(i), "module")
-        m["version"] = 1
-        m.pop("blake3", None)
-        write_json(rd.module_meta(i), m)
-    man = read_json(rd.manifest, "manifest")
-    for rec in man["modules"].values():
-        rec.pop("blake3", None)
-    write_json(rd.manifest, man)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """The house's counts (scripts/house.py) stay at zero: no function over 80 lines, no module over 450, no folder
-of more than 12 modules, no import cycle, private name taken across modules or import up a floor, and no measured
-figure in a docstring or comment (figures live in docs/). And the docs': every link and anchor resolves, every
+of more than 12 modules, no import cycle, private name taken across modules or import up a floor, no measured
+figure in a docstring or comment (figures live in docs/), and no docstring or comment naming a repository path that
+does not exist. And the docs': every link and anchor resolves, every
 figure of the README's headline table is in the page its row links, no line reads as a diary or names a machine's
 path, the README stays within 280 lines and each guide within 300, and every study report opens with its verdict."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ZERO = ("upward_imports", "cycles", "private_names", "long_modules", "crowded_folders", "long_functions", "figures",
-        "broken_links", "readme_figures", "diary", "machine_paths", "long_readme", "long_guides", "study_verdicts")
+        "dead_paths", "broken_links", "readme_figures", "diary", "machine_paths", "long_readme", "long_guides", "study_verdicts")
 
 
 def _counts() -> dict[str, dict]:
@@ -59,6 +60,23 @@ def test_docs_checks_catch_a_bad_tree(tmp_path):
     assert got["long_readme"] == ["README.md (289)"]
     assert got["long_guides"] == ["docs/guide.md (311)"]
     assert got["study_verdicts"] == ["docs/studies/s.md"]
+
+
+def test_dead_paths_finds_the_files_that_are_gone(tmp_path):
+    """Paths that exist (from the root, by their tail, beside the module, a bare name anywhere) pass; gone ones and
+    outputs that are not the repository's (a report.md, RUN/x.json) are told apart."""
+    house = _house()
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "guide.md").write_text("# Guide\n")
+    (tmp_path / "pkg" / "sub" / "stats.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "mod.py").write_text(
+        '"""Reads sub/stats.py, pkg/sub/stats.py, stats.py and docs/guide.md; writes report.md and RUN/run.json.\n\n'
+        'Once in routerstats.py, then in sub/gone.py and docs/gone.md; llama.cpp\'s convert_hf_to_gguf.py."""\n'
+        "x = 1  # see old/place.py\n")
+    got = house.dead_paths(tmp_path, [tmp_path / "pkg"])
+    assert got == ["pkg/sub/mod.py:3: routerstats.py", "pkg/sub/mod.py:3: sub/gone.py", "pkg/sub/mod.py:3: docs/gone.md",
+                   "pkg/sub/mod.py:4: old/place.py"]
 
 
 def test_slugs_are_githubs():

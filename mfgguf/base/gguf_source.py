@@ -144,7 +144,7 @@ class GGUFBase:
 
     @property
     def tokenizer_json(self) -> Path | None:
-        return None  # a GGUF-only base tokenizes through llama.cpp (base/tokens.py)
+        return None  # a GGUF-only base tokenizes through llama.cpp (base/runbase.py, `base_tokenizer`)
 
     def tensor(self, name: str) -> np.ndarray:
         """One f32 tensor (numpy shape, llama.cpp row order), read from the file now."""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mfgguf.config import ModelConfig, get_preset
+from mfgguf.config import DEFAULT_PRESET, ModelConfig, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, swap_dir_into_place, write_json, write_module_streamed
 from mfgguf.base.gguf_source import GGUFBase
@@ -60,7 +60,7 @@ def default_expert_ff(ff: int) -> int:
     return max(32, ff // SEED_SHARE // 32 * 32)
 
 
-def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: bool = True, preset: str = "small",
+def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: bool = True, preset: str = DEFAULT_PRESET,
                 ctx_len: int | None = None, force: bool = False) -> dict:
     """Import a pretrained model of a known family (mfgguf/families/) as the trunk of a new RUN directory.
 
@@ -123,7 +123,7 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
     return meta
 
 
-def trunk_config(s: BaseShape, *, expert_ff: int | None = None, seed: bool = True, preset: str = "small",
+def trunk_config(s: BaseShape, *, expert_ff: int | None = None, seed: bool = True, preset: str = DEFAULT_PRESET,
                  ctx_len: int | None = None) -> ModelConfig:
     """The trunk's ModelConfig that `import_base` gives a base of shape `s` (what a plan can read without importing)."""
     e = default_expert_ff(s.ff) if expert_ff is None else int(expert_ff)

@@ -8,6 +8,7 @@ import typer
 
 from mfgguf.base.importer import import_base
 from mfgguf.cli.app import command
+from mfgguf.config import DEFAULT_PRESET
 
 
 @command("import-base", import_base)
@@ -20,7 +21,7 @@ def import_base_cmd(
                                   " anchor, and every token's FFN is then its routed experts alone)."),
     seed: bool = typer.Option(True, "--seed/--no-seed", help="Split the base's FFN into anchor + seed (experts start"
                               " from the seed); --no-seed keeps the whole FFN as the anchor."),
-    preset: str = typer.Option("small", "--preset", help="Training preset the experts use (tokens, batch, lr)."),
+    preset: str = typer.Option(DEFAULT_PRESET, "--preset", help="Training preset the experts use (tokens, batch, lr)."),
     ctx_len: int = typer.Option(None, "--ctx-len", help="Training context (default: the preset's, at most the base's)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing RUN directory (only once the new one is complete)."),
 ):

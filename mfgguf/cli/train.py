@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 
+from mfgguf.config import DEFAULT_PRESET
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions, TrainOptions
 from mfgguf.run.records import ModuleMeta
@@ -55,7 +56,7 @@ def _line(meta: dict, run: Path) -> str:
 @train_options("trunk")
 def train_trunk_cmd(
     run: Path = _RUN,
-    preset: str = typer.Option("small", "--preset", help="Model size: tiny, small or 1b."),
+    preset: str = typer.Option(DEFAULT_PRESET, "--preset", help="Model size: tiny, small or 1b."),
     device: str = _DEVICE, precision: str = _PRECISION, restart: bool = _RESTART, progress: bool = _PROGRESS,
     memory_budget: str = typer.Option(None, "--memory-budget", help="Train layer-streamed (weights and optimizer"
                                       " state on disk, one block in RAM) when the in-memory estimate exceeds this,"

@@ -17,7 +17,7 @@ Phases, each checking its own state before the next runs:
   7. fold               mixtral only: the (possibly merged) anchor into every expert slot
   8. router             closed form from the pooled statistics (router.py), F32, one layer of the
                         pooled second moment read at a time; then the statistics `extend` needs go
-                        into their block after the tensor data (routerstats.py)
+                        into their block after the tensor data (routing/stats.py)
   9. fsync + verify     every slot fully written (own byte accounting), then the file is re-read
                         with llama.cpp's GGUF parser (gguf-py's reader as fallback): names, types,
                         sizes, offsets (readback.py)
@@ -84,7 +84,7 @@ WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": M
                                     "qwen2moe": Qwen2MoeWriter}
 
 
-def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1, router: str = "ridge",
+def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = None, router: str = "ridge",
              layout: str = "auto", experts: list[int] | None = None, merge: str = "mean",
              force: bool = False, threads: int | None = None,
              fast_quant: bool = False, progress: bool = True, pool_stats: Pool | None = None,
@@ -101,7 +101,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = 1
     llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
     pooled statistics, where missing or stale, are computed first by `pool_stats` (`mfgguf router-stats`'s
     pass, which the caller above hands in; None: the planner's error, naming that verb, stands).
-    `top_k=None`: 1.
+    `top_k=None` (the default, as `--top-k` unset): 1, the exact trained function (0 in a dense file).
     `seed_gate=C`: the untrained seed FFN beside plain experts as routed expert 0 (any MoE layout), so a token no
     expert claims computes the trunk alone (on an imported base: the base's FFN); its router row is C times
     the sum of the ridge rows (converters/routing/seed_gate.py).

@@ -1,6 +1,6 @@
 """Add experts to a finished MoE GGUF, or remove some, without its modules and without retraining.
 
-`mfgguf assemble` records in the file what the router was computed from (routerstats.py): each
+`mfgguf assemble` records in the file what the router was computed from (routing/stats.py): each
 expert's FFN-input means and token count, and each source's pooled second moment G with its token
 count, beside the trunk's sha256 (`mfgguf.trunk_sha256`). `extend` reads them back, drops the
 removed slots, adds experts of another RUN trained against the same trunk (their means from their
@@ -13,7 +13,7 @@ G = sum_s c_s G_s / sum_s c_s (one source: G_s itself). A source stays while any
 with it does. So removing what was added drops its source and gives back the very bytes the router
 was computed from: the router, and the whole file, come back bit for bit. The price is one
 layers x dim x dim f32 array per source in the statistics block after the tensor data
-(routerstats.py; docs/assembly.md gives its size per preset), which no GGUF reader loads. Experts
+(routing/stats.py; docs/assembly.md gives its size per preset), which no GGUF reader loads. Experts
 added from the RUN a source already came from share its G.
 
 Streaming, as assembly: the output is preallocated beside the destination; every tensor of the

@@ -1,10 +1,10 @@
 """Read module files once each, hashing them on background threads, and yield their tensors in row chunks.
 
 Hashing every input byte is the assembly's integrity guarantee and was its costliest step with
-sha256. Modules now record a blake3 digest too (several times faster per core: docs/assembly.md), and
-that is what is checked; modules from before it are checked against their sha256. Each file is
-read by a "lane" thread: it preads the file sequentially into its own small pool of buffers,
-hashes each buffer and checks it for NaN/Inf (both drop the GIL), and queues it. The caller
+sha256. Modules record a blake3 digest too (several times faster per core: docs/assembly.md), and
+that is what is checked. Each file is read by a "lane" thread: it preads the file sequentially into
+its own small pool of buffers, hashes each buffer and checks it for NaN/Inf (both drop the GIL), and
+queues it. The caller
 consumes row chunks from up to `lanes` files at once, one chunk from each in turn, while later
 chunks are still being read and checked: hashing of several files and quantization run side by
 side on every core. Every yielded chunk is a view of bytes that were hashed, so the hash covers
@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import queue
 import threading
@@ -69,7 +68,7 @@ def stream_modules(mods: list[Module], *, lanes: int = 2, chunk_bytes: int = CHU
     """Yield (module position, tensor name, first row, (rows, cols) f32 chunk, release) for every tensor of `mods`.
 
     Each file is read once, sequentially; every byte is hashed and the digest compared with the
-    module's record (blake3, or sha256 for older modules) when the file ends; every chunk is
+    module's recorded blake3 when the file ends; every chunk is
     checked for NaN/Inf before it is yielded.
     A chunk is a view into a reused buffer, the consumer's until it calls `release()` (from any
     thread; exactly once): a chunk can be quantized and written while the next ones stream. The
@@ -161,10 +160,9 @@ def _start_lanes(mods: list[Module], lanes: int, chunk_bytes: int):
 
 def _mismatch(m: Module, digest) -> MfggufError | None:
     """The error where a module's streamed digest is not the one recorded for it."""
-    algo, want = _recorded(m.meta)
-    if digest == want:
+    if digest == m.meta["blake3"]:
         return None
-    return MfggufError(f"module {m.name} ({m.path.name}) does not match its recorded {algo}:"
+    return MfggufError(f"module {m.name} ({m.path.name}) does not match its recorded blake3:"
                        " the file changed after training; retrain it")
 
 
@@ -175,11 +173,6 @@ def _take(job: _Job):
     elif job.cancel:  # drained: the buffer goes straight back
         job.pool.put(item[3])
     return item
-
-
-def _recorded(meta: dict) -> tuple[str, str]:
-    """(hash name, digest) a module file is checked against: blake3 where recorded, else sha256."""
-    return ("blake3", meta["blake3"]) if meta.get("blake3") else ("sha256", meta["sha256"])
 
 
 def _finite(x: np.ndarray) -> bool:
@@ -205,7 +198,7 @@ def _lane(work: queue.SimpleQueue) -> None:
 
 def _read_file(job: _Job) -> None:
     mod, prof = job.mod, job.prof
-    h = blake3() if _recorded(mod.meta)[0] == "blake3" else hashlib.sha256()
+    h = blake3()
     fd = os.open(mod.path, os.O_RDONLY)
     try:
         pos = 0

@@ -162,7 +162,7 @@ def _open(run: Path, out: Path | None, cfg: EvalConfig, force: bool) -> Evaluati
     if subset:
         _say(f"experts {','.join(map(str, ids))} are trained: the MoE holds those")
     metas = {0: trunk, **{i: read_module_meta(rd, i) for i in ids}}
-    if "ridge" in cfg.routers and not router_stats_current(rd, subset) and any(int(metas[i].get("version", 1)) > 1 for i in metas if i):
+    if "ridge" in cfg.routers and not router_stats_current(rd, subset):
         from mfgguf.train.experts.pooled import pool_router_stats
 
         _say("router statistics (mfgguf router-stats)")  # the ridge router needs them; stale or missing here

@@ -2,8 +2,8 @@
 
 `mfgguf extend` rewrites a finished file's header: every key-value is read back in order, in the
 form `layout.header_parts` serializes, so that a header re-serialized unchanged is the same bytes.
-The base64 blocks in which older files carried the router statistics (schema.RS_OLD_BLOBS) are not
-decoded: their items come back as `Blob(offset, length)`, where they lie in the file.
+A file of mfgguf 0.1, which carried the router statistics as base64 key-values (schema.RS_OLD_BLOBS),
+is refused in one line as its header is read (`check_not_v01`).
 
 Example:
     >>> h = read_gguf_header(Path("model.gguf"))
@@ -19,18 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mfgguf.errors import MfggufError
+from mfgguf.errors import MfggufError, Outdated
 from mfgguf.gguf.schema import ALIGNMENT, GGUF_MAGIC, RS_OLD_BLOBS, VType
 
 _FMT = {VType.UINT8: "<B", VType.INT8: "<b", VType.UINT16: "<H", VType.INT16: "<h", VType.UINT32: "<I",
         VType.INT32: "<i", VType.FLOAT32: "<f", VType.BOOL: "<?", VType.UINT64: "<Q", VType.INT64: "<q",
         VType.FLOAT64: "<d"}
-
-
-@dataclass(frozen=True)
-class Blob:
-    offset: int  # byte offset of the string's bytes in the file
-    length: int
 
 
 @dataclass
@@ -112,6 +106,13 @@ def read_gguf_header(path: Path) -> Header:
                 buf.release()
 
 
+def check_not_v01(path: Path, key: str) -> None:
+    """Refuse a GGUF of mfgguf 0.1 at its first key of router statistics in the header (schema.RS_OLD_BLOBS)."""
+    if key in RS_OLD_BLOBS:
+        raise Outdated(f"{path} was assembled by mfgguf 0.1 (router statistics in its header); re-assemble it with"
+                       " `mfgguf assemble`")
+
+
 def _parse(r: _Reader, size: int) -> Header:
     r.take(4)
     version, n_tensors, n_kv = struct.unpack("<IQQ", r.take(20))
@@ -120,17 +121,12 @@ def _parse(r: _Reader, size: int) -> Header:
     kv = []
     for _ in range(n_kv):
         key = r.string()
+        check_not_v01(r.path, key)
         vt = VType(r.scalar(VType.UINT32))
         if vt == VType.ARRAY:
             it = VType(r.scalar(VType.UINT32))
             n = r.scalar(VType.UINT64)
-            if it == VType.STRING and key in RS_OLD_BLOBS:
-                items = []
-                for _ in range(n):
-                    ln = r.scalar(VType.UINT64)
-                    items.append(Blob(r.at, ln))
-                    r.take(ln)
-            elif it == VType.STRING:
+            if it == VType.STRING:
                 items = [r.string() for _ in range(n)]
             elif it in _FMT:
                 items = np.frombuffer(r.take(n * struct.calcsize(_FMT[it])), _FMT[it]).tolist()

@@ -12,6 +12,7 @@ import numpy as np
 
 from mfgguf.errors import MfggufError
 from mfgguf.gguf import schema
+from mfgguf.gguf.header import check_not_v01
 from mfgguf.gguf.router_rows import router_rows
 from mfgguf.gguf.slots import routed_slots
 
@@ -43,11 +44,10 @@ def inspect_gguf(path: Path) -> dict:
     for k, f in r.fields.items():
         if k.startswith("GGUF."):
             continue
+        check_not_v01(path, k)
         is_array = f.types and f.types[0] == gguf.GGUFValueType.ARRAY
         if is_array and k.startswith("tokenizer."):
             arrays[k] = len(f.data)  # tokens/merges: only their count
-        elif k in schema.RS_OLD_BLOBS:  # an older file's router statistics: base64 blocks, summarised
-            kv[k] = f"{len(f.data)} base64 blocks, {sum(len(f.parts[i]) for i in f.data):,} characters"
         else:
             kv[k] = _value(f)
     arch = kv.get("general.architecture", "?")

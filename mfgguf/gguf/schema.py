@@ -192,12 +192,12 @@ class VType(IntEnum):  # gguf_type; same numbers as gguf.GGUFValueType
     FLOAT64 = 12
 
 
-# ---- router statistics carried in the file (routerstats.py writes them, extend.py reads them) ----------
+# ---- router statistics carried in the file (converters/routing/stats.py writes them, converters/extend.py reads them)
 
 # What `mfgguf extend` needs to recompute the router in closed form without the modules. Per expert
 # slot: its FFN-input means (layers, dim) f32 and their token count; per source (one RUN's pooled
 # statistics): its second moment G (layers, dim, dim) f32 and the token count it is a mean over.
-# The float arrays are one raw f32 block after the tensor data (routerstats.py), where no reader
+# The float arrays are one raw f32 block after the tensor data (converters/routing/stats.py), where no reader
 # looks; the key-values below say where it is and how many arrays it holds.
 RS_COUNTS = "mfgguf.router.counts"  # UINT64 [N]: tokens expert p's means are over
 RS_EXPERT_SOURCE = "mfgguf.router.expert_source"  # UINT32 [N]: the source expert p came with
@@ -205,7 +205,8 @@ RS_SOURCES = "mfgguf.router.sources"  # STRING [S]: sha256 of each source's pool
 RS_SOURCE_COUNTS = "mfgguf.router.source_counts"  # UINT64 [S]: tokens each source's G is a mean over
 RS_RIDGE = "mfgguf.router.has_second_moments"  # BOOL: the block holds each source's G after the means (ridge)
 RS_OFFSET = "mfgguf.router.stats_offset"  # UINT64: the block (means, then G), offset in the data section
-# files of mfgguf 0.1 carried the float arrays in the header instead, as base64 strings under these keys
+# files of mfgguf 0.1 carried the float arrays in the header instead, as base64 strings under these keys:
+# the header readers refuse such a file (header.check_not_v01)
 RS_OLD_BLOBS = ("mfgguf.router.means", "mfgguf.router.second_moments")
 
 # records of router rows edited after assembly (JSON strings); they describe those rows only, so `extend`

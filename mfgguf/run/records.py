@@ -42,7 +42,7 @@ class ModuleMeta:
     train: dict = field(default_factory=dict)  # the TrainConfig it trained with (asdict)
     file: str | None = None  # its safetensors file's name inside RUN/modules
     sha256: str | None = None
-    blake3: str | None = None  # absent in module format 1
+    blake3: str | None = None
     bytes: int | None = None
     tensors: dict = field(default_factory=dict)  # {GGUF name: shape}, router statistics left out
     trunk_sha256: str | None = None  # experts, pooled statistics: the trunk they belong to

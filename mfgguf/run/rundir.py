@@ -22,8 +22,9 @@
 A module file is one safetensors file of GGUF-named tensors (see `model.trunk_name_map`); an expert's also
 holds its FFN inputs' mean per layer, `router_stats.blk.{l}.mean` (dim,), and with `--shared` its trained
 copies `shared.<trunk GGUF name>` (f32; listed as `shared_tensors`, merged into the trunk at assembly). The
-router's dim x dim second moment is pooled once per trunk (train/experts/pooled.py), not stored per expert as
-module format 1 did (such runs still assemble). The JSON beside a module holds the rest (see `write_module`).
+router's dim x dim second moment is pooled once per trunk (train/experts/pooled.py). A module of format 1 (mfgguf
+before 0.2: a second moment in every expert, no blake3) is refused where it is read (`read_module`), in one line
+that says what to retrain. The JSON beside a module holds the rest (see `write_module`).
 No pickle anywhere: safetensors, numpy .npy (allow_pickle=False) and JSON only.
 """
 
@@ -37,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mfgguf.errors import MfggufError
+from mfgguf.errors import MfggufError, Outdated
 # the file helpers and records live in modules of their own; stages import them from here as before
 from mfgguf.run.files import (atomic_path, file_digests, link_or_copy, read_json, sha256_file, swap_dir_into_place,
                           write_json, write_text, blake3_file)
@@ -48,7 +49,6 @@ RUN_FORMAT = "mfgguf-run"
 RUN_VERSION = 1
 MODULE_FORMAT = "mfgguf-module"
 MODULE_VERSION = 2  # 2: experts hold weights and means only (the second moment is pooled once)
-READABLE_MODULE_VERSIONS = (1, 2)
 STATS_PREFIX = "router_stats."
 SHARED_PREFIX = "shared."  # an expert's trained private copy of a trunk tensor: shared.<trunk GGUF name>
 
@@ -291,11 +291,13 @@ def read_module(run: RunDir, index: int, at: tuple[Path, Path] | None = None, we
     (weights_kept=False: a record whose weights were not kept on purpose, as a LoRA served as an adapter)."""
     weights, record = at or (run.module_file(index), run.module_meta(index))
     name = module_name(index)
+    hint = "mfgguf train-trunk RUN" if index == 0 else f"mfgguf train-expert RUN --expert {index}"
     if not record.is_file() or (weights_kept and not weights.is_file()):
-        hint = "mfgguf train-trunk RUN" if index == 0 else f"mfgguf train-expert RUN --expert {index}"
         raise MfggufError(f"module {name} is missing in {weights.parent}; train it with `{hint}`")
     meta = read_json(record, f"metadata of module {name}")
-    if meta.get("format") != MODULE_FORMAT or meta.get("version") not in READABLE_MODULE_VERSIONS:
+    if meta.get("format") == MODULE_FORMAT and meta.get("version") == 1:
+        raise Outdated(f"{name} was written in module format 1 (mfgguf before 0.2); retrain it with `{hint} --restart`")
+    if meta.get("format") != MODULE_FORMAT or meta.get("version") != MODULE_VERSION:
         raise MfggufError(f"module {name} was written by an incompatible mfgguf; retrain it")
     check_not_retired(meta, name, index)
     return ModuleMeta.from_json(meta)
@@ -439,7 +441,7 @@ def read_manifest(run: RunDir) -> dict:
     return read_json(run.manifest, "the run manifest (train the trunk first)")
 
 
-__all__ = ["RUN_FORMAT", "RUN_VERSION", "MODULE_FORMAT", "MODULE_VERSION", "READABLE_MODULE_VERSIONS", "STATS_PREFIX",
+__all__ = ["RUN_FORMAT", "RUN_VERSION", "MODULE_FORMAT", "MODULE_VERSION", "STATS_PREFIX",
            "SHARED_PREFIX", "RunDir", "ModuleMeta", "RunInfo", "Untrained", "module_name", "data_view",
            "atomic_path", "blake3_file", "file_digests", "link_or_copy", "read_json", "sha256_file", "swap_dir_into_place",
            "write_json", "write_text", "write_module", "write_module_streamed", "module_meta_for", "read_module",

@@ -20,7 +20,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from mfgguf.errors import MfggufError
+from mfgguf.errors import MfggufError, Outdated
 from mfgguf.gguf.lora import check_adapter
 
 def _written_archs() -> tuple[str, ...]:
@@ -55,6 +55,8 @@ def read_header(path: Path) -> dict:
     try:  # our parser, not gguf-py's reader: that one takes seconds over a real base's vocabulary on every load
         h = read_gguf_header(path)
         short = h.tensors_end() > h.size
+    except Outdated:
+        raise
     except (MfggufError, ValueError) as e:  # ValueError: a tensor type ggml does not have
         raise MfggufError(f"{path} is a damaged GGUF: {str(e).removeprefix(f'{path} ')}; re-create it with `mfgguf assemble`") from None
     if short:

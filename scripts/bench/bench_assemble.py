@@ -133,8 +133,6 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true", help="for the largest N also run llama.cpp's own path to the"
                     " same files: convert_hf_to_gguf.py (q8_0; f16 + llama_model_quantize for q4_k)")
     ap.add_argument("--fast-quant", action="store_true", help="assemble --fast-quant (q8_0 with ggml's vectorised quantizer)")
-    ap.add_argument("--format1", action="store_true", help="modules as module format 1 wrote them (a second moment"
-                    " per expert, sha256 only): the assembly before module format 2, for comparison")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mfgguf", help="where the converter is unpacked")
     a = ap.parse_args()
     ns = [int(x) for x in (a.experts or ("8,32" if a.quick else "8,32,100")).split(",")]
@@ -143,12 +141,12 @@ def main() -> None:
 
     from synthetic_run import build  # scripts/ is on sys.path when run as a script
 
-    run = a.dir / (f"run-{a.preset}" + ("" if a.shared == "none" else f"-shared-{a.shared}") + ("-format1" if a.format1 else ""))
+    run = a.dir / (f"run-{a.preset}" + ("" if a.shared == "none" else f"-shared-{a.shared}"))
     info = run / "run.json"
     if not info.is_file() or json.loads(info.read_text())["n_experts"] < max(ns):
         shutil.rmtree(run, ignore_errors=True)
         t0 = time.perf_counter()
-        build(run, preset=a.preset, n_experts=max(ns), max_chars=3_000_000, shared=a.shared, format1=a.format1)
+        build(run, preset=a.preset, n_experts=max(ns), max_chars=3_000_000, shared=a.shared)
         print(json.dumps({"bench": "build_synthetic_run", "n_experts": max(ns), "shared": a.shared,
                           "s": round(time.perf_counter() - t0, 1)}), flush=True)
     from mfgguf.run import RunDir
@@ -173,7 +171,7 @@ def main() -> None:
         peak = max(x[1]["vm_hwm_kb"] for x in runs) / 1024
         rss[n] = peak
         print(json.dumps({"bench": "assemble", "preset": a.preset, "n_experts": n, "quant": a.quant, "shared": a.shared,
-                          "module_format": 1 if a.format1 else 2, "quantizer": r["quantizer"],
+                          "quantizer": r["quantizer"],
                           "chunk_threads": os.environ.get("MFGGUF_CHUNK_THREADS", "1") != "0",
                           "merge": r["merge"], "merged_tensors": r["merged_tensors"],
                           "input_mb": round(r["input_bytes"] / 1e6), "output_mb": round(r["bytes"] / 1e6),

@@ -222,13 +222,18 @@ def test_a_rewritten_header_keeps_the_statistics_block(files, tmp_path):
     assert _router(tmp_path / "x.gguf") == _router(tmp_path / "y.gguf")
 
 
-def test_refuses_a_file_with_the_statistics_in_its_header(files, tmp_path):
-    """Files of mfgguf 0.1 carried them as base64 key-values: they still run, re-assembly makes them extendable."""
+def test_a_file_of_mfgguf_0_1_is_refused_in_one_line(files, tmp_path):
+    """Files of mfgguf 0.1 carried the router statistics as base64 key-values in the header: every verb that reads
+    the header (extend, inspect, the runtime's) refuses one in the same line."""
     from mfgguf.converters.ggufedit import copy_with_kv
 
     old = tmp_path / "old.gguf"
     copy_with_kv(files["123"], old, [("mfgguf.router.means", "ARRAY", ("STRING", ["AAAA"] * 3))])
-    _refused(tmp_path, [old, "--remove", "1"], ["mfgguf 0.1", "in the header", "re-assemble"])
+    said = f"error: {old} was assembled by mfgguf 0.1 (router statistics in its header); re-assemble it with `mfgguf assemble`"
+    _refused(tmp_path, [old, "--remove", "1"], [said])
+    for verb in (["inspect", old], ["generate", old, "hello"]):
+        r = CliRunner().invoke(app, list(map(str, verb)))
+        assert r.exit_code == 1 and r.output.strip() == said, r.output
 
 
 @pytest.fixture(scope="module")

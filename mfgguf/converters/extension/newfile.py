@@ -31,7 +31,7 @@ from mfgguf.converters.extension.source import Additions, Source
 
 EXPS_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
 FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)\.weight")
-STAT_RE = re.compile(r"router_stats\.blk\.(\d+)\.(mean|second_moment)")
+STAT_RE = re.compile(r"router_stats\.blk\.(\d+)\.mean")
 COPY_BYTES = 64 << 20  # bytes per copy_file_range call
 
 
@@ -170,8 +170,7 @@ def write_extension(p: Extension, fin: int, fd: int, threads: int, keep_routing:
                 if pos < off:
                     continue
                 if (st := STAT_RE.fullmatch(name)) is not None:
-                    if st.group(2) == "mean":
-                        mu_new[pos - off, int(st.group(1))] = x.reshape(-1)
+                    mu_new[pos - off, int(st.group(1))] = x.reshape(-1)
                     continue
                 if (m := FFN_RE.fullmatch(name)) is None:
                     continue

@@ -18,7 +18,7 @@ from mfgguf.gguf.header import Header, read_gguf_header
 from mfgguf.converters.plan.modules import Module, PooledStatsNeeded, load_module, read_header
 from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
 from mfgguf.converters.routing.stats import StatsBlock, block_start
-from mfgguf.gguf.schema import (SHARED_EXPERT_ARCHS, RS_COUNTS, RS_EXPERT_SOURCE, RS_OLD_BLOBS, RS_SOURCE_COUNTS, RS_SOURCES, blk)
+from mfgguf.gguf.schema import (SHARED_EXPERT_ARCHS, RS_COUNTS, RS_EXPERT_SOURCE, RS_SOURCE_COUNTS, RS_SOURCES, blk)
 
 
 # ---- the file we start from ----------------------------------------------------------------------
@@ -62,9 +62,6 @@ class Source:
         if router not in ("ridge", "centroid"):
             raise MfggufError(f"{path}'s router is {router}: there are no router statistics to recompute it from;"
                               " re-assemble it with `--router ridge`")
-        if v(RS_OLD_BLOBS[0]) is not None:
-            raise MfggufError(f"{path} was assembled by mfgguf 0.1, which kept the router statistics in the"
-                              " header; re-assemble it with this `mfgguf assemble` to extend it")
         stats = StatsBlock.of_header(v, h.data_offset)
         if v(RS_COUNTS) is None or stats is None or (router == "ridge") != stats.ridge:
             raise MfggufError(f"{path} carries no router statistics (assembled before mfgguf recorded them);"

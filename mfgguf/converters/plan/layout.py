@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mfgguf import __version__
-from mfgguf.config import ModelConfig, get_preset
+from mfgguf.config import DEFAULT_PRESET, ModelConfig, get_preset
 from mfgguf.base.runbase import imported
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_manifest
@@ -61,7 +61,7 @@ class Plan:
     experts: list[int]  # expert ids in slot order
     trunk: Module
     expert_modules: list[Module]  # headers only; streaming reopens each file in turn
-    pooled: Module | None  # the router's pooled second moments (None: not needed, or format-1 experts hold them)
+    pooled: Module | None  # the router's pooled second moments (None: not needed)
     kv: list[tuple[str, str, object]]
     slots: list[Slot]
     merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
@@ -92,7 +92,7 @@ def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
     if "config" in trunk.meta:
         cfg = ModelConfig.from_dict(trunk.meta["config"])
     else:
-        cfg = get_preset(trunk.meta.get("preset", "small")).model
+        cfg = get_preset(trunk.meta.get("preset", DEFAULT_PRESET)).model
     if cfg.vocab_size != vocab_size:
         raise MfggufError(
             f"the trunk was trained with vocab {cfg.vocab_size} but tokenizer.json has {vocab_size} tokens;"
@@ -132,8 +132,8 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     R = N + comp  # routed experts: the seed is one more when a gate routes it
     top_k = 1 if top_k is None else top_k
     pooled = None
-    if N and router == "ridge" and not (all(_format1(m) for m in mods) and not run.router_stats_meta.is_file()):
-        pooled = load_pooled_stats(run, manifest, trunk, mods)  # format-1 experts alone: their own second moments
+    if N and router == "ridge":
+        pooled = load_pooled_stats(run, manifest, trunk, mods)
         check_shapes("the pooled router statistics", pooled.entries, pooled_shapes(cfg), f"run `mfgguf router-stats {run.root}`")
     if N and not 1 <= top_k <= R:
         raise MfggufError(f"--top-k {top_k} is out of range; this model has {R} experts, use 1..{R}")
@@ -185,7 +185,7 @@ def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, 
                               f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
         if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
             raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
-        check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats, _format1(m) and router == "ridge"),
+        check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats),
                      "retrain it (or use --router uniform if only its statistics are missing)")
         if stats and not m.meta.get("router_stats_count"):
             raise MfggufError(f"module {m.name} recorded no router statistics; retrain it or use --router uniform")
@@ -216,10 +216,10 @@ def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], 
         kv.append(("mfgguf.router_stats_sha256", "STRING", pooled.meta["sha256"]))
     if N:
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
-    if N and needs_stats(router) and not comp:  # what `mfgguf extend` recomputes the router from (routerstats.py)
+    if N and needs_stats(router) and not comp:  # what `mfgguf extend` recomputes the router from (routing/stats.py)
         counts = [int(m.meta["router_stats_count"]) for m in mods]
-        src = pooled.meta["sha256"] if pooled is not None else ""  # "": format-1 experts' own moments, or no G (centroid)
-        src_n = 0 if router != "ridge" else int(pooled.meta.get("router_stats_count") or sum(counts)) if pooled else sum(counts)
+        src = pooled.meta["sha256"] if pooled is not None else ""  # "": no G (centroid)
+        src_n = int(pooled.meta.get("router_stats_count") or sum(counts)) if pooled is not None else 0
         kv += routerstats.kv_entries(n_layers=cfg.n_layers, dim=cfg.dim, counts=counts, sources=[src],
                                      source_counts=[src_n], ridge=router == "ridge")
     if comp:  # only then: other files stay byte-identical
@@ -229,11 +229,6 @@ def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], 
     if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions
         kv += [("mfgguf.merge", "STRING", merge), ("mfgguf.merged_tensors", "UINT32", len(merged))]
     return kv
-
-
-def _format1(m: Module) -> bool:
-    """A module written before router statistics were pooled: it holds its own second moments."""
-    return int(m.meta.get("version", 1)) == 1
 
 
 def _constants(cfg: ModelConfig, arch: str) -> dict[str, np.ndarray]:

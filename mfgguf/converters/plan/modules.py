@@ -92,8 +92,8 @@ def trunk_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
-def expert_shapes(cfg: ModelConfig, with_stats: bool, second_moment: bool = False) -> dict[str, tuple[int, ...]]:
-    """An expert file's tensors: FFN weights, + its FFN-input means (+ second moments: module format 1)."""
+def expert_shapes(cfg: ModelConfig, with_stats: bool) -> dict[str, tuple[int, ...]]:
+    """An expert file's tensors: FFN weights, + its FFN-input means."""
     s = {}
     for l in range(cfg.n_layers):
         s[blk(l, "ffn_gate")] = (cfg.expert_ff, cfg.dim)
@@ -101,8 +101,6 @@ def expert_shapes(cfg: ModelConfig, with_stats: bool, second_moment: bool = Fals
         s[blk(l, "ffn_down")] = (cfg.dim, cfg.expert_ff)
         if with_stats:
             s[f"{STATS_PREFIX}blk.{l}.mean"] = (cfg.dim,)
-        if second_moment:
-            s[f"{STATS_PREFIX}blk.{l}.second_moment"] = (cfg.dim, cfg.dim)
     return s
 
 

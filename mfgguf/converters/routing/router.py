@@ -2,8 +2,7 @@
 
 Each expert file holds, per layer l, the mean mu_i (dim,) of the FFN-input vectors (after
 ffn_norm) over n_i tokens of its shard. The uncentred second moment of those vectors over the
-union of the shards, G (dim, dim), is recorded once per trunk (train/experts/pooled.py: the trunk's pass
-over the mixed training data); module format 1 stored each shard's M_i instead, G = sum n_i M_i / n.
+union of the shards, G (dim, dim), is recorded once per trunk (train/experts/pooled.py).
 The router is llama.cpp's `ffn_gate_inp`: logits = x @ R.T with R (n_expert, dim), no bias.
 
 Methods:
@@ -19,18 +18,14 @@ ridge and centroid are scaled so that, at each shard's mean vector, the shard's 
 logit exceeds the average of the others by MARGIN_NATS = 4 on average (e^4 times the weight of
 a typical other expert): confident for in-domain tokens, still mixing near the boundaries.
 
-Streaming: `RouterBuilder.add_*` is fed one expert's statistics at a time (even one row chunk of
-a second moment at a time); the state is the N small means plus, for format-1 experts, the pooled
-second moment they add up (layers x dim x dim, f32). Where the pooled G is a file (format 2), a
-`pooled` reader hands it over one layer at a time when the router is solved: one layer in memory
-(dim x dim f32), not all of them, so memory does not grow with the
-experts' sizes or the number of layers.
+Streaming: `RouterBuilder.add_mean` is fed one expert's means at a time; the state is the N small
+means. The ridge router's `pooled` reader hands G over one layer at a time when the router is solved:
+one layer in memory (dim x dim f32), not all of them, so memory does not grow with the experts'
+sizes or the number of layers.
 
 Example:
-    >>> rb = RouterBuilder("ridge", n_layers=2, dim=64, n_experts=3)
-    >>> # for each expert p: rb.add_mean(p, l, mu, n); then per layer rb.add_pooled(l, row0, rows)
-    >>> # (format 1: rb.add_second_moment(p, l, row0, rows, n) for each expert instead;
-    >>> #  or RouterBuilder(..., pooled=lambda l: G_of_layer(l)) and no add_pooled at all)
+    >>> rb = RouterBuilder("ridge", n_layers=2, dim=64, n_experts=3, pooled=lambda l: G_of_layer(l))
+    >>> # for each expert p and layer l: rb.add_mean(p, l, mu, n)
     >>> weights = rb.finish()  # list over layers of (3, 64) f32
 """
 
@@ -60,34 +55,19 @@ class RouterBuilder:
                  pooled: Callable[[int], np.ndarray] | None = None):
         if method not in ROUTERS:
             raise MfggufError(f"unknown router {method!r}; choose one of {', '.join(ROUTERS)}")
+        if method == "ridge" and pooled is None:
+            raise ValueError("the ridge router needs the pooled second moment: pass pooled=")
         self.method, self.L, self.dim, self.N, self.seed = method, n_layers, dim, n_experts, seed
         self.counts = np.zeros(n_experts)  # n_i
         self.mu = np.zeros((n_layers, n_experts, dim), np.float32)  # (L, N, dim)
         self.seen_mean = np.zeros((n_layers, n_experts), bool)
-        # layer l's pooled G (dim, dim), read when the router is solved; else (ridge only) the pooled
-        # sum_i n_i M_i: (L, dim, dim) f32, filled row chunk by row chunk
-        self.pooled = pooled if method == "ridge" else None
-        self.G = np.zeros((n_layers, dim, dim), np.float32) if method == "ridge" and pooled is None else None
-        self.rows_seen = np.zeros((n_layers, n_experts), np.int64)
-        self.pooled_rows = np.zeros(n_layers, np.int64)  # rows of G given already normalised (add_pooled)
+        self.pooled = pooled if method == "ridge" else None  # layer l's pooled G (dim, dim), read when solved
 
     def add_mean(self, p: int, layer: int, mu: np.ndarray, count: int) -> None:
         """Expert in slot p: its layer-`layer` mean (dim,) over `count` tokens."""
         self.counts[p] = count
         self.mu[layer, p] = mu
         self.seen_mean[layer, p] = True
-
-    def add_second_moment(self, p: int, layer: int, row0: int, rows: np.ndarray, count: int) -> None:
-        """Rows row0.. of expert p's second moment (rows, dim): pooled as count * M."""
-        if self.G is not None:
-            self.G[layer, row0:row0 + len(rows)] += np.float32(count) * rows
-        self.rows_seen[layer, p] += len(rows)
-
-    def add_pooled(self, layer: int, row0: int, rows: np.ndarray) -> None:
-        """Rows row0.. of the pooled second moment G (a mean over the union of the shards)."""
-        if self.G is not None:
-            self.G[layer, row0:row0 + len(rows)] = rows
-        self.pooled_rows[layer] += len(rows)
 
     def finish(self) -> list[np.ndarray]:
         """Router rows per layer: list of (n_experts, dim) f32."""
@@ -99,8 +79,6 @@ class RouterBuilder:
             return [(rng.standard_normal((N, D)) / np.sqrt(D)).astype(np.float32) for _ in range(L)]
         if not self.seen_mean.all() or (self.counts <= 0).any():
             raise MfggufError("router statistics are incomplete (an expert recorded no tokens); retrain it or use --router uniform")
-        if self.G is not None and not ((self.pooled_rows == D).all() or (self.rows_seen == D).all()):
-            raise MfggufError("router second moments are incomplete; run `mfgguf restat RUN` or use --router centroid")
         n = self.counts.sum()
         out = []
         with _one_blas_thread():
@@ -113,10 +91,7 @@ class RouterBuilder:
         D = self.dim
         mu = self.mu[l].astype(np.float64)  # (N, D)
         if self.method == "ridge":
-            if self.pooled is not None:
-                G = self.pooled(l).astype(np.float64)  # (D, D) pooled second moment
-            else:
-                G = self.G[l].astype(np.float64) / (1.0 if self.pooled_rows[l] else n)
+            G = self.pooled(l).astype(np.float64)  # (D, D) pooled second moment
             B = (self.counts[:, None] * mu).T / n  # (D, N)
             lam = RIDGE_REL_LAMBDA * np.trace(G) / D + 1e-12
             W = np.linalg.solve(G + lam * np.eye(D), B)  # (D, N)

@@ -46,7 +46,7 @@ WRITEBACK_BYTES = 64 << 20
 QK_RE = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
 FFN_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)(_shexp)?\.weight")  # group 3: the anchor's
 SEED_RE = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_seed\.weight")
-STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.(mean|second_moment)")
+STATS_RE = re.compile(re.escape(STATS_PREFIX) + r"blk\.(\d+)\.mean")
 
 
 class Writer:
@@ -155,16 +155,15 @@ class Writer:
         self.rb = None
 
     def _router_stats(self) -> None:
-        """The statistics the router came from, into their block after the tensor data (routerstats.py)."""
+        """The statistics the router came from, into their block after the tensor data (routing/stats.py)."""
         rb, at = self.rb, self.p.stats
         if at is None:
             return
         for p in range(at.n_experts):
             pwrite_all(self.fd, np.ascontiguousarray(rb.mu[:, p, :]), at.mean(p))  # (layers, dim)
-        if at.ridge:  # one source: the pooled G as read, or format 1's sum / n
+        if at.ridge:  # one source: the pooled G as read
             for l in range(at.n_layers):
-                G = rb.pooled(l) if rb.pooled is not None else (rb.G[l].astype(np.float64) / rb.counts.sum()).astype(np.float32)
-                pwrite_all(self.fd, G, at.second_moment(0, l))  # (dim, dim)
+                pwrite_all(self.fd, rb.pooled(l), at.second_moment(0, l))  # (dim, dim)
 
     def finish(self) -> None:
         self._enter("fsync", "router")
@@ -204,11 +203,7 @@ class Writer:
         p = self.p
         if (st := STATS_RE.fullmatch(name)) is not None:
             if needs_stats(p.router):
-                l = int(st.group(1))
-                if st.group(2) == "mean":
-                    self.rb.add_mean(slot_i, l, x.reshape(-1), count)
-                elif p.pooled is None:  # module format 1: every expert holds its own second moment
-                    self.rb.add_second_moment(slot_i, l, r0, x, count)
+                self.rb.add_mean(slot_i, int(st.group(1)), x.reshape(-1), count)
             return
         m = FFN_RE.fullmatch(name)
         if m is None:

@@ -29,7 +29,7 @@ class SeedSlot(Writer):
     def _router_builder(self) -> RouterBuilder:
         # the ridge rows over the N experts: the seed's row derives from them
         return RouterBuilder("ridge", n_layers=self.p.cfg.n_layers, dim=self.p.cfg.dim, n_experts=len(self.p.experts),
-                             pooled=self._pooled_layer if self.p.pooled is not None else None)
+                             pooled=self._pooled_layer)
 
     def _seed_chunk(self, l: int, f: str, r0: int, x: np.ndarray) -> None:
         placed = self._expert_rows(l, f, r0, x)  # where the layout puts an expert's rows (mixtral: after the anchor)
@@ -40,8 +40,7 @@ class SeedSlot(Writer):
 
     def _expert_chunk(self, slot_i: int, count: int, name: str, r0: int, x: np.ndarray) -> None:
         if (st := STATS_RE.fullmatch(name)) is not None:
-            if st.group(2) == "mean":
-                self.rb.add_mean(slot_i, int(st.group(1)), x.reshape(-1), count)
+            self.rb.add_mean(slot_i, int(st.group(1)), x.reshape(-1), count)
             return
         super()._expert_chunk(slot_i + 1, count, name, r0, x)  # after the seed's slot
 

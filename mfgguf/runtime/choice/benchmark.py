@@ -7,7 +7,7 @@ between adapters needs switching them between tasks, which only llama-cpp-python
 The record (JSON): the benchmark, the data file and its sha256, the model, the adapter(s), the engine and its
 settings, the task count, the count right, the accuracy with llama-perplexity's Wilson interval, and per task
 its index in the file (`task_ids`, in the order scored) and its verdict (`right`), so two models are compared task
-by task (eval/benchmarks.py pairs them); llama-cpp-python's records also hold each task's candidate scores.
+by task (choice/paired.py pairs them); llama-cpp-python's records also hold each task's candidate scores.
 
 Example:
     >>> r = benchmark(Path("model.gguf"), "hellaswag", Path("hellaswag_val_full.txt"), tasks=400)

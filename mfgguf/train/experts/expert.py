@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from mfgguf.config import EXPERT_INITS, ModelConfig, get_preset
+from mfgguf.config import DEFAULT_PRESET, EXPERT_INITS, ModelConfig, get_preset
 from mfgguf.data.masks import load_mask
 from mfgguf.errors import MfggufError
 from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name_map
@@ -190,7 +190,7 @@ def open_job(run: Path, expert: int, options: TrainOptions, device: str, precisi
     i = rd.check_expert_index(expert)
     trunk = ModuleMeta.from_json(load_trunk_meta(rd))
     cfg = ModelConfig.from_dict(trunk.config)
-    preset = trunk.preset or "small"
+    preset = trunk.preset or DEFAULT_PRESET
     tc = br.at_branch_lr(options.train_config(get_preset(preset).expert), trunk.json, options)
     pc.SharedCopies(cfg, tc).check()
     rnd = _round(rd, trunk, tc, i)

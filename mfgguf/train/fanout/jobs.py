@@ -1,6 +1,6 @@
 """One expert-training job of `train-experts`, as the scheduler and both backends see it.
 
-schedule.py decides what runs and when; fanout_local.py (child processes) and fanout_ray.py (Ray
+schedule.py decides what runs and when; local.py (child processes) and ray.py (Ray
 tasks) run jobs and fill in their state. Both read a job's status file and, when it fails, the
 last line of its log.
 

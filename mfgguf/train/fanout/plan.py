@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mfgguf.config import ModelConfig, TrainConfig, get_preset
+from mfgguf.config import DEFAULT_PRESET, ModelConfig, TrainConfig, get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions
 from mfgguf.run import RunDir
@@ -71,7 +71,7 @@ def job_config(trunk: dict, opts: JobOptions) -> tuple[ModelConfig, TrainConfig]
     from mfgguf.train.whole.branch import at_branch_lr
 
     cfg = ModelConfig.from_dict(trunk["config"])
-    tc = at_branch_lr(opts.train.train_config(get_preset(trunk.get("preset") or "small").expert), trunk, opts.train)
+    tc = at_branch_lr(opts.train.train_config(get_preset(trunk.get("preset") or DEFAULT_PRESET).expert), trunk, opts.train)
     return cfg, tc
 
 

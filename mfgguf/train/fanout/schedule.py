@@ -6,7 +6,7 @@ scheduler only decides where and when it runs:
             the measured peak RSS of one job of the preset, JOB_MB, against available memory, and
             the threads a job of the preset uses well, JOB_THREADS), each with cores // workers threads;
             where that is one job at a time, the jobs run in this process instead (inproc.py);
-  - ray:    one Ray task per job with its CPUs and memory declared (fanout_ray.py), so no node
+  - ray:    one Ray task per job with its CPUs and memory declared (ray.py), so no node
             takes more than fits; the engine retries a task whose worker died.
 With sync rounds (`--rounds R`, experts with `--shared`), it runs every expert's round, then
 `mfgguf sync`, then the next round. Re-running picks up only what is missing: an expert whose
@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from mfgguf.config import DEFAULT_PRESET
 from mfgguf.errors import MfggufError
 from mfgguf.machine import count_startup, mem_available
 from mfgguf.options import JobOptions, parse_experts
@@ -114,7 +115,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     _drop_finished_checkpoints(rd, ids, trunk)
     plan = run_plan(rd, ids, trunk, rounds, opts, [i for i in ids if _trained(rd, i, trunk, int(trunk.get("round", 0)) + 1)])
     check_shards(rd, plan)
-    n_workers, threads = plan_workers(trunk.get("preset", "small"), workers) if ray is None else (len(ids), 1)
+    n_workers, threads = plan_workers(trunk.get("preset", DEFAULT_PRESET), workers) if ray is None else (len(ids), 1)
     need = estimate(plan, n_workers)
     disk = check_disk(rd.root, need, keep_free)
     if plan.todo:
@@ -165,7 +166,7 @@ def _backend(rd: RunDir, trunk: dict, ray: str | None, plan: tuple[int, int], in
     count_startup(False)  # as for local job processes: Ray's workers run the jobs
     from mfgguf.train.fanout.ray import RayBackend
 
-    return RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", "small"), max(JOB_MB.values())), transfer=transfer,
+    return RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", DEFAULT_PRESET), max(JOB_MB.values())), transfer=transfer,
                       retries=retries)
 
 

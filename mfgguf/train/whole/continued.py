@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mfgguf.config import ModelConfig, get_preset
+from mfgguf.config import DEFAULT_PRESET, ModelConfig, get_preset
 from mfgguf.data.masks import union_masks
 from mfgguf.errors import MfggufError
 from mfgguf.families import family
@@ -92,7 +92,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     cfg = ModelConfig.from_dict(trunk["config"])
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
-    expert_tc = get_preset(trunk.get("preset", "small")).expert
+    expert_tc = get_preset(trunk.get("preset", DEFAULT_PRESET)).expert
     tc = replace(expert_tc, tokens=int(tokens), lr=float(lr), eval_every=0, eval_tokens=4096, ckpt_every=10**9,
                  compile=compile, shared="none", rounds=1)
     if seed is not None:

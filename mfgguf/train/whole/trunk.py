@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from mfgguf.base.runbase import imported
-from mfgguf.config import get_preset
+from mfgguf.config import DEFAULT_PRESET, get_preset
 from mfgguf.data.masks import load_mask
 from mfgguf.flops import trunk_step_flops
 from mfgguf.machine import mem_available
@@ -131,7 +131,7 @@ def parse_size(text: str) -> int:
     return int(n)
 
 
-def train_trunk(run: Path, *, preset: str = "small", options: TrainOptions = TrainOptions(), device: str = "cpu",
+def train_trunk(run: Path, *, preset: str = DEFAULT_PRESET, options: TrainOptions = TrainOptions(), device: str = "cpu",
                 progress: bool = True, precision: str = "auto", restart: bool = False,
                 recompute: bool | None = None, memory_budget: str | None = None, stream: bool | None = None,
                 accum: int | None = None) -> dict:

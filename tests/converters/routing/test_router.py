@@ -1,4 +1,4 @@
-"""Router from recorded statistics: ridge/centroid separate shards, streaming == whole, calibrated scale."""
+"""Router from recorded statistics: ridge/centroid separate shards, ridge is the closed form, calibrated scale."""
 
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ def _shards(N=4, D=16, n=2000, seed=0):
     return xs, [len(x) for x in xs], [x.mean(0) for x in xs], [x.T @ x / len(x) for x in xs]
 
 
-def _build(method, counts, mus, Ms, chunk=None):
+def _build(method, counts, mus, Ms):
+    """The router from each expert's mean and the pooled second moment G = sum n_i M_i / n, a layer at a time."""
     N, D = len(counts), len(mus[0])
-    rb = RouterBuilder(method, n_layers=1, dim=D, n_experts=N)
+    G = (sum(n * M for n, M in zip(counts, Ms)) / sum(counts)).astype(np.float32)
+    rb = RouterBuilder(method, n_layers=1, dim=D, n_experts=N, pooled=lambda l: G)
     for p in range(N):  # one expert's statistics at a time
         rb.add_mean(p, 0, mus[p].astype(np.float32), counts[p])
-        step = chunk or D
-        for r0 in range(0, D, step):
-            rb.add_second_moment(p, 0, r0, Ms[p][r0:r0 + step].astype(np.float32), counts[p])
     return rb.finish()[0]
 
 
@@ -37,10 +36,9 @@ def test_routes_samples_to_their_shard(method):
     assert acc > 0.9, acc
 
 
-def test_ridge_matches_closed_form_and_chunking():
+def test_ridge_matches_closed_form():
     xs, counts, mus, Ms = _shards()
     R = _build("ridge", counts, mus, Ms)
-    assert np.allclose(_build("ridge", counts, mus, Ms, chunk=3), R, rtol=1e-5, atol=1e-6)
     X = np.concatenate(xs)
     Y = np.concatenate([np.eye(4)[[i] * len(x)] for i, x in enumerate(xs)])
     G = X.T @ X / len(X)
@@ -63,28 +61,11 @@ def test_uniform_random_and_missing_stats():
     a = RouterBuilder("random", n_layers=1, dim=8, n_experts=3, seed=5).finish()[0]
     b = RouterBuilder("random", n_layers=1, dim=8, n_experts=3, seed=5).finish()[0]
     assert np.array_equal(a, b) and a.std() > 0
-    rb = RouterBuilder("ridge", n_layers=1, dim=8, n_experts=2)
+    rb = RouterBuilder("ridge", n_layers=1, dim=8, n_experts=2, pooled=lambda l: np.eye(8, dtype=np.float32))
     rb.add_mean(0, 0, np.ones(8, np.float32), 10)
     with pytest.raises(MfggufError, match="incomplete"):
         rb.finish()
     with pytest.raises(MfggufError, match="unknown router"):
         RouterBuilder("learned", n_layers=1, dim=8, n_experts=2)
-
-
-def test_pooled_second_moment_gives_the_same_router():
-    """One pooled G (module format 2) == the experts' own second moments pooled by count (format 1)."""
-    xs, counts, mus, Ms = _shards()
-    R1 = _build("ridge", counts, mus, Ms)
-    rb = RouterBuilder("ridge", n_layers=1, dim=16, n_experts=4)
-    for p in range(4):
-        rb.add_mean(p, 0, mus[p].astype(np.float32), counts[p])
-    G = sum(n * M for n, M in zip(counts, Ms)) / sum(counts)
-    for r0 in range(0, 16, 5):
-        rb.add_pooled(0, r0, G[r0:r0 + 5].astype(np.float32))
-    np.testing.assert_allclose(rb.finish()[0], R1, rtol=1e-4, atol=1e-5)
-    incomplete = RouterBuilder("ridge", n_layers=1, dim=16, n_experts=4)
-    for p in range(4):
-        incomplete.add_mean(p, 0, mus[p].astype(np.float32), counts[p])
-    incomplete.add_pooled(0, 0, G[:8].astype(np.float32))
-    with pytest.raises(MfggufError, match="second moments are incomplete.*restat"):
-        incomplete.finish()
+    with pytest.raises(ValueError, match="pooled second moment"):
+        RouterBuilder("ridge", n_layers=1, dim=8, n_experts=2)
