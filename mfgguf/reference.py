@@ -8,7 +8,7 @@ module weights into `mfgguf.model.Transformer(cfg, n_experts=N)`. Forward with
 compute; parity tests and evaluation compare the two. Both layouts have the same reference:
 the mixtral layout's folded experts compute anchor + expert exactly (see assemble.py).
 Trunk tensors that the experts trained copies of are merged the way the file says
-(`mfgguf.merge`) by the assembler's own functions (converters/merge.py).
+(`mfgguf.merge`) by the assembler's own functions (modules/merge.py).
 
 Example:
     >>> model, route = reference_model(Path("RUN"), Path("model.gguf"))
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mfgguf.converters.plan.layout import model_config
-from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
-from mfgguf.converters.merge import merge_arrays
+from mfgguf.modules.module import model_config
+from mfgguf.modules.tokenizer import run_tokenizer_kv
+from mfgguf.modules.merge import merge_arrays
 from mfgguf.gguf.header import read_gguf_header
 from mfgguf.gguf.schema import UNNORMALISED_TOPK
 from mfgguf.errors import MfggufError, retired

@@ -54,11 +54,11 @@ FLOORS: list[list[str]] = [
     ["families"],                                         # model families as data
     ["gguf"],                                             # the GGUF format
     ["__init__", "config", "options", "run", "model", "head_loss", "flops", "plots"],  # configs, the run directory, the model
-    ["base", "data"],                                     # importing a base model; corpora and shards
+    ["base", "data", "modules"],                          # importing a base model; corpora and shards; a RUN's module files
     ["runtime"],                                          # llama.cpp
-    ["converters"],                                       # GGUF assembly
     ["reference"],                                        # the reference model built from the GGUF
     ["train"],                                            # training
+    ["converters"],                                       # GGUF assembly (runs the router-stats pass where it must)
     ["eval"],                                             # the comparison report
     ["demo"],                                             # the one-command demo
     ["cli", "__main__"],                                  # the typer app

@@ -11,18 +11,11 @@ from mfgguf.converters.assemble import assemble
 from mfgguf.converters.extend import extend
 from mfgguf.converters.routing.guard import Guard
 from mfgguf.gguf.inspect import format_inspect, inspect_gguf
-from mfgguf.converters.merge import MERGES
+from mfgguf.modules.merge import MERGES
 from mfgguf.gguf.schema import LAYOUTS, ROUTERS, USER_QUANTS
 from mfgguf.errors import MfggufError
 from mfgguf.options import parse_experts
 from mfgguf.cli.app import command
-
-
-def _pool_router_stats(run: Path, **kw) -> dict:
-    """The router-stats pass `assemble` and `extend` run where the pooled statistics are missing or stale."""
-    from mfgguf.train.experts.pooled import pool_router_stats  # torch: only when the pass runs
-
-    return pool_router_stats(run, **kw)
 
 
 @command("assemble", assemble)
@@ -52,7 +45,7 @@ def assemble_cmd(
 ):
     r = assemble(run, out, quant=quant, top_k=top_k, router=router, layout=layout, experts=parse_experts(experts),
                  merge=merge, force=force, threads=threads, fast_quant=fast_quant,
-                 progress=not quiet, pool_stats=_pool_router_stats, seed_gate=seed_gate)
+                 progress=not quiet, seed_gate=seed_gate)
     n = len(r["experts"])
     what = f"{n} experts, top-{r['top_k']}, router {r['router']}" if n else "trunk alone (dense)"
     if r["seed_gate"] is not None:
@@ -82,8 +75,7 @@ def extend_cmd(
     if guard_run is not None and guard is None:
         raise MfggufError("--guard-run names the RUN --guard reads the old experts' shards from; pass --guard PCT too")
     r = extend(model, out, add=add, experts=parse_experts(experts), remove=_slots(remove), force=force, threads=threads,
-               keep_routing=keep_routing, guard=None if guard is None else Guard(max_move=guard / 100, run=guard_run),
-               pool_stats=_pool_router_stats)
+               keep_routing=keep_routing, guard=None if guard is None else Guard(max_move=guard / 100, run=guard_run))
     how = "rows kept, new ones from" if r["keep_routing"] else "recomputed from"
     typer.echo(f"wrote {r['path']}: {r['experts']} experts ({r['added']} added, {r['removed']} removed), router"
                f" {r['router']} {how} {r['sources']} source{'s' * (r['sources'] != 1)}, "

@@ -68,7 +68,7 @@ from pathlib import Path
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, atomic_path
 from mfgguf.converters import quant as Q
-from mfgguf.converters.plan.ensure_stats import Pool, plan_with_stats
+from mfgguf.converters.plan.ensure_stats import plan_with_stats
 from mfgguf.converters.plan.layout import plan
 from mfgguf.converters.profile import Profile
 from mfgguf.converters.readback import verify
@@ -87,7 +87,7 @@ WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": M
 def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = None, router: str = "ridge",
              layout: str = "auto", experts: list[int] | None = None, merge: str = "mean",
              force: bool = False, threads: int | None = None,
-             fast_quant: bool = False, progress: bool = True, pool_stats: Pool | None = None,
+             fast_quant: bool = False, progress: bool = True,
              seed_gate: float | None = None) -> dict:
     """Assemble the trunk and experts of RUN into one GGUF that stock llama.cpp runs.
 
@@ -99,8 +99,8 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = N
     verified; an existing file is replaced only with force=True. `fast_quant` quantizes q8_0 with
     ggml's vectorised quantizer (fastquant.py: several times faster, a few bytes per million differ from
     llama.cpp's reference quantizer, which the default matches byte for byte). The ridge router's
-    pooled statistics, where missing or stale, are computed first by `pool_stats` (`mfgguf router-stats`'s
-    pass, which the caller above hands in; None: the planner's error, naming that verb, stands).
+    pooled statistics, where missing or stale, are computed first (`mfgguf router-stats`'s pass over the
+    experts taken: plan/ensure_stats.py).
     `top_k=None` (the default, as `--top-k` unset): 1, the exact trained function (0 in a dense file).
     `seed_gate=C`: the untrained seed FFN beside plain experts as routed expert 0 (any MoE layout), so a token no
     expert claims computes the trunk alone (on an imported base: the base's FFN); its router row is C times
@@ -119,8 +119,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = N
     with prof.phase("plan"):
         p = plan_with_stats(lambda: plan(rd, quant=quant, top_k=top_k, router=router, layout=layout, experts=experts,
                                          merge=merge, seed_gate=seed_gate), rd, progress=progress,
-                                 experts=experts,
-                            pool=pool_stats)
+                            experts=experts)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
     threads = threads or Q.default_threads()

@@ -53,7 +53,7 @@ from pathlib import Path
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, atomic_path
 from mfgguf.converters import quant as Q
-from mfgguf.converters.plan.ensure_stats import Pool, plan_with_stats
+from mfgguf.converters.plan.ensure_stats import plan_with_stats
 from mfgguf.converters.routing.guard import Guard, guard_new_rows
 from mfgguf.converters.readback import verify
 from mfgguf.converters.extension.newfile import plan_extension, write_extension
@@ -62,7 +62,7 @@ from mfgguf.converters.extension.source import Source, read_additions
 
 def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int] | None = None,
            remove: list[int] | None = None, force: bool = False, threads: int | None = None,
-           keep_routing: bool = False, guard: Guard | None = None, pool_stats: Pool | None = None) -> dict:
+           keep_routing: bool = False, guard: Guard | None = None) -> dict:
     """Add experts trained later against the same trunk to a finished MoE GGUF, or remove experts
     from it, without the original modules and without retraining: the router is recomputed in closed
     form from the statistics `assemble` recorded in the file. --add RUN takes the experts of RUN
@@ -76,8 +76,8 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
     lowers the added experts' logits by the fewest nats (searched: 0, 0.25, 0.5, 1, ..., then halved gaps) under
     which every old expert's training shard (a 4,096-token sample from --guard-run RUN, default the --add RUN,
     scored by llama.cpp) moves by at most PCT percent of perplexity: the price, the new domain's own gain given
-    back, is printed. `pool_stats` is the router-stats pass run first where the --add RUN's pooled statistics
-    are missing or stale (as `assemble` does; None: the planner's error stands).
+    back, is printed. Where the --add RUN's pooled statistics are missing or stale, the router-stats pass
+    runs first (as `assemble` does).
 
     Example:
         mfgguf extend model.gguf --add RUN2 --experts 1 -o model4.gguf
@@ -104,7 +104,7 @@ def extend(model: Path, out: Path, *, add: Path | None = None, experts: list[int
     src = Source.read(model)
     keep = src.kept(remove or [])
     adds = plan_with_stats(lambda: read_additions(Path(add), experts, src), RunDir(add), progress=False,
-                           verb="extend", experts=experts, pool=pool_stats) if add else None
+                           verb="extend", experts=experts) if add else None
     p = plan_extension(src, keep, adds, keep_routing)
     with open(model, "rb") as fin:
         with atomic_path(out, suffix=f".{os.getpid()}") as tmp:

@@ -40,7 +40,7 @@ from blake3 import blake3
 
 from mfgguf.errors import MfggufError
 from mfgguf.gguf.fileio import pread_into, truncated
-from mfgguf.converters.plan.modules import Module
+from mfgguf.modules.module import Module
 from mfgguf.converters.profile import Profile
 
 CHUNK_BYTES = 4 << 20  # f32 bytes per chunk: read, hashed, quantized and written per step

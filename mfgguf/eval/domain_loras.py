@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mfgguf.converters.lora_adapter import ADAPTER_FILE
+from mfgguf.modules.lora_adapter import ADAPTER_FILE
 from mfgguf.eval.domain_stream import CHOOSE_TOKENS, stream_candidates
 from mfgguf.run import RunDir
 

@@ -4,7 +4,7 @@ llama.cpp pairs `<base tensor>.lora_a` (ggml {in, rank}) with `.lora_b` ({rank, 
 scale * B @ A @ x to the base tensor's product, scale = user scale * alpha / rank, or the user scale
 alone when alpha is 0. When an adapter does not fit the model, llama-cpp-python's failure path ends
 the process with a segmentation fault instead of an exception, so `check_adapter` refuses such a file
-in one line before llama.cpp sees it. The writer is converters/lora_adapter.py.
+in one line before llama.cpp sees it. The writer is modules/lora_adapter.py.
 
 Example:
     >>> check_adapter(Path("OUT/lora.gguf"), Path("base.gguf"))

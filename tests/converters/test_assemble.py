@@ -245,7 +245,7 @@ def test_the_result_says_where_the_time_went(run, tmp_path):
 
 
 def test_inspect_measures_the_router_rows_and_warns_where_experts_cannot_be_told_apart(run, tmp_path):
-    from mfgguf.converters.ggufedit import read_f32, set_f32
+    from mfgguf.gguf.edit import read_f32, set_f32
 
     ridge, uniform = tmp_path / "ridge.gguf", tmp_path / "uniform.gguf"
     assemble(run, ridge, quant="f32", progress=False)

@@ -12,7 +12,6 @@ from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, router_stats_current
-from mfgguf.train.experts.pooled import pool_router_stats
 
 from tests.conftest import copy_run
 
@@ -33,7 +32,7 @@ def test_assemble_computes_missing_router_stats(trained_run, tmp_path, capsys):
     run = _without_pooled(trained_run, tmp_path / "run")
     assert not router_stats_current(RunDir(run))
     out = tmp_path / "m.gguf"
-    r = assemble(run, out, quant="f32", progress=True, pool_stats=pool_router_stats)
+    r = assemble(run, out, quant="f32", progress=True)
     err = capsys.readouterr().err
     lines = [l for l in err.splitlines() if l.startswith("assemble:")]
     assert lines == [f"assemble: the pooled router statistics are missing; computing them first"
@@ -64,7 +63,7 @@ def test_missing_router_stats_stay_an_error_where_the_pass_cannot_run(trained_ru
         pattern = "module expert_003 is missing.*" + re.escape(why)
     out = tmp_path / "m.gguf"
     with pytest.raises(MfggufError, match=pattern):
-        assemble(run, out, quant="f32", experts=take, progress=False, pool_stats=pool_router_stats)
+        assemble(run, out, quant="f32", experts=take, progress=False)
     r = CliRunner().invoke(app, ["assemble", str(run), "-o", str(out), "-q", *(["--experts", "1,2"] if take else [])])
     lines = r.output.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and why in lines[0], r.output
@@ -77,7 +76,7 @@ def test_a_subset_assembles_while_other_experts_are_untrained(trained_run, tmp_p
     rd = RunDir(run)
     rd.module_file(3).unlink()
     rd.module_meta(3).unlink()
-    r = assemble(run, tmp_path / "m.gguf", quant="f32", experts=[1, 2], progress=False, pool_stats=pool_router_stats)
+    r = assemble(run, tmp_path / "m.gguf", quant="f32", experts=[1, 2], progress=False)
     assert r["experts"] == [1, 2] and "--experts 1,2" in capsys.readouterr().err
     assert set(json.loads(rd.router_stats_meta.read_text())["experts"]) == {"expert_001", "expert_002"}
 

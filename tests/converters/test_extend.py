@@ -212,7 +212,7 @@ def test_refuses_a_file_whose_statistics_block_is_gone(files, tmp_path):
 
 def test_a_rewritten_header_keeps_the_statistics_block(files, tmp_path):
     """Its offset is relative to the data section: a longer header (as `mfgguf calibrate` writes) moves nothing."""
-    from mfgguf.converters.ggufedit import copy_with_kv
+    from mfgguf.gguf.edit import copy_with_kv
 
     renamed = tmp_path / "renamed.gguf"
     copy_with_kv(files["1234"], renamed, [("general.name", "STRING", "a much longer name " * 20)])
@@ -225,7 +225,7 @@ def test_a_rewritten_header_keeps_the_statistics_block(files, tmp_path):
 def test_a_file_of_mfgguf_0_1_is_refused_in_one_line(files, tmp_path):
     """Files of mfgguf 0.1 carried the router statistics as base64 key-values in the header: every verb that reads
     the header (extend, inspect, the runtime's) refuses one in the same line."""
-    from mfgguf.converters.ggufedit import copy_with_kv
+    from mfgguf.gguf.edit import copy_with_kv
 
     old = tmp_path / "old.gguf"
     copy_with_kv(files["123"], old, [("mfgguf.router.means", "ARRAY", ("STRING", ["AAAA"] * 3))])

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from mfgguf.cli.app import app
 from mfgguf.config import shared_tensor_names
 from mfgguf.converters.plan import layout as LY
-from mfgguf.converters import merge as M
+from mfgguf.modules import merge as M
 from mfgguf.converters.assemble import assemble
 from mfgguf.errors import MfggufError
 from mfgguf.run import SHARED_PREFIX, RunDir, write_module

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
-from mfgguf.converters.ggufedit import copy_with_kv
+from mfgguf.gguf.edit import copy_with_kv
 from mfgguf.runtime.chat import banner
 from mfgguf.runtime.llm import loaded
 from tests.converters import text_sample

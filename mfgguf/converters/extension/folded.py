@@ -20,8 +20,8 @@ from typing import Iterator
 import numpy as np
 
 from mfgguf.gguf.fileio import pread_into, truncated
-from mfgguf.converters.merge import open_checked
-from mfgguf.converters.plan.modules import Module
+from mfgguf.modules.merge import open_checked
+from mfgguf.modules.module import Module
 from mfgguf.converters.stream import CHUNK_BYTES
 from mfgguf.gguf.schema import blk
 

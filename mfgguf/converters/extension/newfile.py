@@ -18,10 +18,10 @@ import numpy as np
 from mfgguf.errors import MfggufError
 from mfgguf.converters import quant as Q
 from mfgguf.gguf.fileio import pread_into, pwrite_all, truncated
-from mfgguf.converters.plan.modules import Module
-from mfgguf.converters.plan.header import Slot, header_bytes, write_header
+from mfgguf.modules.module import Module
+from mfgguf.gguf.writer import Slot, header_bytes, write_header
 from mfgguf.converters.plan.names import BASE, LABELS, TOKENS, TRUNKS, expert_kv, model_name
-from mfgguf.converters.merge import open_checked
+from mfgguf.modules.merge import open_checked
 from mfgguf.converters.routing.router import RouterBuilder, keep_rows
 from mfgguf.converters.routing.stats import StatsBlock, block_start, read_f32, with_offset
 from mfgguf.gguf.schema import (ALIGNMENT, QTYPE_BY_ID, ROUTING_RECORDS, RS_COUNTS, RS_EXPERT_SOURCE, RS_SOURCE_COUNTS, RS_SOURCES, blk)

@@ -15,8 +15,9 @@ from mfgguf.errors import MfggufError, retired
 from mfgguf.run import RunDir, finished_against, read_manifest, router_stats_stale
 from mfgguf.gguf.fileio import truncated
 from mfgguf.gguf.header import Header, read_gguf_header
-from mfgguf.converters.plan.modules import Module, PooledStatsNeeded, load_module, read_header
-from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
+from mfgguf.converters.plan.modules import PooledStatsNeeded
+from mfgguf.modules.module import Module, load_module, read_header
+from mfgguf.modules.tokenizer import run_tokenizer_kv
 from mfgguf.converters.routing.stats import StatsBlock, block_start
 from mfgguf.gguf.schema import (SHARED_EXPERT_ARCHS, RS_COUNTS, RS_EXPERT_SOURCE, RS_SOURCE_COUNTS, RS_SOURCES, blk)
 

@@ -20,30 +20,30 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mfgguf import __version__
-from mfgguf.config import DEFAULT_PRESET, ModelConfig, get_preset
+from mfgguf.config import ModelConfig
 from mfgguf.base.runbase import imported
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, read_manifest
 from mfgguf.converters.routing import seed_gate as sg
 from mfgguf.converters.routing import stats as routerstats
 from mfgguf.gguf import schema
-from mfgguf.converters.merge import merge_plan
+from mfgguf.modules.merge import merge_plan
 from mfgguf.converters.routing.router import needs_stats
 from mfgguf.gguf.header import kv_value
 from mfgguf.families import family, resolve_layout
 from mfgguf.gguf.schema import ALIGNMENT, FFN, blk
 
-from mfgguf.converters.plan.header import Slot, header_bytes
+from mfgguf.gguf.writer import Slot, header_bytes
 from mfgguf.converters.plan.names import BASE, base_name, expert_kv, model_name
-from mfgguf.converters.plan.modules import (Module, check_shapes, expert_shapes, load_module, load_pooled_stats,
-                                            pooled_shapes, trunk_shapes)
-from mfgguf.converters.plan.tokenizer import run_tokenizer_kv
+from mfgguf.converters.plan.modules import load_pooled_stats
+from mfgguf.modules.module import (Module, check_shapes, expert_shapes, load_module, model_config, pooled_shapes,
+                                   trunk_shapes)
+from mfgguf.modules.tokenizer import run_tokenizer_kv
 
 
 # ---- the plan ------------------------------------------------------------------------------------
@@ -86,19 +86,6 @@ class Plan:
     def modules(self) -> list[Module]:
         """Every file assembly reads, in stream order: trunk, pooled statistics, experts."""
         return [self.trunk, *([self.pooled] if self.pooled else []), *self.expert_modules]
-
-
-def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
-    if "config" in trunk.meta:
-        cfg = ModelConfig.from_dict(trunk.meta["config"])
-    else:
-        cfg = get_preset(trunk.meta.get("preset", DEFAULT_PRESET)).model
-    if cfg.vocab_size != vocab_size:
-        raise MfggufError(
-            f"the trunk was trained with vocab {cfg.vocab_size} but tokenizer.json has {vocab_size} tokens;"
-            " retrain the trunk on this run"
-        )
-    return cfg
 
 
 def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str, experts: list[int] | None,

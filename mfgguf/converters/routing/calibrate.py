@@ -40,7 +40,7 @@ import numpy as np
 
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, atomic_path
-from mfgguf.converters.ggufedit import copy_with_kv, read_f32, read_kv, set_f32, set_scalar, write_edited
+from mfgguf.gguf.edit import copy_with_kv, read_f32, read_kv, set_f32, set_scalar, write_edited
 from mfgguf.gguf.schema import CALIBRATION_KEY, UNNORMALISED_TOPK
 
 

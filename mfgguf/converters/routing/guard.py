@@ -37,7 +37,7 @@ import numpy as np
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, module_name, read_json
 from mfgguf.converters.routing.calibrate import bias_direction, window_sample
-from mfgguf.converters.ggufedit import read_f32, read_kv, set_f32
+from mfgguf.gguf.edit import read_f32, read_kv, set_f32
 from mfgguf.gguf.header import read_gguf_header
 from mfgguf.converters.routing.stats import StatsBlock, read_f32 as read_block
 from mfgguf.gguf.schema import RS_COUNTS, RS_SOURCE_COUNTS

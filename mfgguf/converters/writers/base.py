@@ -32,8 +32,8 @@ from mfgguf.run import STATS_PREFIX
 from mfgguf.converters import quant as Q
 from mfgguf.gguf.fileio import SYNC_FILE_RANGE_WRITE, pread_into, pwrite_all, sync_range, truncated
 from mfgguf.converters.plan.layout import Plan
-from mfgguf.converters.plan.header import write_header
-from mfgguf.converters.merge import merged_chunks, open_checked
+from mfgguf.gguf.writer import write_header
+from mfgguf.modules.merge import merged_chunks, open_checked
 from mfgguf.converters.routing.router import RouterBuilder, needs_stats
 from mfgguf.base.source import rope_permute
 from mfgguf.families import family

@@ -23,7 +23,7 @@ import numpy as np
 
 from mfgguf.gguf.fileio import pread_into, pwrite_all
 from mfgguf.converters.plan.layout import Plan
-from mfgguf.converters.merge import open_checked
+from mfgguf.modules.merge import open_checked
 from mfgguf.gguf.schema import blk
 from mfgguf.converters.stream import CHUNK_BYTES
 from mfgguf.converters.writers.base import FFN_RE

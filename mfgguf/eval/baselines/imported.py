@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mfgguf.config import ModelConfig
-from mfgguf.converters.lora_adapter import ADAPTER_FILE
+from mfgguf.modules.lora_adapter import ADAPTER_FILE
 from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
 from mfgguf.eval.domain_loras import DomainAdapter, domain_owners

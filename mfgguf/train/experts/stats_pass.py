@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 
 from mfgguf.config import ModelConfig
-from mfgguf.converters.plan.modules import read_header
+from mfgguf.modules.module import read_header
 from mfgguf.errors import MfggufError
 from mfgguf.gguf.fileio import pread_into
 from mfgguf.model import Block, rope_for, trunk_name_map

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from mfgguf.gguf.fileio import pwrite_all
-from mfgguf.converters.merge import merge_plan, merged_chunks
+from mfgguf.modules.merge import merge_plan, merged_chunks
 from mfgguf.errors import MfggufError, retired
 from mfgguf.machine import startup_s
 from mfgguf.run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
@@ -159,8 +159,7 @@ def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[i
 
 
 def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, progress: bool) -> Path:
-    from mfgguf.converters.plan.modules import load_module, trunk_shapes
-    from mfgguf.converters.plan.layout import model_config
+    from mfgguf.modules.module import load_module, model_config, trunk_shapes
     from mfgguf.train.experts.expert import load_trunk_meta
     n = len(ids)
     trunk = load_trunk_meta(rd)

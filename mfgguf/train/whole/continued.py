@@ -34,7 +34,7 @@ from mfgguf.data.masks import union_masks
 from mfgguf.errors import MfggufError
 from mfgguf.families import family
 from mfgguf.machine import startup_s
-from mfgguf.converters.lora_adapter import ADAPTER_FILE, write_lora_adapter
+from mfgguf.modules.lora_adapter import ADAPTER_FILE, write_lora_adapter
 from mfgguf.model import Transformer
 from mfgguf.run import RunDir, data_view, read_module, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io

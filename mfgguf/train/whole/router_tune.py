@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mfgguf.converters.ggufedit import copy_with_kv, read_f32, read_kv, set_f32, write_edited
+from mfgguf.gguf.edit import copy_with_kv, read_f32, read_kv, set_f32, write_edited
 from mfgguf.gguf.schema import TUNING_KEY
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, atomic_path, read_module_meta

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
 from mfgguf.converters.routing.calibrate import CALIBRATION_KEY, CalibrationGrid, calibrate, routers, training_sample
-from mfgguf.converters.ggufedit import copy_with_kv, read_f32, read_kv, set_scalar
+from mfgguf.gguf.edit import copy_with_kv, read_f32, read_kv, set_scalar
 from mfgguf.run import RunDir
 from mfgguf.runtime.perplexity import perplexity
 
@@ -85,7 +85,7 @@ def test_temperature_folds_into_the_router(f32_moe, tmp_path):
     names = [f"blk.{l}.ffn_gate_inp.weight" for l in range(2)]
     R = read_f32(gguf, names)
     ids = training_sample(RunDir(run), CTX, CTX).tolist()
-    from mfgguf.converters.ggufedit import set_f32
+    from mfgguf.gguf.edit import set_f32
 
     def logits(k, t):
         p = tmp_path / f"k{k}t{t}.gguf"

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
-from mfgguf.converters.merge import merge_arrays
+from mfgguf.modules.merge import merge_arrays
 from mfgguf.errors import MfggufError
 from mfgguf.run import (SHARED_PREFIX, STATS_PREFIX, RunDir, router_stats_current, router_stats_stale, sha256_file,
                         update_manifest)
@@ -248,7 +248,7 @@ def test_a_held_out_expert_sits_out_every_sync(round1, tmp_path):
     assert router_stats_stale(pooled, m3["trunk_sha256"], {"expert_003": m3["sha256"]}) == "cover other experts, not expert_003"
     from mfgguf.train.experts.pooled import pool_router_stats
 
-    r = assemble(run, tmp_path / "all.gguf", quant="f32", progress=False, pool_stats=pool_router_stats)
+    r = assemble(run, tmp_path / "all.gguf", quant="f32", progress=False)
     assert r["experts"] == list(EXPERTS) and r["merged_tensors"] == 0
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
 from mfgguf.converters.assemble import assemble
-from mfgguf.converters.ggufedit import read_f32, read_kv
+from mfgguf.gguf.edit import read_f32, read_kv
 from mfgguf.reference import reference_model
 from mfgguf.run import RunDir
 from mfgguf.runtime.perplexity import perplexity

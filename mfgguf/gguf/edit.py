@@ -21,9 +21,9 @@ import numpy as np
 
 from mfgguf.errors import MfggufError
 from mfgguf.gguf import schema
-from mfgguf.converters.plan.header import header_bytes
+from mfgguf.gguf.writer import header_bytes
 
-KV = tuple[str, str, object]  # (key, gguf value type name, value), as layout.header_bytes takes them
+KV = tuple[str, str, object]  # (key, gguf value type name, value), as writer.header_bytes takes them
 
 
 def _reader(path: Path, mode: str = "r"):
@@ -69,7 +69,7 @@ def copy_with_kv(src: Path, dst: Path, updates: list[KV]) -> None:
 
 
 def _kv_bytes(kv: KV) -> bytes:
-    """One key-value record as bytes (layout.header_bytes's serialisation, without its 24-byte preamble)."""
+    """One key-value record as bytes (writer.header_bytes's serialisation, without its 24-byte preamble)."""
     return header_bytes([kv], [])[24:]
 
 
