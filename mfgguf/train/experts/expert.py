@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from mfgguf.config import DEFAULT_PRESET, EXPERT_INITS, ModelConfig, get_preset
+from mfgguf.config import EXPERT_INITS, ModelConfig
 from mfgguf.data.masks import load_mask
 from mfgguf.errors import MfggufError
 from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name_map
@@ -36,11 +36,11 @@ from mfgguf.train.engine.loop import (check_token_range, evaluate, heldout_losse
 from mfgguf.train.engine.weights import read_safetensors, set_param
 from mfgguf.train.experts import pieces as pc
 from mfgguf.train.experts.base_score import reference_heldout
+from mfgguf.train.experts.config import expert_config
 from mfgguf.train.experts.pieces import expert_params  # noqa: F401  (the expert's trainable parameters, as before)
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
 from mfgguf.train.experts.tailstats import TailStats, moments_path, write_moments
 from mfgguf.train.rounds.ends import round_end
-from mfgguf.train.whole import branch as br
 from mfgguf.train.whole.trunk import plan_activations
 
 
@@ -189,9 +189,8 @@ def open_job(run: Path, expert: int, options: TrainOptions, device: str, precisi
     info = rd.run_info()
     i = rd.check_expert_index(expert)
     trunk = ModuleMeta.from_json(load_trunk_meta(rd))
-    cfg = ModelConfig.from_dict(trunk.config)
-    preset = trunk.preset or DEFAULT_PRESET
-    tc = br.at_branch_lr(options.train_config(get_preset(preset).expert), trunk.json, options)
+    ec = expert_config(trunk.json, options)
+    cfg, tc, preset = ec.cfg, ec.tc, ec.preset
     pc.SharedCopies(cfg, tc).check()
     rnd = _round(rd, trunk, tc, i)
     dev = resolve_device(device)

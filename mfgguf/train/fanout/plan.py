@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mfgguf.config import DEFAULT_PRESET, ModelConfig, TrainConfig, get_preset
+from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions
 from mfgguf.run import RunDir
+from mfgguf.train.experts.config import expert_config
 
 
 @dataclass(frozen=True)
@@ -66,21 +67,13 @@ class RunPlan:
         return self.total_tokens - sum(self.job_tokens(r) - self.resumed_tokens((i, r)) for i, r in self.todo)
 
 
-def job_config(trunk: dict, opts: JobOptions) -> tuple[ModelConfig, TrainConfig]:
-    """The shape and the TrainConfig every expert job of this trunk trains with (as train-expert resolves them)."""
-    from mfgguf.train.whole.branch import at_branch_lr
-
-    cfg = ModelConfig.from_dict(trunk["config"])
-    tc = at_branch_lr(opts.train.train_config(get_preset(trunk.get("preset") or DEFAULT_PRESET).expert), trunk, opts.train)
-    return cfg, tc
-
-
 def run_plan(rd: RunDir, ids: list[int], trunk: dict, rounds: int, opts: JobOptions, trained: list[int]) -> RunPlan:
     """The jobs left of `ids` over `rounds` rounds, `trained` being the experts that finished the current round."""
     from mfgguf.train.engine import checkpoint as ckpt_io
     from mfgguf.train.engine.driver import schedule_steps
 
-    cfg, tc = job_config(trunk, opts)
+    ec = expert_config(trunk, opts.train)
+    cfg, tc = ec.cfg, ec.tc
     first = int(trunk.get("round", 0)) + 1
     todo = () if trunk.get("final") else (
         tuple((i, first) for i in ids if i not in trained)
@@ -112,4 +105,4 @@ def check_shards(rd: RunDir, plan: RunPlan) -> None:
                           " with --experts")
 
 
-__all__ = ["RunPlan", "check_shards", "job_config", "run_plan"]
+__all__ = ["RunPlan", "check_shards", "run_plan"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -160,16 +159,6 @@ def load_branch_state(branch: dict, names) -> dict[str, dict[str, torch.Tensor]]
 # ---- wsd experts: where they start -----------------------------------------------------------------
 
 
-def at_branch_lr(tc: TrainConfig, trunk: dict, options) -> TrainConfig:
-    """A wsd expert of a wsd trunk runs at the trunk's branch LR (its stable LR) with no warm-up: it continues
-    a trunk that never cooled down instead of re-warming one that did. --lr / --warmup-frac, when given, win."""
-    b = trunk.get("branch")
-    if tc.schedule != "wsd" or not b:
-        return tc
-    return replace(tc, lr=b["lr"] if options.lr is None else tc.lr,
-                   warmup_frac=0.0 if options.warmup_frac is None else tc.warmup_frac)
-
-
 def branch_names(cfg: ModelConfig, tc: TrainConfig) -> list[str]:
     """The expert's parameters that start from the branch point: its shared copies, and its FFN when it
     starts from the seed (--init seed, or auto with a seed); a random or anchor FFN has nothing to continue."""
@@ -203,4 +192,4 @@ def branch_record(trunk: dict, tc: TrainConfig) -> dict | None:
 
 
 __all__ = ["BRANCH_FILE", "PARTS", "branch_files", "save_branch", "save_in_memory", "branch_meta", "publish", "clear",
-           "read_branch", "load_branch_state", "at_branch_lr", "branch_names", "start_from_branch", "branch_record"]
+           "read_branch", "load_branch_state", "branch_names", "start_from_branch", "branch_record"]

@@ -22,7 +22,8 @@ from mfgguf.model import trunk_model
 from mfgguf.options import JobOptions, TrainOptions
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.experts import shared as sh
-from mfgguf.train.whole.branch import at_branch_lr, branch_files, branch_names, read_branch, start_from_branch
+from mfgguf.train.experts.config import at_branch_lr
+from mfgguf.train.whole.branch import branch_files, branch_names, read_branch, start_from_branch
 from mfgguf.train.engine.driver import check_schedule, cooldown_start, lr_at, schedule_steps
 from mfgguf.train.experts.expert import build_expert_model, expert_params, train_expert
 from mfgguf.train.engine.loop import load_tokens, run_loop
