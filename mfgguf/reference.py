@@ -30,7 +30,7 @@ from mfgguf.gguf.header import read_gguf_header
 from mfgguf.gguf.schema import UNNORMALISED_TOPK
 from mfgguf.errors import MfggufError, retired
 from mfgguf.model import Transformer, trunk_model
-from mfgguf.run import SHARED_PREFIX, RunDir, read_module_meta
+from mfgguf.run import SHARED_PREFIX, RunDir, read_module
 
 
 def gguf_provenance(path: Path) -> dict:
@@ -65,17 +65,17 @@ def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list
 
     if merge == "none":
         return {}
-    metas = {i: read_module_meta(rd, i) for i in experts}
+    metas = {i: read_module(rd, i) for i in experts}
     out = {}
     for name in trunk:  # trunk order; copies in slot order, as the assembler adds them
-        holders = [i for i in experts if name in (metas[i].get("shared_tensors") or []) and not metas[i].get("shared_merged")]
+        holders = [i for i in experts if name in metas[i].shared_tensors and not metas[i].shared_merged]
         if not holders:
             continue
         copies = []
         for i in holders:
             with safe_open(str(rd.module_file(i)), "np") as f:
                 copies.append(f.get_tensor(SHARED_PREFIX + name))
-        tokens = [int(metas[i].get("tokens_seen") or 0) for i in holders]
+        tokens = [int(metas[i].tokens_seen or 0) for i in holders]
         out[name] = merge_arrays(merge, np.asarray(trunk[name], np.float32), copies, tokens)
     return out
 
@@ -100,7 +100,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
             raise retired(f"{gguf_path} was assembled", "--merge ties", "assemble it again with --merge mean")
     experts = list(experts or [])
     _, vocab = run_tokenizer_kv(rd)
-    trunk_meta = read_module_meta(rd, 0)
+    trunk_meta = read_module(rd, 0)
 
     class _M:  # the minimal shape model_config reads
         meta = trunk_meta

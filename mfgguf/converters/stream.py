@@ -160,7 +160,7 @@ def _start_lanes(mods: list[Module], lanes: int, chunk_bytes: int):
 
 def _mismatch(m: Module, digest) -> MfggufError | None:
     """The error where a module's streamed digest is not the one recorded for it."""
-    if digest == m.meta["blake3"]:
+    if digest == m.meta.blake3:
         return None
     return MfggufError(f"module {m.name} ({m.path.name}) does not match its recorded blake3:"
                        " the file changed after training; retrain it")

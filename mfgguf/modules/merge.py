@@ -76,11 +76,11 @@ def merge_arrays(method: str, trunk: np.ndarray, copies: list[np.ndarray], token
 
 def check_shared(mod, trunk_shapes: dict[str, tuple[int, ...]]) -> list[str]:
     """The trunk tensors module `mod` (layout.Module) holds a copy of, checked; raises a one-line error."""
-    listed = mod.meta.get("shared_tensors") or []
+    listed = mod.meta.shared_tensors
     if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
         raise MfggufError(f"module {mod.name}: shared_tensors in its metadata is not a list of tensor names; retrain it")
     held = {k[len(SHARED_PREFIX):] for k in mod.entries if k.startswith(SHARED_PREFIX)}
-    if mod.meta.get("shared_merged"):  # `mfgguf sync` already merged its copies into the trunk
+    if mod.meta.shared_merged:  # `mfgguf sync` already merged its copies into the trunk
         if held:
             raise MfggufError(f"module {mod.name} says its shared copies are merged but holds {SHARED_PREFIX}{min(held)};"
                               " run `mfgguf sync RUN` again or retrain it")
@@ -111,7 +111,7 @@ def merge_plan(mods: list, trunk_shapes: dict[str, tuple[int, ...]], method: str
     for pos, m in enumerate(mods):
         for name in check_shared(m, trunk_shapes):
             by_name.setdefault(name, []).append(pos)
-            if method == "mean" and not (isinstance(m.meta.get("tokens_seen"), int) and m.meta["tokens_seen"] > 0):
+            if method == "mean" and not (isinstance(m.meta.tokens_seen, int) and m.meta.tokens_seen > 0):
                 raise MfggufError(f"module {m.name} records no tokens_seen, which --merge mean weights its copies by;"
                                   " retrain it or use --merge none")
     if method == "none":
@@ -133,7 +133,7 @@ def merged_chunks(name: str, trunk, experts: list, chunk_bytes: int = MERGE_CHUN
     cols = te.shape[-1] if te.shape else 1
     rows = (te.end - te.begin) // 4 // cols
     step = max(1, chunk_bytes // (cols * 4))
-    tokens = [int(m.meta.get("tokens_seen") or 0) for m in experts]
+    tokens = [int(m.meta.tokens_seen or 0) for m in experts]
     fds = []
     try:
         for m in [trunk, *experts]:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mfgguf.config import DEFAULT_PRESET, ModelConfig, get_preset
 from mfgguf.errors import MfggufError
-from mfgguf.run import STATS_PREFIX, RunDir, module_name, read_module_meta
+from mfgguf.run import STATS_PREFIX, RunDir, module_name, read_module
+from mfgguf.run.records import ModuleMeta
 from mfgguf.families import block_extras, family
 from mfgguf.gguf.schema import blk
 
@@ -33,7 +34,7 @@ class Module:
     index: int
     name: str
     path: Path
-    meta: dict
+    meta: ModuleMeta  # its JSON record, typed
     entries: dict[str, Entry]
     header_len: int  # 8 + JSON header length: bytes before the first tensor
     size: int
@@ -115,27 +116,27 @@ def check_shapes(what: str, entries: dict[str, Entry], want: dict[str, tuple[int
 def load_module(run: RunDir, index: int, manifest: dict) -> Module:
     """Metadata + safetensors header of module `index`, checked against the manifest."""
     name = module_name(index)
-    meta = read_module_meta(run, index)
+    meta = read_module(run, index)
     rec = manifest.get("modules", {}).get(name)
     hint = "retrain it" if index else "retrain the trunk"
     if rec is None:
         raise MfggufError(f"module {name} is not in the run manifest; {hint}")
-    if rec.get("sha256") != meta.get("sha256") or rec.get("blake3") != meta.get("blake3"):
+    if rec.get("sha256") != meta.sha256 or rec.get("blake3") != meta.blake3:
         raise MfggufError(f"module {name}: its metadata hashes differ from the manifest's; {hint}")
     path = run.module_file(index)
     st = path.stat()
     size = st.st_size
-    if size != meta.get("bytes"):
-        raise MfggufError(f"module {name} ({path.name}) is {size} bytes, {meta.get('bytes')} were recorded: modified or truncated; {hint}")
+    if size != meta.bytes:
+        raise MfggufError(f"module {name} ({path.name}) is {size} bytes, {meta.bytes} were recorded: modified or truncated; {hint}")
     header_len, entries = read_header(path, f"module {name}")
     return Module(index, name, path, meta, entries, header_len, size, st.st_mtime_ns)
 
 
 def model_config(trunk: Module, vocab_size: int) -> ModelConfig:
-    if "config" in trunk.meta:
-        cfg = ModelConfig.from_dict(trunk.meta["config"])
+    if trunk.meta.config is not None:
+        cfg = ModelConfig.from_dict(trunk.meta.config)
     else:
-        cfg = get_preset(trunk.meta.get("preset", DEFAULT_PRESET)).model
+        cfg = get_preset(trunk.meta.preset or DEFAULT_PRESET).model
     if cfg.vocab_size != vocab_size:
         raise MfggufError(
             f"the trunk was trained with vocab {cfg.vocab_size} but tokenizer.json has {vocab_size} tokens;"

@@ -32,7 +32,8 @@ def _int(d: dict, key: str, default: int) -> int:
 
 @dataclass(frozen=True)
 class ModuleMeta:
-    """A module's JSON (modules/<name>.json): what `run.write_module` writes and `run.read_module` reads."""
+    """A module's JSON (modules/<name>.json, and the pooled statistics' modules/router_stats.json): what
+    `run.write_module` writes and `run.read_module` reads."""
 
     name: str | None = None  # trunk, expert_00i, router_stats
     index: int | None = None  # 0 = the trunk, 1..N the experts
@@ -56,6 +57,11 @@ class ModuleMeta:
     sync: dict | None = None  # a synced trunk: what the sync merged
     synced_from: str | None = None  # a synced trunk: the sha256 of the trunk before the sync
     branch: dict | None = None  # a wsd trunk: its branch point
+    tokens_seen: int | None = None  # experts: the tokens they trained on (the merge's weights)
+    router_stats_count: int | None = None  # experts: tokens their FFN-input means cover; pooled statistics: G's
+    shared_tensors: list = field(default_factory=list)  # experts: trunk tensors they trained private copies of
+    shared_merged: bool = False  # experts: a sync already merged those copies into the trunk
+    experts: dict = field(default_factory=dict)  # pooled statistics: {expert name: sha256} they were computed with
     json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
 
     @classmethod
@@ -67,7 +73,9 @@ class ModuleMeta:
                    heldout_loss=g("heldout_loss") or {}, trunk_heldout_loss=g("trunk_heldout_loss") or {},
                    shard_domains=g("shard_domains"), round=_int(d, "round", 1), rounds=_int(d, "rounds", 1),
                    final=bool(g("final")), sync=g("sync"), synced_from=g("synced_from"), branch=g("branch"),
-                   json=dict(d))
+                   tokens_seen=g("tokens_seen"), router_stats_count=g("router_stats_count"),
+                   shared_tensors=list(g("shared_tensors") or []), shared_merged=bool(g("shared_merged")),
+                   experts=dict(g("experts") or {}), json=dict(d))
 
     def to_json(self) -> dict:
         """The record as written to disk (a copy: editing it does not change the record)."""
@@ -82,6 +90,19 @@ class ModuleMeta:
     def sync_experts(self) -> list[int] | None:
         """The experts the trunk's syncs merged (`sync --experts`), or None where no sync recorded a set."""
         return (self.sync or {}).get("expert_ids")
+
+    def pooled_stale(self, trunk_sha256: str, experts: dict[str, str]) -> str | None:
+        """Pooled router statistics: why they do not describe this trunk and these experts ({name: sha256}),
+        or None when they do."""
+        if self.trunk_sha256 != trunk_sha256:
+            return "belong to another version of the trunk"
+        if self.source != "trunk":  # an old `router-stats --source trunk` pass holds for any experts
+            for name, sha in experts.items():
+                if name not in self.experts:
+                    return f"cover other experts, not {name}"
+                if self.experts[name] != sha:
+                    return f"predate {name} (trained since)"
+        return None
 
     def finished_against(self, trunk_sha256: str) -> bool:
         """An expert that has trained its last round against this trunk: nothing left to train or sync."""

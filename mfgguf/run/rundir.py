@@ -410,19 +410,10 @@ def trained_copies(meta: dict) -> bool:
     return bool(meta.get("shared_tensors"))
 
 
-def router_stats_stale(meta: dict, trunk_sha256: str, experts: dict[str, str]) -> str | None:
-    """Why pooled router statistics (their JSON `meta`) do not describe this trunk and these experts
-    ({name: sha256}), or None when they do."""
-    if meta.get("trunk_sha256") != trunk_sha256:
-        return "belong to another version of the trunk"
-    if meta.get("source") != "trunk":  # an old `router-stats --source trunk` pass holds for any experts
-        pooled = meta.get("experts") or {}
-        for name, sha in experts.items():
-            if name not in pooled:
-                return f"cover other experts, not {name}"
-            if pooled[name] != sha:
-                return f"predate {name} (trained since)"
-    return None
+def router_stats_stale(meta: ModuleMeta | dict, trunk_sha256: str, experts: dict[str, str]) -> str | None:
+    """Why pooled router statistics (their record `meta`) do not describe this trunk and these experts
+    ({name: sha256}), or None when they do (ModuleMeta.pooled_stale)."""
+    return (meta if isinstance(meta, ModuleMeta) else ModuleMeta.from_json(meta)).pooled_stale(trunk_sha256, experts)
 
 
 def router_stats_current(run: RunDir, ids: list[int] | None = None) -> bool:

@@ -101,7 +101,7 @@ def test_mean_is_token_weighted_and_streaming_gives_the_same_bits(attn_run):
     chunks = list(M.merged_chunks(name, p.trunk, mods, chunk_bytes=3 * trunk.shape[1] * 4, method="mean"))
     assert len(chunks) > 1
     streamed = np.concatenate([x for _, x in chunks])
-    whole = M.merge_arrays("mean", trunk, copies, [m.meta["tokens_seen"] for m in mods])
+    whole = M.merge_arrays("mean", trunk, copies, [m.meta.tokens_seen for m in mods])
     assert streamed.tobytes() == whole.tobytes()
     os.utime(mods[0].path, ns=(0, 0))  # the file is not the one the plan read any more
     with pytest.raises(MfggufError, match="changed during assembly"):

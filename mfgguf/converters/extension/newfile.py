@@ -76,13 +76,13 @@ def plan_extension(src: Source, keep: list[int], adds: Additions | None, keep_ro
         expert_source += [s] * len(new)
     assert src.router != "ridge" or (None in sources) == (adds is not None and adds.pooled is not None)
     names, shas, ids = v("mfgguf.modules"), v("mfgguf.module_sha256"), v("mfgguf.experts")
-    counts = [v(RS_COUNTS)[p] for p in keep] + [int(m.meta["router_stats_count"]) for m in new]
+    counts = [v(RS_COUNTS)[p] for p in keep] + [int(m.meta.router_stats_count) for m in new]
     src_shas = [v(RS_SOURCES)[j] if j is not None else adds.source for j in sources]
     src_counts = [v(RS_SOURCE_COUNTS)[j] if j is not None else adds.source_count for j in sources]
     repl = {
         f"{src.arch}.expert_count": N,
         "mfgguf.modules": ("STRING", [names[0]] + [names[1 + p] for p in keep] + [m.name for m in new]),
-        "mfgguf.module_sha256": ("STRING", [shas[0]] + [shas[1 + p] for p in keep] + [m.meta["sha256"] for m in new]),
+        "mfgguf.module_sha256": ("STRING", [shas[0]] + [shas[1 + p] for p in keep] + [m.meta.sha256 for m in new]),
         "mfgguf.experts": ("UINT32", [ids[p] for p in keep] + [m.index for m in new]),
         RS_COUNTS: ("UINT64", counts),
         RS_EXPERT_SOURCE: ("UINT32", expert_source),

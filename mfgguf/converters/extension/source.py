@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mfgguf.errors import MfggufError, retired
 from mfgguf.run import RunDir, finished_against, read_manifest, router_stats_stale
+from mfgguf.run.records import ModuleMeta
 from mfgguf.gguf.fileio import truncated
 from mfgguf.gguf.header import Header, read_gguf_header
 from mfgguf.converters.plan.modules import PooledStatsNeeded
@@ -134,18 +135,18 @@ def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
         rd.check_expert_index(i)
         m = load_module(rd, i, manifest)
         name = f"{m.name} of {run}"
-        if m.meta.get("trunk_sha256") != src.trunk_sha:
-            raise MfggufError(f"{name} was trained against another trunk ({str(m.meta.get('trunk_sha256'))[:12]}), not"
+        if m.meta.trunk_sha256 != src.trunk_sha:
+            raise MfggufError(f"{name} was trained against another trunk ({str(m.meta.trunk_sha256)[:12]}), not"
                               f" the one {src.path.name} was assembled from ({src.trunk_sha[:12]}); extend takes only"
                               " experts of the model's trunk")
         if not finished_against(m.meta, src.trunk_sha):
-            raise MfggufError(f"{name} has trained round {m.meta.get('round')} of {m.meta.get('rounds')}; finish it first")
-        if m.meta["sha256"] in have:
+            raise MfggufError(f"{name} has trained round {m.meta.round} of {m.meta.rounds}; finish it first")
+        if m.meta.sha256 in have:
             raise MfggufError(f"{name} is already in {src.path.name}")
-        if m.meta.get("shared_tensors") or any(k.startswith("shared.") for k in m.entries):
+        if m.meta.shared_tensors or any(k.startswith("shared.") for k in m.entries):
             raise MfggufError(f"{name} trained copies of trunk tensors, which cannot join a finished file; extend takes"
                               " FFN-only experts")
-        if not m.meta.get("router_stats_count"):
+        if not m.meta.router_stats_count:
             raise MfggufError(f"{name} recorded no router statistics; retrain it")
         _check_expert(m, name, src)
         mods.append(m)
@@ -155,18 +156,18 @@ def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
     if not rd.router_stats_meta.is_file() or not rd.router_stats.is_file():
         raise PooledStatsNeeded(f"{run} has no pooled router statistics; compute them with `mfgguf router-stats {run}`",
                                 "are missing")
-    meta = json.loads(rd.router_stats_meta.read_text())
-    if (manifest.get("router_stats") or {}).get("blake3") != meta.get("blake3") or not meta.get("blake3"):
+    meta = ModuleMeta.from_json(json.loads(rd.router_stats_meta.read_text()))
+    if (manifest.get("router_stats") or {}).get("blake3") != meta.blake3 or not meta.blake3:
         raise MfggufError(f"{run}'s pooled router statistics differ from its manifest's; run `mfgguf router-stats {run}`")
-    if why := router_stats_stale(meta, src.trunk_sha, {m.name: m.meta["sha256"] for m in mods}):
+    if why := router_stats_stale(meta, src.trunk_sha, {m.name: m.meta.sha256 for m in mods}):
         raise PooledStatsNeeded(f"{run}'s pooled router statistics {why}; run `mfgguf router-stats {run}`", why)
-    count = int(meta.get("router_stats_count") or 0)
+    count = int(meta.router_stats_count or 0)
     if count <= 0:
         raise MfggufError(f"{run}'s pooled router statistics record no token count; run `mfgguf router-stats {run}`")
     pooled = None
-    if meta["sha256"] not in (src.h.value(RS_SOURCES) or []):
+    if meta.sha256 not in (src.h.value(RS_SOURCES) or []):
         st = rd.router_stats.stat()
-        if st.st_size != meta.get("bytes"):
+        if st.st_size != meta.bytes:
             raise MfggufError(f"{rd.router_stats.name} of {run} is modified or truncated; run `mfgguf router-stats {run}`")
         hl, entries = read_header(rd.router_stats, "the pooled router statistics")
         for l in range(src.L):
@@ -175,14 +176,14 @@ def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
                 raise MfggufError(f"{run}'s pooled router statistics do not match the model's shape; run"
                                   f" `mfgguf router-stats {run}`")
         pooled = Module(-1, "router_stats", rd.router_stats, meta, entries, hl, st.st_size, st.st_mtime_ns)
-    return Additions(rd, mods, meta["sha256"], count, pooled, trunk)
+    return Additions(rd, mods, meta.sha256, count, pooled, trunk)
 
 
 def _anchor_trunk(rd: RunDir, manifest: dict, src: Source) -> Module:
     """The --add RUN's trunk, for the anchor a folded file's new slots hold: the very trunk the file was built from."""
     trunk = load_module(rd, 0, manifest)
-    if trunk.meta.get("sha256") != src.trunk_sha:
-        raise MfggufError(f"{rd.root}'s trunk ({str(trunk.meta.get('sha256'))[:12]}) is not the one {src.path.name} was"
+    if trunk.meta.sha256 != src.trunk_sha:
+        raise MfggufError(f"{rd.root}'s trunk ({str(trunk.meta.sha256)[:12]}) is not the one {src.path.name} was"
                           f" assembled from ({src.trunk_sha[:12]}), whose anchor every expert of this {src.arch} file"
                           " holds: add from a RUN that holds the model's trunk")
     return trunk

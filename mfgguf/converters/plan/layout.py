@@ -138,7 +138,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
                           " pass --layout mixtral")
     slots = _slots(cfg, lay, R, quant, arch)
     ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]
-    name = base_name(run.root, str(trunk.meta.get("preset") or ""))
+    name = base_name(run.root, str(trunk.meta.preset or ""))
     kv = [("general.architecture", "STRING", arch), ("general.name", "STRING", model_name(name, N)),
           ("general.file_type", "UINT32", schema.FILE_TYPE[quant]), ("general.quantization_version", "UINT32", 2)]
     kv += schema.model_kv(arch, cfg, n_experts=R, top_k=top_k, ff=ff, shexp_ff=cfg.anchor_ff)
@@ -163,18 +163,18 @@ def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, 
     for i in ids:
         run.check_expert_index(i)
         m = load_module(run, i, manifest)
-        if int(m.meta.get("round", 1)) < int(m.meta.get("rounds", 1)):
-            raise MfggufError(f"module {m.name} has trained round {m.meta['round']} of {m.meta['rounds']}; run"
+        if m.meta.round < m.meta.rounds:
+            raise MfggufError(f"module {m.name} has trained round {m.meta.round} of {m.meta.rounds}; run"
                               f" `mfgguf sync RUN`, then `mfgguf train-expert RUN --expert {i}` for the next round")
-        if (trunk.meta.get("final") and m.meta.get("trunk_sha256") == trunk.meta.get("synced_from")
-                and not m.meta.get("shared_merged")):
+        if (trunk.meta.final and m.meta.trunk_sha256 == trunk.meta.synced_from
+                and not m.meta.shared_merged):
             raise MfggufError(f"module {m.name}'s router statistics predate the final sync; run"
                               f" `mfgguf restat RUN --expert {i}` (or `mfgguf sync RUN` for all)")
-        if m.meta.get("trunk_sha256") != trunk.meta["sha256"]:
+        if m.meta.trunk_sha256 != trunk.meta.sha256:
             raise MfggufError(f"module {m.name} was trained against a different trunk; retrain it with `mfgguf train-expert RUN --expert {i}`")
         check_shapes(f"module {m.name}", m.entries, expert_shapes(cfg, stats),
                      "retrain it (or use --router uniform if only its statistics are missing)")
-        if stats and not m.meta.get("router_stats_count"):
+        if stats and not m.meta.router_stats_count:
             raise MfggufError(f"module {m.name} recorded no router statistics; retrain it or use --router uniform")
         mods.append(m)
     return mods
@@ -191,22 +191,22 @@ def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], 
         ("mfgguf.quant", "STRING", quant),
         ("mfgguf.router", "STRING", router if N else "none"),
         ("mfgguf.top_k", "UINT32", top_k),
-        ("mfgguf.preset", "STRING", str(trunk.meta.get("preset", ""))),
+        ("mfgguf.preset", "STRING", str(trunk.meta.preset or "")),
         ("mfgguf.partition", "STRING", str(info.get("partition", ""))),
         ("mfgguf.anchor_ff", "UINT32", cfg.anchor_ff),
         ("mfgguf.expert_ff", "UINT32", cfg.expert_ff),
-        ("mfgguf.trunk_sha256", "STRING", trunk.meta["sha256"]),
+        ("mfgguf.trunk_sha256", "STRING", trunk.meta.sha256),
         ("mfgguf.modules", "ARRAY", ("STRING", [trunk.name] + [m.name for m in mods])),
-        ("mfgguf.module_sha256", "ARRAY", ("STRING", [trunk.meta["sha256"]] + [m.meta["sha256"] for m in mods])),
+        ("mfgguf.module_sha256", "ARRAY", ("STRING", [trunk.meta.sha256] + [m.meta.sha256 for m in mods])),
     ]
     if pooled is not None:
-        kv.append(("mfgguf.router_stats_sha256", "STRING", pooled.meta["sha256"]))
+        kv.append(("mfgguf.router_stats_sha256", "STRING", pooled.meta.sha256))
     if N:
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
     if N and needs_stats(router) and not comp:  # what `mfgguf extend` recomputes the router from (routing/stats.py)
-        counts = [int(m.meta["router_stats_count"]) for m in mods]
-        src = pooled.meta["sha256"] if pooled is not None else ""  # "": no G (centroid)
-        src_n = int(pooled.meta.get("router_stats_count") or sum(counts)) if pooled is not None else 0
+        counts = [int(m.meta.router_stats_count) for m in mods]
+        src = pooled.meta.sha256 if pooled is not None else ""  # "": no G (centroid)
+        src_n = int(pooled.meta.router_stats_count or sum(counts)) if pooled is not None else 0
         kv += routerstats.kv_entries(n_layers=cfg.n_layers, dim=cfg.dim, counts=counts, sources=[src],
                                      source_counts=[src_n], ridge=router == "ridge")
     if comp:  # only then: other files stay byte-identical

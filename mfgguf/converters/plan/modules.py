@@ -10,6 +10,7 @@ import json
 
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, router_stats_stale
+from mfgguf.run.records import ModuleMeta
 from mfgguf.modules.module import Module, read_header
 
 
@@ -27,15 +28,15 @@ def load_pooled_stats(run: RunDir, manifest: dict, trunk: Module, experts: list[
     if not run.router_stats_meta.is_file() or not run.router_stats.is_file():
         raise PooledStatsNeeded(f"{run.root} has no pooled router statistics (modules/{run.router_stats.name}); {redo}",
                                 "are missing")
-    meta = json.loads(run.router_stats_meta.read_text())
+    meta = ModuleMeta.from_json(json.loads(run.router_stats_meta.read_text()))
     rec = manifest.get("router_stats") or {}
-    if rec.get("blake3") != meta.get("blake3") or not meta.get("blake3"):
+    if rec.get("blake3") != meta.blake3 or not meta.blake3:
         raise MfggufError(f"the pooled router statistics' metadata differs from the manifest's; {redo}")
-    if why := router_stats_stale(meta, trunk.meta["sha256"], {m.name: m.meta["sha256"] for m in experts}):
+    if why := router_stats_stale(meta, trunk.meta.sha256, {m.name: m.meta.sha256 for m in experts}):
         raise PooledStatsNeeded(f"the pooled router statistics {why}; {redo}", why)
     st = run.router_stats.stat()
-    if st.st_size != meta.get("bytes"):
-        raise MfggufError(f"{run.router_stats.name} is {st.st_size} bytes, {meta.get('bytes')} were recorded: modified"
+    if st.st_size != meta.bytes:
+        raise MfggufError(f"{run.router_stats.name} is {st.st_size} bytes, {meta.bytes} were recorded: modified"
                           f" or truncated; {redo}")
     header_len, entries = read_header(run.router_stats, "the pooled router statistics")
     return Module(-1, "router_stats", run.router_stats, meta, entries, header_len, st.st_size, st.st_mtime_ns)

@@ -57,7 +57,7 @@ def expert_label(domains: dict | None, *, partition: str, part: tuple[int, int] 
     return f"cluster {cluster}: {mix}" + (f"; {' '.join(terms)}" if terms else "")
 
 
-def labels_for(run, ids: list[int], metas: list[dict], tokens: list[str] | None) -> list[str]:
+def labels_for(run, ids: list[int], metas: list, tokens: list[str] | None) -> list[str]:
     """The labels of experts `ids` of RUN (their records `metas`), as `expert_label` makes them."""
     info = run.info()
     partition = str(info.get("partition", ""))
@@ -69,7 +69,7 @@ def labels_for(run, ids: list[int], metas: list[dict], tokens: list[str] | None)
     terms = _cluster_terms(run, tokens) if partition == "cluster" else {}
     out = []
     for i, meta in zip(ids, metas):
-        d = meta.get("shard_domains") or shards.get(i) or {}
+        d = meta.shard_domains or shards.get(i) or {}
         mine = alone.get(next(iter(d)), []) if len(d) == 1 else []
         part = (mine.index(i) + 1, len(mine)) if i in mine else None
         out.append(expert_label(d, partition=partition, part=part, cluster=i if partition == "cluster" else None,
@@ -111,11 +111,11 @@ def _word(token: str) -> str:
     return w if any(ch.isalnum() for ch in w) else ""
 
 
-def expert_kv(run, ids: list[int], metas: list[dict], tokens: list[str] | None) -> list[tuple[str, str, object]]:
+def expert_kv(run, ids: list[int], metas: list, tokens: list[str] | None) -> list[tuple[str, str, object]]:
     """The per-expert keys of the module docstring for experts `ids` (records `metas`), in slot order."""
     return [(LABELS, "ARRAY", ("STRING", labels_for(run, ids, metas, tokens))),
-            (TOKENS, "ARRAY", ("UINT64", [int(m.get("tokens_seen") or 0) for m in metas])),
-            (TRUNKS, "ARRAY", ("STRING", [str(m.get("trunk_sha256", "")) for m in metas]))]
+            (TOKENS, "ARRAY", ("UINT64", [int(m.tokens_seen or 0) for m in metas])),
+            (TRUNKS, "ARRAY", ("STRING", [str(m.trunk_sha256 or "") for m in metas]))]
 
 
 __all__ = ["BASE", "LABELS", "TOKENS", "TRUNKS", "base_name", "expert_kv", "expert_label", "labels_for", "model_name"]

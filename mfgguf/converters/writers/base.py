@@ -112,7 +112,7 @@ class Writer:
             s = p.slot(name)
             self._put(s, s.offset, x)
         first = 2 if p.pooled else 1  # stream position of expert slot 0
-        counts = [int(m.meta.get("router_stats_count") or 0) for m in p.expert_modules]
+        counts = [int(m.meta.router_stats_count or 0) for m in p.expert_modules]
         # chunks of one tensor region come in module order, so the router's pooled sums are added
         # in the same order as with one file at a time
         for pos, name, r0, x, release in stream_modules(p.modules, lanes=self.lanes, on_bytes=self.bar.advance,
