@@ -416,18 +416,6 @@ def router_stats_stale(meta: ModuleMeta | dict, trunk_sha256: str, experts: dict
     return (meta if isinstance(meta, ModuleMeta) else ModuleMeta.from_json(meta)).pooled_stale(trunk_sha256, experts)
 
 
-def router_stats_current(run: RunDir, ids: list[int] | None = None) -> bool:
-    """The pooled router statistics were computed on the current trunk and every expert (or experts `ids`) as it
-    is now."""
-    if not run.router_stats_meta.is_file() or not run.module_meta(0).is_file():
-        return False
-    ids = range(1, run.run_info().n_experts + 1) if ids is None else ids
-    experts = {module_name(i): read_json(run.module_meta(i), "an expert's metadata").get("sha256")
-               if run.module_meta(i).is_file() else "" for i in ids}  # "": untrained, never current
-    return router_stats_stale(read_json(run.router_stats_meta, "the pooled router statistics"),
-                              read_json(run.module_meta(0), "the trunk's metadata").get("sha256"), experts) is None
-
-
 def read_manifest(run: RunDir) -> dict:
     return read_json(run.manifest, "the run manifest (train the trunk first)")
 
@@ -438,4 +426,4 @@ __all__ = ["RUN_FORMAT", "RUN_VERSION", "MODULE_FORMAT", "MODULE_VERSION", "STAT
            "write_json", "write_text", "write_module", "write_module_streamed", "module_meta_for", "read_module",
            "read_module_meta", "update_manifest", "write_router_stats", "finished_against", "untrained",
            "untrained_reason", "trained_expert", "trained_expert_meta", "recorded_experts", "trained_copies", "router_stats_stale",
-           "router_stats_current", "read_manifest"]
+           "read_manifest"]

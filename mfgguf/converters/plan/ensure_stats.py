@@ -19,7 +19,8 @@ import sys
 from typing import Callable, TypeVar
 
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, read_module_meta, untrained_reason
+from mfgguf.run import RunDir
+from mfgguf.run.state import pool_blocked
 from mfgguf.converters.plan.modules import PooledStatsNeeded
 
 T = TypeVar("T")
@@ -34,7 +35,7 @@ def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool, v
     try:
         return make_plan()
     except PooledStatsNeeded as e:
-        if (blocked := cannot_pool(rd, experts)) is not None:
+        if (blocked := pool_blocked(rd, experts)) is not None:
             raise MfggufError(f"{e} ({verb} cannot compute them here: {blocked})") from None
         some = "" if experts is None else " --experts " + ",".join(map(str, experts))
         print(f"{verb}: the pooled router statistics {e.why}; computing them first (`mfgguf router-stats"
@@ -43,15 +44,3 @@ def plan_with_stats(make_plan: Callable[[], T], rd: RunDir, *, progress: bool, v
 
         pool_router_stats(rd.root, progress=progress, experts=experts)
     return make_plan()
-
-
-def cannot_pool(rd: RunDir, experts: list[int] | None = None) -> str | None:
-    """Why the router-stats pass over `experts` (None: all) cannot run on this machine (modules or shards
-    absent), or None."""
-    trunk_sha = read_module_meta(rd, 0).get("sha256")
-    for i in range(1, int(rd.info()["n_experts"]) + 1) if experts is None else experts:
-        if (why := untrained_reason(rd, trunk_sha, i)) is not None:
-            return why
-        if not rd.shard(i).is_file():
-            return f"shard {i} (data/{rd.shard(i).name}) is absent"
-    return None

@@ -1,0 +1,76 @@
+"""The questions the stages ask of a RUN's state, answered once: which experts are trained, whether the pooled
+router statistics are current for a set of experts (and why not), whether the router-stats pass can run here,
+and whether the RUN is ready to assemble (and what to run first).
+
+Each answer reads the typed records (records.py) through rundir.py; a reason is a sentence completing
+"the pooled router statistics ..." or naming the command that fixes it.
+
+Example:
+    >>> rd = RunDir("RUN")
+    >>> trained_experts(rd), stats_stale_reason(rd), assemble_blocked(rd)
+    ([1, 2, 3], None, None)
+"""
+
+from __future__ import annotations
+
+from mfgguf.run.records import ModuleMeta, module_name
+from mfgguf.run.rundir import RunDir, read_json, read_module, untrained_reason
+
+
+def _experts(rd: RunDir, ids: list[int] | None) -> list[int]:
+    return list(range(1, rd.run_info().n_experts + 1)) if ids is None else list(ids)
+
+
+def trunk_sha256(rd: RunDir) -> str | None:
+    """The current trunk's sha256 (None where no trunk is trained)."""
+    return read_module(rd, 0).sha256 if rd.module_meta(0).is_file() else None
+
+
+def trained_experts(rd: RunDir, ids: list[int] | None = None) -> list[int]:
+    """The experts of `ids` (None: all) that have finished training against the current trunk."""
+    sha = trunk_sha256(rd)
+    return [] if sha is None else [i for i in _experts(rd, ids) if untrained_reason(rd, sha, i) is None]
+
+
+def stats_stale_reason(rd: RunDir, ids: list[int] | None = None) -> str | None:
+    """Why the pooled router statistics are not current for the trunk and experts `ids` (None: all) as they are
+    now ("are missing", "predate expert_002 (trained since)", ...), or None when they are."""
+    if not rd.router_stats_meta.is_file() or not rd.module_meta(0).is_file():
+        return "are missing"
+    experts = {module_name(i): ModuleMeta.from_json(read_json(rd.module_meta(i), "an expert's metadata")).sha256
+               if rd.module_meta(i).is_file() else "" for i in _experts(rd, ids)}  # "": untrained, never current
+    pooled = ModuleMeta.from_json(read_json(rd.router_stats_meta, "the pooled router statistics"))
+    trunk = ModuleMeta.from_json(read_json(rd.module_meta(0), "the trunk's metadata"))
+    return pooled.pooled_stale(trunk.sha256, experts)
+
+
+def router_stats_current(rd: RunDir, ids: list[int] | None = None) -> bool:
+    """The pooled router statistics were computed on the current trunk and every expert (or experts `ids`) as it
+    is now."""
+    return stats_stale_reason(rd, ids) is None
+
+
+def pool_blocked(rd: RunDir, ids: list[int] | None = None) -> str | None:
+    """Why the router-stats pass over experts `ids` (None: all) cannot run on this machine (modules or shards
+    absent), or None."""
+    sha = trunk_sha256(rd)
+    for i in _experts(rd, ids):
+        if (why := untrained_reason(rd, sha, i)) is not None:
+            return why
+        if not rd.shard(i).is_file():
+            return f"shard {i} (data/{rd.shard(i).name}) is absent"
+    return None
+
+
+def assemble_blocked(rd: RunDir, ids: list[int] | None = None) -> str | None:
+    """What to run before the ridge router's assembly of experts `ids` (None: all) can go ahead, or None when the
+    RUN is ready (statistics that only need the router-stats pass count as ready: assembly runs it itself)."""
+    if trunk_sha256(rd) is None:
+        return f"the trunk is not trained: `mfgguf train-trunk {rd.root}` first"
+    if stats_stale_reason(rd, ids) is not None and (why := pool_blocked(rd, ids)) is not None:
+        return f"{why}: `mfgguf train-expert {rd.root}` (or `mfgguf sync {rd.root}`) first"
+    return None
+
+
+__all__ = ["assemble_blocked", "pool_blocked", "router_stats_current", "stats_stale_reason", "trained_experts",
+           "trunk_sha256"]
