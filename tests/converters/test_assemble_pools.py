@@ -79,11 +79,3 @@ def test_a_subset_assembles_while_other_experts_are_untrained(trained_run, tmp_p
     r = assemble(run, tmp_path / "m.gguf", quant="f32", experts=[1, 2], progress=False)
     assert r["experts"] == [1, 2] and "--experts 1,2" in capsys.readouterr().err
     assert set(json.loads(rd.router_stats_meta.read_text())["experts"]) == {"expert_001", "expert_002"}
-
-
-def test_without_the_pass_the_library_names_the_verb_that_fixes_it(trained_run, tmp_path):
-    """converters sit below train: the pass is handed in from above (the CLI does); without it, the planner's error."""
-    run = _without_pooled(trained_run, tmp_path / "run")
-    with pytest.raises(MfggufError, match="no pooled router statistics.*`mfgguf router-stats "):
-        assemble(run, tmp_path / "m.gguf", quant="f32", progress=False)
-    assert not RunDir(run).router_stats.exists()

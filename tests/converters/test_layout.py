@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from mfgguf.converters.plan import layout as LY
-from mfgguf.converters.plan import modules as MF
+from mfgguf.modules import module as MF
 from mfgguf.converters import quant as Q
 from mfgguf.converters.assemble import assemble
 from mfgguf.run import RunDir
