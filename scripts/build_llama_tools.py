@@ -5,8 +5,8 @@
     python3 scripts/build_llama_tools.py --where    # print the tools' folder, build nothing
     python3 scripts/build_llama_tools.py --share-libs   # then give llama-cpp-python these libraries
 
-The source is `vendor/llama.cpp` inside the sdist of the pinned llama-cpp-python (pyproject.toml): pip
-downloads it once (no dependencies, no build) into the cache, the one `scripts/hf_reference.py` uses too.
+The source is `vendor/llama.cpp` inside the sdist of the pinned llama-cpp-python (pyproject.toml), downloaded
+once (no dependencies, no build; with pip, or without it by scripts/pypi_download.py) into the cache, the one `scripts/hf_reference.py` uses too.
 CMake builds only the programs the tests use, Release, shared libraries as llama-cpp-python's own build
 makes them (GGML_NATIVE left at its default, as pip's build leaves it), with every option that would
 reach the network off: the server's web UI is neither downloaded (LLAMA_USE_PREBUILT_UI) nor built with
@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from pypi_download import download  # noqa: E402
 PROGRAMS = ("llama-server", "llama-cli", "llama-perplexity", "llama-quantize", "llama-imatrix")
 # Libraries llama-cpp-python loads from llama_cpp/lib; the programs link the same ones.
 LIBRARIES = ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so", "libmtmd.so")
@@ -116,18 +118,13 @@ def is_built(bin_dir: Path, info: dict) -> bool:
 
 
 def sdist(version: str, cache: Path) -> Path:
-    """The llama-cpp-python sdist of VERSION in the cache, downloaded by pip the first time."""
+    """The llama-cpp-python sdist of VERSION in the cache, downloaded the first time."""
     path = cache / f"llama_cpp_python-{version}.tar.gz"
     if path.is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        f"llama-cpp-python=={version}", "-d", tmp], check=True)
-        got = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"), None)
-        if got is None:
-            sys.exit(f"pip fetched no sdist of llama-cpp-python {version}")
-        got.replace(path)
+        download("llama-cpp-python", version, Path(tmp), sdist=True).replace(path)
     return path
 
 
