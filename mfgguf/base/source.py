@@ -9,13 +9,13 @@ so the importer holds one tensor at a time (a mapping's touched pages would coun
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from mfgguf.errors import MfggufError
 from mfgguf.families import block_extras, family
+from mfgguf.gguf.fileio import read_at
 
 TOKEN_UNUSED = 5  # llama.cpp's llama_token_type for padding rows ([PAD{i}]), as convert_hf_to_gguf.py writes them
 
@@ -82,7 +82,7 @@ def pread_exact(fd: int, n: int, offset: int, what: str) -> bytearray:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
-        k = os.preadv(fd, [view[got:]], offset + got)
+        k = read_at(fd, view[got:], offset + got)
         if k <= 0:
             raise MfggufError(f"{what} is truncated (wanted {n} bytes at offset {offset}); the file is damaged")
         got += k

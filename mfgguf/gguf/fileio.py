@@ -2,7 +2,9 @@
 
 Every reader and writer of weights by offset (assembly, the merge, sync's outer step, the
 streamed trunk's parameter store) goes through these few loops: `os.preadv`/`os.pwrite` may
-move fewer bytes than asked, so each loops until the whole array is moved. Torch-free.
+move fewer bytes than asked, so each loops until the whole array is moved. The calls only some
+systems have (preadv, posix_fadvise, posix_fallocate, fdatasync, sync_file_range: Linux has them
+all) go through the helpers below, each with a portable fallback where the call is missing. Torch-free.
 
 Example:
     >>> x = np.empty((rows, cols), np.float32)
@@ -13,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 from typing import Callable
 
@@ -33,7 +36,7 @@ def pread_into(fd: int, x: np.ndarray, offset: int, ended: str | Callable[[int],
         return x
     mv = memoryview(x).cast("B")
     while len(mv):
-        n = os.preadv(fd, [mv], offset)
+        n = read_at(fd, mv, offset)
         if not n:
             raise MfggufError(ended(offset) if callable(ended) else ended)
         mv, offset = mv[n:], offset + n
@@ -72,3 +75,40 @@ def sync_range(fd: int, offset: int, nbytes: int, flags: int) -> bool:
         return False
     _SYNC_RANGE[0](fd, offset, nbytes, flags)  # on failure fsync still does all the work
     return True
+
+
+def read_at(fd: int, mv: memoryview, offset: int) -> int:
+    """Read into MV from fd at offset (preadv: no copy); a pread and a copy where the OS has no preadv."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [mv], offset)
+    b = os.pread(fd, len(mv), offset)
+    mv[:len(b)] = b
+    return len(b)
+
+
+def drop_cache(fd: int, offset: int = 0, nbytes: int = 0) -> None:
+    """Drop the range's pages from the page cache (posix_fadvise DONTNEED; nbytes=0: to the end of the file).
+    Nothing where the OS has no posix_fadvise: the pages then stay cached, which costs memory, not results."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+
+
+def datasync(fd: int) -> None:
+    """Make fd's written data durable: fdatasync, or fsync where the OS has no fdatasync."""
+    (os.fdatasync if hasattr(os, "fdatasync") else os.fsync)(fd)
+
+
+def allocate(fd: int, size: int) -> None:
+    """Give fd's file SIZE bytes of disk now (posix_fallocate), so a full disk fails here, not an hour later.
+    Where the OS or the filesystem cannot, the file is only grown to SIZE (sparse)."""
+    if hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise MfggufError(f"not enough disk space for the output: it needs {size / 1e9:.2f} GB;"
+                                  " free some space or write it elsewhere with -o") from None
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate: just grow
+                raise
+    os.ftruncate(fd, size)

@@ -8,7 +8,6 @@ in last (extend.py tells the whole story).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ import numpy as np
 
 from mfgguf.errors import MfggufError
 from mfgguf.converters import quant as Q
-from mfgguf.gguf.fileio import pread_into, pwrite_all, truncated
+from mfgguf.gguf.fileio import allocate, pread_into, pwrite_all, truncated
 from mfgguf.modules.module import Module
 from mfgguf.gguf.writer import Slot, header_bytes, write_header
 from mfgguf.converters.plan.names import BASE, LABELS, TOKENS, TRUNKS, expert_kv, model_name
@@ -140,7 +139,7 @@ def _named(src: Source, keep: list[int], adds: Additions | None) -> dict:
 def write_extension(p: Extension, fin: int, fd: int, threads: int, keep_routing: bool = False) -> None:
     src, N = p.src, len(p.slot_of)
     write_header(fd, p.header, p.data_offset)
-    _preallocate(fd, p.total_size)
+    allocate(fd, p.total_size)
     written = {s.name: 0 for s in p.slots}
     fold = Fold(src.anchor_ff, p.adds.trunk) if src.anchor_ff and p.new else None
     for s in p.slots:  # the trunk and the kept experts: their bytes as they are
@@ -254,26 +253,15 @@ def _slot(p: Extension, name: str) -> Slot:
     return next(s for s in p.slots if s.name == name)
 
 
-def _preallocate(fd: int, size: int) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise MfggufError(f"not enough disk space for the output: it needs {size / 1e9:.2f} GB;"
-                              " free some space or write it elsewhere with -o") from None
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-        os.ftruncate(fd, size)
-
-
 def _copy(fin: int, fout: int, n: int, src_off: int, dst_off: int) -> None:
     """n bytes from fin at src_off to fout at dst_off, in the kernel where it can (copy_file_range)."""
+    in_kernel = getattr(os, "copy_file_range", None)  # Linux only
     while n > 0:
         try:
-            k = os.copy_file_range(fin, fout, min(n, COPY_BYTES), src_off, dst_off)
+            k = in_kernel(fin, fout, min(n, COPY_BYTES), src_off, dst_off) if in_kernel else 0
         except OSError:
             k = 0
-        if k <= 0:  # another filesystem or no kernel support: a plain read and write
+        if k <= 0:  # another OS, another filesystem or no kernel support: a plain read and write
             b = os.pread(fin, min(n, COPY_BYTES), src_off)
             if not b:
                 raise MfggufError("the model file ended early while copying; it is truncated")

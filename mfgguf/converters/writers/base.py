@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 from mfgguf.errors import MfggufError
 from mfgguf.run import STATS_PREFIX
 from mfgguf.converters import quant as Q
-from mfgguf.gguf.fileio import SYNC_FILE_RANGE_WRITE, pread_into, pwrite_all, sync_range, truncated
+from mfgguf.gguf.fileio import SYNC_FILE_RANGE_WRITE, allocate, pread_into, pwrite_all, sync_range, truncated
 from mfgguf.converters.plan.layout import Plan
 from mfgguf.gguf.writer import write_header
 from mfgguf.modules.merge import merged_chunks, open_checked
@@ -90,17 +89,7 @@ class Writer:
 
     def preallocate(self) -> None:
         self._enter("preallocate", "header")
-        try:
-            os.posix_fallocate(self.fd, 0, self.p.total_size)
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise MfggufError(
-                    f"not enough disk space for the output: it needs {self.p.total_size / 1e9:.2f} GB;"
-                    " free some space or write it elsewhere with -o"
-                ) from None
-            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystems without fallocate: just grow
-                raise
-            os.ftruncate(self.fd, self.p.total_size)
+        allocate(self.fd, self.p.total_size)
         assert os.fstat(self.fd).st_size == self.p.total_size
 
     def stream(self) -> None:

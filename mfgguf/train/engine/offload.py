@@ -12,7 +12,8 @@ step intact.
 
 Page cache: pages are dropped after use (posix_fadvise DONTNEED; writes are flushed first with
 sync_file_range), so a streamed run's memory is what it computes with, and every step really
-reads from disk, as on a machine whose RAM cannot cache the files.
+reads from disk, as on a machine whose RAM cannot cache the files. Where the OS has neither call
+(macOS), the pages stay cached: the same results, with more memory in use.
 
 Example:
     >>> store = ParamStore(Path("RUN/checkpoints/trunk/stream"), trunk_units(cfg))
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 
 from mfgguf.config import ModelConfig
-from mfgguf.gguf.fileio import SYNC_FILE_RANGE_ALL, pread_into, pwrite_all, sync_range
+from mfgguf.gguf.fileio import SYNC_FILE_RANGE_ALL, datasync, drop_cache, pread_into, pwrite_all, sync_range
 from mfgguf.errors import MfggufError
 from mfgguf.run import atomic_path
 
@@ -108,7 +109,7 @@ def _pwrite(fd: int, arr: np.ndarray, offset: int, drop: bool) -> None:
     n = pwrite_all(fd, arr, offset)
     # not glibc/Linux: no sync_file_range, fdatasync at commit does the flushing
     if drop and sync_range(fd, offset, n, SYNC_FILE_RANGE_ALL):  # the pages are clean after it
-        os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+        drop_cache(fd, offset, n)
 
 
 class ParamStore:
@@ -172,7 +173,7 @@ class ParamStore:
         fd, off = self._fd(unit, kind), self._offset(unit, region, slot, row0)
         _pread(fd, out, off)
         if self.drop:
-            os.posix_fadvise(fd, off, n * _F32, os.POSIX_FADV_DONTNEED)
+            drop_cache(fd, off, n * _F32)
         self.bytes_read += n * _F32
         return out
 
@@ -183,7 +184,7 @@ class ParamStore:
         for i, r in enumerate(ids):
             _pread(fd, out[i], self._offset(unit, "P", slot, int(r)))
         if self.drop:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            drop_cache(fd, 0, 0)
         self.bytes_read += out.nbytes
         return out
 
@@ -192,7 +193,7 @@ class ParamStore:
         out, fd = np.empty(n, dtype=np.float32), self._fd("acts", "tmp")
         _pread(fd, out, offset * _F32)
         if self.drop:
-            os.posix_fadvise(fd, offset * _F32, n * _F32, os.POSIX_FADV_DONTNEED)
+            drop_cache(fd, offset * _F32, n * _F32)
         self.bytes_read += out.nbytes
         return out
 
@@ -244,9 +245,9 @@ class ParamStore:
         self.flush_writes()
         for key in sorted(self._dirty):
             fd = self._fds[key]
-            os.fdatasync(fd)
+            datasync(fd)
             if self.drop:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                drop_cache(fd, 0, 0)
         self._dirty.clear()
 
     # ---- the step pointer -------------------------------------------------------------------------
