@@ -48,7 +48,8 @@ def _line(meta: dict, run: Path) -> str:
             extra = " | own domain " + ", ".join(f"{d} {base[d]:.3f}->{held[d]:.3f}" for d in own)
     score = (f"held-out loss {meta['heldout_loss_mean']:.3f} (mean of {len(held)} domains)" if held
              else "not scored (a round before the last)")
-    return (f"{m.name}: final loss {meta['final_loss']:.3f}, {score}{extra}, {meta['tokens_seen']:,} tokens,"
+    epochs = f" ({meta['epochs']:g} epochs of its data)" if meta.get("epochs") else ""  # older modules lack it
+    return (f"{m.name}: final loss {meta['final_loss']:.3f}, {score}{extra}, {meta['tokens_seen']:,} tokens{epochs},"
             f" {Path(run) / 'modules' / m.file}, {meta['wall_s']:.1f} s")
 
 

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -35,15 +36,66 @@ from mfgguf.train.engine.status import StatusFile
 
 
 def get_batch(tokens: np.ndarray, seed: int, stream: int, step: int, batch_size: int, ctx_len: int):
-    """Random windows of ctx_len+1 tokens; a pure function of (seed, stream, step)."""
+    """Step `step`'s windows of ctx_len+1 tokens: the next `batch_size` of the epochs `window_starts` orders;
+    a pure function of (seed, stream, step), so a resumed run draws the very batches it would have."""
     n = len(tokens)
     if n < ctx_len + 2:
         raise MfggufError(f"only {n} training tokens, fewer than one context of {ctx_len + 1}; add data")
-    rng = np.random.default_rng([seed, stream, step])
-    starts = rng.integers(0, n - ctx_len - 1, size=batch_size)
+    starts = window_starts(n, ctx_len, seed, stream, np.arange(step * batch_size, (step + 1) * batch_size))
     w = np.stack([np.asarray(tokens[s : s + ctx_len + 1], dtype=np.int64) for s in starts])  # (B, T+1)
     w = torch.from_numpy(w)
     return w[:, :-1], w[:, 1:]  # (B, T), (B, T)
+
+
+def window_starts(n: int, ctx_len: int, seed: int, stream: int, g: np.ndarray) -> np.ndarray:
+    """Start offsets of global windows `g` (step * batch + b) over n tokens: epoch after epoch, each a shuffled pass
+    over a grid of windows ctx_len apart, so within an epoch every target token is predicted once (a window's last
+    token is the next one's first input), not drawn with replacement, which leaves a good share of a pass's tokens
+    unseen.
+
+    Epoch 0 lays its grid from token 0: the most windows that fit, missing under ctx_len tail tokens. Later epochs
+    shift their grid by an offset drawn with their order, so a token is predicted at another place in its window,
+    after other context, than the pass before; room for any shift costs them one window fewer where the shard's
+    length leaves no slack, so each misses under two windows' worth, at its two edges and a different place every
+    epoch, and a shard too short for two windows is one window at a random offset.
+    """
+    first, later = grid_sizes(n, ctx_len)
+    g = np.asarray(g, dtype=np.int64)
+    epoch = np.where(g < first, 0, 1 + (g - first) // later)  # (B,)
+    index = np.where(g < first, g, (g - first) % later)  # (B,) window within its epoch
+    out = np.empty(g.shape, dtype=np.int64)
+    for e in np.unique(epoch):  # a batch straddles an epoch's end at most once, unless the shard is tiny
+        offset, order = epoch_grid(n, ctx_len, seed, stream, int(e))
+        sel = epoch == e
+        out[sel] = offset + order[index[sel]].astype(np.int64) * ctx_len
+    return out
+
+
+# a few entries: the current epoch and the next (a batch may straddle them) of a stream or two; drawing the
+# permutation afresh every step would cost a pass over the shard's windows per step
+@functools.lru_cache(maxsize=4)
+def epoch_grid(n: int, ctx_len: int, seed: int, stream: int, epoch: int) -> tuple[int, np.ndarray]:
+    """(grid offset, window order) of one epoch: window k of the epoch starts at offset + order[k] * ctx_len."""
+    rng = np.random.default_rng([seed, stream, epoch])
+    count = grid_sizes(n, ctx_len)[epoch > 0]
+    offset = 0 if epoch == 0 else int(rng.integers(0, n - 1 - count * ctx_len + 1))  # keeps the last window in the shard
+    return offset, _order(rng, count)
+
+
+def grid_sizes(n: int, ctx_len: int) -> tuple[int, int]:
+    """Windows in epoch 0 and in every later epoch of an n-token shard."""
+    # later epochs leave at least ctx_len-1 tokens of slack: room for every shift of the grid
+    return (n - 1) // ctx_len, max(1, (n - ctx_len) // ctx_len)
+
+
+def _order(rng: np.random.Generator, count: int) -> np.ndarray:
+    """A shuffled 0..count-1, int32 where it fits (a billion-token shard's orders, cached, stay small)."""
+    return rng.permutation(count).astype(np.int32 if count < 2**31 else np.int64)  # (count,)
+
+
+def epochs_of(tokens: int, n: int) -> float:
+    """Passes over n tokens of data that `tokens` training tokens make (the module JSON's `epochs`)."""
+    return round(tokens / max(1, n), 3)
 
 
 def schedule_steps(tc: TrainConfig, ctx_len: int) -> int:
@@ -129,13 +181,14 @@ class LoopResult:
     train_s_before: float = 0.0  # training seconds of the processes this one resumed (their checkpoint's count)
     io_per_step: list | None = None  # streamed: [bytes read, bytes written] by the last step
     compiled: bool = False  # the step ran through torch.compile
+    epochs: float = 0.0  # passes over its data that tokens_seen makes (epochs_of)
 
 
 def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int, stream: int, label: str,
                 progress: bool, heldout: Callable[[], dict] | None = None, until: int | None = None,
                 mask: np.ndarray | None = None) -> LoopResult:
-    """Drive `impl` over the schedule's steps (up to `until`, a sync round's end) on random windows of
-    `data`. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
+    """Drive `impl` over the schedule's steps (up to `until`, a sync round's end) on shuffled epochs of
+    `data`'s windows (get_batch). `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
     the schedule's last one (not at a round's end: nothing is decided on a round's score; docs/benchmarks.md,
     the recipe's wall): the held-out curve, kept in checkpoints. `mask` (data/masks.py: as long as `data`, 0 on
     context tokens) leaves the targets it zeroes out of every step's loss."""
@@ -195,7 +248,7 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
         record(end)
     return LoopResult(steps=end, tokens_seen=end * per_step, final_loss=smooth(history), history=history,
                       heldout_history=curve, eval_s=eval_s, train_s=train_s, ckpt_s=ckpt_s, resumed_from=start,
-                      train_s_before=before)
+                      train_s_before=before, epochs=epochs_of(end * per_step, len(data)))
 
 
 def smooth(history: list, n: int = 10) -> float:

@@ -236,7 +236,7 @@ def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc
         "kind": kind, "preset": preset, "config": cfg.to_dict(), "train": asdict(tc),
         "partition": info.get("partition"), "device": dev.type, "precision": precision, "recompute": recompute,
         "compiled": res.compiled,
-        "steps": res.steps, "tokens_seen": res.tokens_seen, "final_loss": res.final_loss,
+        "steps": res.steps, "tokens_seen": res.tokens_seen, "epochs": res.epochs, "final_loss": res.final_loss,
         "heldout_loss": heldout, "heldout_loss_mean": mean(heldout) if heldout else None,  # a round's end: none
         "train_s": res.train_s, "tokens_per_s": fresh_tokens / max(res.train_s, 1e-9),
         "resumed_from_step": res.resumed_from, "history": res.history, "wall_s": time.perf_counter() - t_start,
@@ -254,7 +254,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
              start_state: dict[str, dict] | None = None, micro: int | None = None,
              tail: TailStats | None = None, ckpt_seconds: float | None = None,
              mask: np.ndarray | None = None) -> LoopResult:
-    """Train `named_params` of `model` on random windows of `data`; checkpoint and resume in `ckpt_dir`.
+    """Train `named_params` of `model` on shuffled epochs of `data`'s windows; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
     start over. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and

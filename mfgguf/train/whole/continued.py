@@ -130,7 +130,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     meta = {**{k: trunk[k] for k in ("kind", "source", "base", "preset", "config")},
             "train": {**tc.__dict__}, "precision": prec, "steps": res.steps, "tokens_seen": res.tokens_seen,
             "final_loss": res.final_loss, "train_s": res.train_s, "tokens_per_s": fresh / max(res.train_s, 1e-9),
-            "resumed_from_step": res.resumed_from, "ckpt_s": round(res.ckpt_s, 2),
+            "resumed_from_step": res.resumed_from, "ckpt_s": round(res.ckpt_s, 2), "epochs": res.epochs,
             "heldout_loss": held, "heldout_loss_mean": mean(held), "history": res.history,
             # resumed: the killed processes' training seconds too, so the wall is the training's, not its last process's
             "wall_s": time.perf_counter() - t_start + res.train_s_before, "resumed_train_s": res.train_s_before,

@@ -200,10 +200,12 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
     """(tuning windows (W, ctx + 1) int64, validation tokens (V,) int64) from the experts' shards.
 
     Each shard gives an equal share (the first ones one window more where it does not divide): tuning
-    windows at random starts in its first nine tenths, validation windows of val_ctx evenly spaced
-    over its last tenth. At least one tuning window each.
+    windows from its first nine tenths, a shuffled pass over their grid as training draws one
+    (driver.window_starts, on the expert's stream), so they repeat only where a share exceeds a pass;
+    validation windows of val_ctx evenly spaced over its last tenth. At least one tuning window each.
     """
-    rng = np.random.default_rng(seed)
+    from mfgguf.train.engine.driver import window_starts  # here: the CLI imports this module without torch
+
     n_win = max(len(experts), math.ceil(tokens / ctx))
     per_val = max(1, math.ceil(val_tokens / len(experts) / val_ctx))
     wins, vals = [], []
@@ -217,7 +219,7 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
         if cut < ctx + 1 or len(s) - cut < val_ctx:
             raise MfggufError(f"{path} has {len(s)} tokens, too few for --ctx {ctx} and a validation window of {val_ctx}; "
                               "pass a smaller --ctx or --val-ctx")
-        for a in rng.integers(0, cut - ctx, size=per):
+        for a in window_starts(cut, ctx, seed, i, np.arange(per)):
             wins.append(np.asarray(s[a:a + ctx + 1], np.int64))
         for a in np.linspace(cut, len(s) - val_ctx, min(per_val, (len(s) - cut) // val_ctx)).astype(np.int64):
             vals.append(np.asarray(s[a:a + val_ctx], np.int64))

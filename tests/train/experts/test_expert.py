@@ -77,6 +77,7 @@ def test_expert_modules_meta_and_router_stats(trained_run):
         assert meta["trunk_sha256"] == trunk["sha256"] and meta["trunk_heldout_loss"] == trunk["heldout_loss"]
         assert meta["shard_domains"] == info["shards"][i - 1]["domains"]
         assert meta["router_stats_count"] == 4 * meta["train"]["eval_tokens"]
+        assert meta["epochs"] == round(meta["tokens_seen"] / len(load_tokens(rd.shard(i), "shard")), 3) > 0
         # The expert lowers the held-out loss of the domain it was trained on, below the trunk alone.
         (own,) = meta["shard_domains"]
         assert meta["heldout_loss"][own] < trunk["heldout_loss"][own] - 0.01, (i, own)

@@ -75,6 +75,7 @@ def test_train_base_writes_a_trunk_llama_cpp_runs(base_run, tmp_path, mode):
     assert r.exit_code == 0, r.output
     meta = read_module_meta(RunDir(out), 0)
     assert meta["continued"]["mode"] == mode and meta["tokens_seen"] == 4096 and meta["source"] == "base"
+    assert 0 < meta["epochs"] < 1  # 4,096 tokens of the shards' many more
     old, new = load_file(str(RunDir(base_run).module_file(0))), load_file(str(RunDir(out).module_file(0)))
     assert old.keys() == new.keys()
     changed = {k for k in old if not np.array_equal(old[k], new[k])}
