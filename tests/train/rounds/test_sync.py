@@ -268,7 +268,7 @@ def test_a_killed_sync_finishes_with_the_same_bytes(round1, tmp_path):
     # the state a SIGKILL after the first rename leaves: plan staged, trunk file replaced, its JSON not
     rd = RunDir(killed)
     info = rd.info()
-    plan_file = sync_mod._stage(rd, info, list(EXPERTS), "mean", 0.2, "cpu", False)
+    plan_file = sync_mod._stage(rd, info, list(EXPERTS), "mean", "cpu", False)
     os.replace(plan_file.parent / "after" / "trunk.safetensors", rd.module_file(0))
     for args in (["train-expert", killed, "--expert", "1", "--shared", "attn", "--rounds", "2", "--no-progress"],
                  ["assemble", killed, "-o", tmp_path / "x.gguf"]):
