@@ -308,6 +308,20 @@ def question_tasks(template: Path, name: str) -> int | str:
     return sum(1 for line in f.read_text().splitlines() if line.strip()) if f.is_file() else f"<{name} tasks>"
 
 
+def epoch_tokens(run: Path, epochs: int, shard: int) -> int:
+    """`--tokens` for `epochs` passes over a shard: rounded up to whole steps, since a run trains tokens // (batch x
+    ctx) steps and a shard's size rounded down would leave the last windows of its last pass untrained."""
+    from mfgguf.options import TrainOptions
+    from mfgguf.train.experts.config import expert_config
+
+    trunk = read_json(run / "modules" / "trunk.json")
+    if trunk is None:  # a dry run before the template exists
+        return epochs * shard
+    ec = expert_config(trunk, TrainOptions())
+    step = ec.tc.batch_size * ec.cfg.ctx_len
+    return -(-epochs * shard // step) * step
+
+
 def train_experts(a, run: Path, ids: dict[str, int], shard: dict[str, int], epochs: int, seed: int, dry: bool) -> None:
     """Each domain's expert for `epochs` x its shard's tokens, round by round, a sync after each where shared."""
     log = a.work / "study.log"
@@ -315,7 +329,7 @@ def train_experts(a, run: Path, ids: dict[str, int], shard: dict[str, int], epoc
         for d, i in ids.items():
             meta = read_json(run / "modules" / f"expert_{i:03d}.json")
             if meta is None or int(meta.get("round", 1)) < k:
-                ps.mfgguf("train-expert", run, "--expert", i, "--tokens", epochs * shard[d], "--lr", a.lr,
+                ps.mfgguf("train-expert", run, "--expert", i, "--tokens", epoch_tokens(run, epochs, shard[d]), "--lr", a.lr,
                           "--shared", a.shared, "--shared-lr-scale", a.shared_lr_scale, "--rounds", a.rounds,
                           "--seed", seed, "--no-progress", log=log, dry=dry)
         trunk = read_json(run / "modules" / "trunk.json") or {}
@@ -399,8 +413,9 @@ def phase1_row(a, r, run: Path, ids: dict[str, int], shard: dict[str, int]) -> d
     p = mine["paired_with"]
     metas = {d: read_json(run / "modules" / f"expert_{i:03d}.json") for d, i in ids.items()}
     return {"phase": 1, "run": r.name, "epochs": r.epochs, "seed": r.seed,
-            "tokens": {d: r.epochs * shard[d] for d in ids}, "shard_tokens": shard,
-            "train_flops": sum(r.epochs * shard[d] for d in ids) * expert_flops_per_token(a, template),
+            "tokens": {d: int(metas[d]["tokens_seen"]) for d in ids}, "shard_tokens": shard,
+            "trained_epochs": {d: metas[d].get("epochs") for d in ids},
+            "train_flops": sum(int(metas[d]["tokens_seen"]) for d in ids) * expert_flops_per_token(a, template),
             "valid_questions": {"accuracy": mine["accuracy"], "correct": mine["correct"], "tasks": mine["tasks"],
                                 "base_accuracy": base["accuracy"],
                                 "by_domain": by_domain(mine, template, "train-valid"),
@@ -618,7 +633,7 @@ def parse(argv=None):
                     " smallest that gives each question set questions of both domains)")
     ap.add_argument("--heldout-frac", type=float, default=0.2, help="prepare's test share (the test questions'"
                     " documents)")
-    ap.add_argument("--valid-frac", type=float, default=0.1, help="prepare's validation share")
+    ap.add_argument("--valid-frac", type=float, default=0.25, help="prepare's validation share (0.1 left the untrained English domain under one perplexity window at the default cap)")
     ap.add_argument("--per-domain", type=int, default=250, help="questions --per-domain")
     ap.add_argument("--expert-ff", type=int, default=768)
     ap.add_argument("--lr", type=float, default=1e-3, help="the experts' peak LR")
