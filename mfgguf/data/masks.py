@@ -62,20 +62,6 @@ def write_mask(path: Path, masks: list, docs: list, order) -> int | None:
     return counted
 
 
-def link_mask(src: Path, dst: Path) -> None:
-    """Token file SRC's mask beside DST (linked, else copied), where SRC has one: DST is SRC's tokens linked."""
-    from mfgguf.run import link_or_copy
-
-    if mask_path(src).is_file():
-        link_or_copy(mask_path(src), mask_path(dst))
-
-
-def span_masks(masks: dict, spans) -> list:
-    """Each document's mask, its EOS's entry included, for (token file key, start, EOS position) SPANS of the
-    token files whose masks are MASKS {key: mask or None}; None for a document of a file without one."""
-    return [None if masks[i] is None else np.asarray(masks[i][s: e + 1]) for i, s, e in spans]
-
-
 def union_masks(token_files: list[Path], n: int) -> np.ndarray | None:
     """The masks of token files each cut to their first N tokens, concatenated (a union of shards); None: no mask."""
     parts = [load_mask(f) for f in token_files]
