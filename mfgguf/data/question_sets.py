@@ -37,7 +37,7 @@ SETS = ("train-valid", "train-test", "test")
 SCORED = ("train-test", "test")  # what eval scores of them; train-valid is for choices
 PREFIX = "questions-"  # a question set's benchmark name in eval: questions-<file stem>
 PER_DOMAIN = 250  # questions a set holds of one domain at most (eval scores each on every final model)
-PER_DOCUMENT = 2  # facts one document gives a set at most, so a set spans many documents
+PER_DOCUMENT = 6  # facts one document gives a set at most, so no few long documents make a set
 GENERIC = 3  # an ending that many facts of a pool share is generic ("display help and exit"): not asked
 ENDINGS = 4  # the layout's
 

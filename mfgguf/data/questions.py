@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 KINDS = ("man-name", "man-option", "python-doc")
 MIN_ENDING, MAX_ENDING = 12, 200  # characters of a true ending: shorter says too little, longer is not a summary
-MAX_OPTIONS = 4  # option facts of one page at most (a page of hundreds of options would crowd out the others)
+MAX_OPTIONS = 8  # option facts of one page at most (a page of hundreds of options would crowd out the others)
 _END = re.compile(r"[\w)\]'\"`][.!?](?=\s|$)")  # where a sentence may end
 _DANGLING = {"a", "an", "the", "for", "of", "to", "and", "or", "with", "in", "on", "by", "as", "from", "see", "is"}
 MAX_SIGNATURE = 80  # characters of a function's shown parameters before they are cut with "..."
