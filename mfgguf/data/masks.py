@@ -42,6 +42,13 @@ def load_mask(tokens: Path, n: int | None = None) -> np.ndarray | None:
     return m
 
 
+def split_masks(split_dir: Path, domains: dict) -> dict:
+    """{domain: its loss mask, cut to its tokens} for the domains of a split (RUN/data/<split>/<domain>.npy) that
+    have one; `domains` maps each to its tokens (perhaps the first few of them)."""
+    masks = {d: load_mask(Path(split_dir) / f"{d}.npy") for d in domains}
+    return {d: m[: len(domains[d])] for d, m in masks.items() if m is not None}
+
+
 def write_mask(path: Path, masks: list, docs: list, order) -> int | None:
     """The mask of DOCS (token arrays) in ORDER, as `write_tokens` wrote them to PATH (each followed by its EOS),
     beside PATH when one of them has one; `masks[i]` is document i's (its EOS's entry last) or None (all ones).

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mfgguf.data.masks import split_masks
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir
 from mfgguf.runtime.llm import check_ctx, loaded
@@ -104,10 +105,14 @@ def _nll_of_window(llm, window: np.ndarray, bos: int | None, span: tuple[int, in
     return nll, n
 
 
-def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None, eos: int | None = None) -> dict:
+def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None, eos: int | None = None,
+                    mask=None) -> dict:
     t = _as_tokens(tokens, llm.n_vocab(), what)
     if len(t) < ctx:
         raise MfggufError(f"{what} has {len(t)} tokens; perplexity with --ctx {ctx} needs at least {ctx} (one window); pass more data or a smaller --ctx")
+    if mask is not None and len(mask) < len(t):
+        raise MfggufError(f"{what}: its loss mask has {len(mask)} entries for {len(t)} tokens; re-create the run with"
+                          " `mfgguf prepare`")
     bos = llm.token_bos() if llm._model.add_bos_token() else None
     nll, n, t0 = 0.0, 0, time.perf_counter()
     spans = windows(len(t), ctx)
@@ -117,15 +122,22 @@ def _perplexity_llm(llm, tokens, ctx: int, what: str = "the data", progress=None
         doc_of = np.concatenate([[0], np.cumsum(t == eos)])  # (len+1,) EOS tokens before each index: its document
         doc_nll, doc_n = np.zeros(len(t) + 1), np.zeros(len(t) + 1, dtype=np.int64)  # per document, by its index
     for s, e in spans:
-        tok = np.zeros(last - first) if per_doc else None  # (scored,) nats per scored token
+        tok = np.zeros(last - first) if per_doc or mask is not None else None  # (scored,) nats per scored token
         w_nll, w_n = _nll_of_window(llm, t[s:e], bos, out=tok)
+        # a conversation's context turns are read, not scored: only targets its mask counts (data/masks.py)
+        counted = np.ones(last - first, bool) if mask is None else np.asarray(mask[s + first + 1: s + last + 1]) != 0
+        if mask is not None:
+            w_nll, w_n = float(tok[counted].sum()), int(counted.sum())
         nll, n = nll + w_nll, n + w_n
         if per_doc:
             ids = doc_of[s + first + 1 : s + last + 1]  # the document of each predicted token (an EOS ends its own)
-            np.add.at(doc_nll, ids, tok)
-            np.add.at(doc_n, ids, 1)
-        if progress is not None:
+            np.add.at(doc_nll, ids[counted], tok[counted])
+            np.add.at(doc_n, ids[counted], 1)
+        if progress is not None and n:
             progress(e - s, nll / n)
+    if n == 0:
+        raise MfggufError(f"{what}: its loss mask counts none of the scored tokens; pass a split with assistant turns"
+                          " or a larger --ctx")
     seconds = time.perf_counter() - t0
     docs = {"documents": [[float(doc_nll[i]), int(doc_n[i])] for i in np.flatnonzero(doc_n)]} if per_doc else {}
     return {
@@ -160,29 +172,33 @@ def _open(model, ctx: int | None, batch: int | None, threads: int | None, lora: 
 
 
 def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = None, threads: int | None = None,
-               lora: Path | None = None, experts_per_token: int | None = None) -> dict:
+               lora: Path | None = None, experts_per_token: int | None = None, mask=None) -> dict:
     """Perplexity of a token sequence under a GGUF, computed by llama.cpp.
 
     MODEL is a GGUF path (or an open Llama). ctx defaults to 1,024 tokens, or the model's trained
     context where that is shorter. Returns {"ppl", "nll" (mean nats per scored token), "n_tokens"
-    (scored), "n_windows", "ctx", "n_input_tokens", "tokens_per_s"}.
+    (scored), "n_windows", "ctx", "n_input_tokens", "tokens_per_s"}. MASK (data/masks.py, one entry a token)
+    scores only the tokens it counts.
 
     Example:
         >>> perplexity("model.gguf", np.load("RUN/data/heldout/code.npy"), ctx=128)
     """
     cm, ctx = _open(model, ctx, batch, threads, lora, experts_per_token)
     with cm as llm:
-        return _perplexity_llm(llm, tokens, ctx)
+        return _perplexity_llm(llm, tokens, ctx, mask=mask)
 
 
 def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch: int | None = None,
                          threads: int | None = None, progress: bool = False, lora: Path | None = None,
-                         eos: int | None = None, experts_per_token: int | None = None) -> dict:
+                         eos: int | None = None, experts_per_token: int | None = None,
+                         masks: dict | None = None) -> dict:
     """Perplexity per domain and overall (token-weighted mean NLL) with one load of the model.
 
     `domains` maps a name to token ids. Returns {"domains": {name: result}, "overall": {...}}
     where each result is what `perplexity` returns. With `eos` (the token that ends a document), each domain's result
     also lists every scored document's [NLL sum, scored tokens], so a figure's spread over documents can be drawn.
+    `masks` maps a domain to its loss mask (data/masks.py: 1 where a token counts): a conversation's domain is scored
+    on its assistant turns alone, as it was trained; a domain without one counts every token.
 
     Example:
         >>> r = perplexity_by_domain("model.gguf", {"code": a, "prose": b})
@@ -190,16 +206,18 @@ def perplexity_by_domain(model, domains: dict, *, ctx: int | None = None, batch:
     """
     cm, ctx = _open(model, ctx, batch, threads, lora, experts_per_token)
     with cm as llm:
-        return _by_domain_llm(llm, domains, ctx, progress, eos)
+        return _by_domain_llm(llm, domains, ctx, progress, eos, masks)
 
 
-def _by_domain_llm(llm, domains: dict, ctx: int, progress: bool, eos: int | None = None) -> dict:
+def _by_domain_llm(llm, domains: dict, ctx: int, progress: bool, eos: int | None = None,
+                   masks: dict | None = None) -> dict:
     if not domains:
         raise MfggufError("no data to score; pass at least one domain of tokens")
     out = {}
     with _progress_bar(progress, domains, ctx) as bar:
         for name, toks in domains.items():
-            out[name] = _perplexity_llm(llm, toks, ctx, what=f"domain {name!r}", progress=bar(name), eos=eos)
+            out[name] = _perplexity_llm(llm, toks, ctx, what=f"domain {name!r}", progress=bar(name), eos=eos,
+                                        mask=(masks or {}).get(name))
     n = sum(r["n_tokens"] for r in out.values())
     nll = sum(r["nll"] * r["n_tokens"] for r in out.values()) / n
     n_windows = sum(r["n_windows"] for r in out.values())
@@ -293,8 +311,10 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
         raise MfggufError("pass either --data FILE or --run RUN (one of the two)")
     if chunks is not None and chunks < 1:
         raise MfggufError(f"--chunks {chunks}: pass a number of windows of at least 1, or leave it out to score everything")
+    masks = None
     if run is not None:
         domains = RunDir(run).heldout_tokens()
+        masks = split_masks(RunDir(run).heldout_dir, domains)
     else:
         texts = {}
         for f in map(Path, data):
@@ -310,7 +330,7 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
             domains = {k: np.asarray(llm.tokenize(v.encode("utf-8"), add_bos=False, special=False)) for k, v in texts.items()}
         if chunks is not None:  # whole windows only: what follows the N-th is not read
             domains = {k: v[: chunks * ctx] for k, v in domains.items()}
-        return _by_domain_llm(llm, domains, ctx, progress)
+        return _by_domain_llm(llm, domains, ctx, progress, masks=masks)
 
 
 def _progress_bar(enabled: bool, domains: dict, ctx: int):

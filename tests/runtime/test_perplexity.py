@@ -166,3 +166,30 @@ def test_chunks_scores_each_domains_first_windows(tiny_gguf, trained_run):
         assert res["domains"][d]["n_windows"] == 2
     r = runner.invoke(app, ["perplexity", str(tiny_gguf), "--run", str(trained_run), "--chunks", "0"])
     assert r.exit_code == 1 and "--chunks 0" in r.output and "Traceback" not in r.output
+
+
+def test_a_mask_scores_only_the_tokens_it_counts(tiny_gguf, trained_run):
+    """A conversation's domain is scored on the targets its loss mask counts (its assistant turns), as trained."""
+    ctx = 32
+    toks = next(iter(_heldout(trained_run).values()))[: 2 * ctx]
+    mask = (np.random.default_rng(0).random(len(toks)) < 0.5).astype(np.uint8)  # (T,) 1: the token counts
+    r = perplexity(tiny_gguf, toks, ctx=ctx, mask=mask)
+    nll, n = 0.0, 0
+    for w in range(2):
+        ids = toks[w * ctx: (w + 1) * ctx]
+        with loaded(tiny_gguf, n_ctx=ctx, logits_all=True, flash_attn=True) as llm:
+            first = ids.tolist()
+            if llm._model.add_bos_token():
+                first[0] = llm.token_bos()
+            llm.eval(first)
+            logp = _log_softmax(np.array(llm.scores[:ctx], dtype=np.float64))  # (ctx, V)
+        pos = np.arange(ctx // 2, ctx - 1)
+        pos = pos[mask[w * ctx + pos + 1] == 1]  # predictions of counted targets only
+        nll -= logp[pos, ids[pos + 1]].sum()
+        n += len(pos)
+    assert 0 < n < 2 * (ctx - 1 - ctx // 2) and r["n_tokens"] == n
+    assert r["nll"] == pytest.approx(nll / n, rel=1e-6)
+    assert perplexity(tiny_gguf, toks, ctx=ctx, mask=np.ones(len(toks), np.uint8)) == {
+        **perplexity(tiny_gguf, toks, ctx=ctx), "tokens_per_s": pytest.approx(0, abs=1e12)}
+    with pytest.raises(MfggufError, match="counts none of the scored tokens"):
+        perplexity(tiny_gguf, toks, ctx=ctx, mask=np.zeros(len(toks), np.uint8))

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mfgguf.data.masks import counted_share, load_mask, mask_path
 from mfgguf.gguf.edit import copy_with_kv, read_f32, read_kv, set_f32, write_edited
 from mfgguf.gguf.schema import TUNING_KEY
 from mfgguf.errors import MfggufError
@@ -87,12 +88,13 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
         raise MfggufError(f"--tokens {budget} is too small; pass a positive number of tuning tokens")
     header = read_header(model)
     val_ctx = check_ctx(header, t.val_ctx or min(WINDOW, header["context_length"]))
-    windows, val = sample_windows(rd, experts, budget, ctx, t.val_tokens, val_ctx, t.seed)  # (W, ctx+1), (V,)
+    sample = sample_windows(rd, experts, budget, ctx, t.val_tokens, val_ctx, t.seed)
+    windows, val = sample.windows, sample.val  # (W, ctx+1), (V,)
 
-    tuned, before_rows, history, precision, tune_s = _tune_rows(rd, model, windows, t, ctx, progress)
+    tuned, before_rows, history, precision, tune_s = _tune_rows(rd, model, sample, t, ctx, progress)
 
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
-    before, after = _score(model, out, tuned, val, val_ctx, threads)
+    before, after = _score(model, out, tuned, sample, val_ctx, threads)
     kept = after["nll"] < before["nll"]
     say(f"tune-router: validation ppl {before['ppl']:.4f} -> {after['ppl']:.4f}: "
         + ("tuned rows kept" if kept else "tuned rows dropped, the file's rows written back"))
@@ -130,13 +132,16 @@ def _check_args(model: Path, out: Path, rd: RunDir, t: RouterTuning, force: bool
         raise MfggufError(f"--lr {t.lr} must be positive")
 
 
-def _tune_rows(rd: RunDir, model: Path, windows: np.ndarray, t: RouterTuning, ctx: int, progress: bool):
+def _tune_rows(rd: RunDir, model: Path, sample: TuningSample, t: RouterTuning, ctx: int, progress: bool):
     """Adam steps on the router rows alone, the rest of the reference model frozen; (tuned rows by tensor name,
     the file's rows, the loss per step, the precision, the seconds)."""
     import torch  # here, not at the top: the CLI imports this module for its defaults and must start without torch
 
+    from mfgguf.data.masks import mask_targets
     from mfgguf.reference import reference_model
     from mfgguf.train.engine.loop import autocast, resolve_precision
+
+    windows = sample.windows
 
     dev = torch.device("cpu")
     precision = resolve_precision(t.precision, dev)
@@ -158,12 +163,14 @@ def _tune_rows(rd: RunDir, model: Path, windows: np.ndarray, t: RouterTuning, ct
         for epoch in range(t.epochs):
             order = rng.permutation(len(windows))
             for s in range(0, len(order), t.batch_size):
-                xy = torch.from_numpy(windows[order[s:s + t.batch_size]])  # (b, ctx + 1)
+                rows = order[s:s + t.batch_size]
+                xy = torch.from_numpy(windows[rows])  # (b, ctx + 1)
+                y = xy[:, 1:] if sample.counted is None else mask_targets(xy[:, 1:], sample.counted[rows])  # (b, ctx)
                 opt.zero_grad(set_to_none=True)
                 total = 0.0
-                for part in xy.split(t.micro_batch):  # (m, ctx + 1) each
+                for part, yp in zip(xy.split(t.micro_batch), y.split(t.micro_batch)):  # (m, ctx + 1), (m, ctx)
                     with autocast(precision, dev):
-                        loss = net(part[:, :-1], part[:, 1:], route=route) * (len(part) / len(xy))
+                        loss = net(part[:, :-1], yp, route=route) * counted_share(yp, y)
                     loss.backward()
                     total += loss.item()
                 opt.step()
@@ -181,23 +188,34 @@ def _tune_rows(rd: RunDir, model: Path, windows: np.ndarray, t: RouterTuning, ct
     return tuned, before_rows, history, precision, tune_s  # the reference's f32 weights go: llama.cpp scores next
 
 
-def _score(model: Path, out: Path, tuned: dict[str, np.ndarray], val: np.ndarray, val_ctx: int,
+def _score(model: Path, out: Path, tuned: dict[str, np.ndarray], sample: TuningSample, val_ctx: int,
            threads: int | None) -> tuple[dict, dict]:
-    """llama.cpp's perplexity on the validation windows with the file's rows, then with the tuned ones."""
+    """llama.cpp's perplexity on the validation windows with the file's rows, then with the tuned ones (on the
+    tokens the experts' loss counted: a conversation's answers)."""
     from mfgguf.runtime.perplexity import perplexity
 
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.tune.", dir=out.parent if out.parent.is_dir() else None) as td:
         scratch = Path(td) / "candidate.gguf"
         copy_with_kv(model, scratch, [])
-        before = perplexity(scratch, val, ctx=val_ctx, threads=threads)
+        before = perplexity(scratch, sample.val, ctx=val_ctx, threads=threads, mask=sample.val_mask)
         set_f32(scratch, tuned)
-        after = perplexity(scratch, val, ctx=val_ctx, threads=threads)
+        after = perplexity(scratch, sample.val, ctx=val_ctx, threads=threads, mask=sample.val_mask)
     return before, after
 
 
+@dataclass(frozen=True)
+class TuningSample:
+    """What router tuning reads of the experts' shards; the masks are None where no shard has one (raw text)."""
+    windows: np.ndarray  # (W, ctx + 1) int64: tuning windows
+    counted: np.ndarray | None  # (W, ctx) uint8: whether each window's target counts in the loss (data/masks.py)
+    val: np.ndarray  # (V,) int64: validation tokens, windows of val_ctx end to end
+    val_mask: np.ndarray | None  # (V,) uint8: whether each validation token is scored
+
+
 def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_tokens: int, val_ctx: int,
-                   seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tuning windows (W, ctx + 1) int64, validation tokens (V,) int64) from the experts' shards.
+                   seed: int) -> TuningSample:
+    """Tuning windows and validation tokens from the experts' shards, with their loss masks where a shard has one
+    (a conversation's context turns are read, never a target, as the experts were trained).
 
     Each shard gives an equal share (the first ones one window more where it does not divide): tuning
     windows from its first nine tenths, a shuffled pass over their grid as training draws one
@@ -208,7 +226,7 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
 
     n_win = max(len(experts), math.ceil(tokens / ctx))
     per_val = max(1, math.ceil(val_tokens / len(experts) / val_ctx))
-    wins, vals = [], []
+    wins, vals, win_masks, val_masks = [], [], [], []
     for k, i in enumerate(experts):
         per = n_win // len(experts) + (k < n_win % len(experts))
         path = rd.shard(i)
@@ -219,11 +237,17 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
         if cut < ctx + 1 or len(s) - cut < val_ctx:
             raise MfggufError(f"{path} has {len(s)} tokens, too few for --ctx {ctx} and a validation window of {val_ctx}; "
                               "pass a smaller --ctx or --val-ctx")
+        m = load_mask(path, len(s))
+        m = np.ones(len(s), np.uint8) if m is None else m  # (T,)
         for a in window_starts(cut, ctx, seed, i, np.arange(per)):
             wins.append(np.asarray(s[a:a + ctx + 1], np.int64))
+            win_masks.append(np.asarray(m[a + 1:a + ctx + 1]))
         for a in np.linspace(cut, len(s) - val_ctx, min(per_val, (len(s) - cut) // val_ctx)).astype(np.int64):
             vals.append(np.asarray(s[a:a + val_ctx], np.int64))
-    return np.stack(wins), np.concatenate(vals)
+            val_masks.append(np.asarray(m[a:a + val_ctx]))
+    masked = any(mask_path(rd.shard(i)).is_file() for i in experts)
+    return TuningSample(np.stack(wins), np.stack(win_masks) if masked else None, np.concatenate(vals),
+                        np.concatenate(val_masks) if masked else None)
 
 
 def _checked_metas(rd: RunDir, model: Path, experts: list[int]) -> dict[int, dict]:

@@ -62,7 +62,7 @@ def test_tuned_file_differs_in_router_rows_only_and_never_reads_heldout(f32_moe,
     assert moved == r["kept"]  # tuned rows written exactly when they helped
     assert r["ppl_after"] <= r["ppl_before"]
     # the written file scores what the record says on the validation sample
-    _, val = sample_windows(RunDir(run), [1, 2, 3], 2048, 32, 512, 64, 0)
+    val = sample_windows(RunDir(run), [1, 2, 3], 2048, 32, 512, 64, 0).val
     assert perplexity(out, val, ctx=64, threads=2)["ppl"] == pytest.approx(r["ppl_after"], rel=1e-6)
     # everything else is the original file, byte for byte, apart from the router tensors and the record
     kv0, kv1 = read_kv(gguf), read_kv(out)
@@ -116,3 +116,27 @@ def test_cli_writes_and_reports(f32_moe, tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["path"] == str(out) and out.is_file() and d["tokens"] == 1024 and "history" not in d
+
+
+def test_a_conversation_shard_tunes_and_scores_only_its_counted_targets(tmp_path):
+    """A shard with a loss mask (a conversation's context turns at 0) gives each tuning window its targets' mask
+    and the validation tokens theirs; a shard without one counts every token."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in (1, 2):
+        np.save(data / f"shard_{i:03d}.npy", rng.integers(0, 100, 2000).astype(np.uint16))
+    mask = (np.arange(2000) % 3 != 0).astype(np.uint8)  # (T,) every third token context only
+    np.save(data / "shard_001.mask", mask)
+    (data / "shard_001.mask.npy").rename(data / "shard_001.mask")
+    s = sample_windows(RunDir(tmp_path), [1, 2], 640, 32, 256, 64, 0)
+    shard = {i: np.load(data / f"shard_{i:03d}.npy") for i in (1, 2)}
+    assert s.counted is not None and s.counted.shape == (len(s.windows), 32) and s.val_mask.shape == s.val.shape
+    for w, c in zip(s.windows, s.counted):
+        own = 1 if any(np.array_equal(w, shard[1][a:a + 33]) for a in range(2000 - 32)) else 2
+        if own == 2:
+            assert c.all()
+        else:
+            a = next(a for a in range(2000 - 32) if np.array_equal(w, shard[1][a:a + 33]))
+            assert np.array_equal(c, mask[a + 1:a + 33])
+    assert 0 < s.val_mask.sum() < len(s.val_mask)
