@@ -21,7 +21,7 @@ from pathlib import Path
 from mfgguf.budget import MAX_FACTOR, plan_tokens
 from mfgguf.config import DEFAULT_PRESET, get_preset
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
+from mfgguf.run import RunDir, module_record, read_module_meta, router_stats_current, write_json, write_text
 from mfgguf.stages import StageResult, run_stage
 
 
@@ -228,10 +228,8 @@ def _refit(out: Path, run: RunDir, cfg: DemoConfig, plan: dict, expert_tokens: i
 
 def _round_of(run: RunDir, i: int) -> int:
     """Rounds module i has finished (experts), or syncs the trunk has been through (i = 0); 0 if absent."""
-    if not run.module_meta(i).is_file():
-        return 0
-    meta = json.loads(run.module_meta(i).read_text())
-    return int(meta.get("round", 0 if i == 0 else 1))
+    m = module_record(run, i)
+    return 0 if m is None else m.syncs if i == 0 else m.round
 
 
 def _banner(text: str) -> None:

@@ -3,7 +3,8 @@
 Each record keeps the JSON it was read from (or is to be written as), key order included, so a
 record read and written back is byte-identical, and fields this mfgguf does not know survive it
 (a later mfgguf may add some). The typed fields are what code reads; `to_json` is what goes to disk,
-and the one way a dict goes in is `from_json` (stages that still pass dicts convert at the edge).
+and the one way a dict goes in is `from_json` (stages that still pass dicts convert at the edge). A record an
+earlier mfgguf wrote is read under the current names (legacy.py), and written back with them.
 
 Example:
     >>> m = ModuleMeta.from_json({"format": "mfgguf-module", "version": 2, "name": "trunk", "index": 0})
@@ -18,6 +19,7 @@ from enum import Enum
 from typing import Any
 
 from mfgguf.errors import retired
+from mfgguf.run.legacy import OLD_RUN_KEYS, renamed
 
 
 def module_name(index: int) -> str:
@@ -48,10 +50,11 @@ class ModuleMeta:
     tensors: dict = field(default_factory=dict)  # {GGUF name: shape}, router statistics left out
     trunk_sha256: str | None = None  # experts, pooled statistics: the trunk they belong to
     source: str | None = None  # a trunk: "base" when imported; pooled statistics: "trunk" when from the trunk alone
-    heldout_loss: dict = field(default_factory=dict)  # {domain: validation loss}
-    trunk_heldout_loss: dict = field(default_factory=dict)  # experts: the trunk's, on the same tokens
+    validation_loss: dict = field(default_factory=dict)  # {domain: validation loss}
+    trunk_validation_loss: dict = field(default_factory=dict)  # experts: the trunk's, on the same tokens
     shard_domains: Any = None  # experts: the domains of their shard, as run.json describes it
-    round: int = 1  # experts: the round this file is the end of; a trunk: the syncs it has been through
+    round: int = 1  # experts: the round this file is the end of
+    syncs: int = 0  # a trunk: the syncs it has been through
     rounds: int = 1  # experts: the sync rounds R the run trains in
     final: bool = False  # a trunk synced after its last round
     sync: dict | None = None  # a synced trunk: what the sync merged
@@ -66,12 +69,14 @@ class ModuleMeta:
 
     @classmethod
     def from_json(cls, d: dict) -> "ModuleMeta":
+        d = renamed(d)
         g = d.get
         return cls(name=g("name"), index=g("index"), kind=g("kind"), preset=g("preset"), config=g("config"),
                    train=g("train") or {}, file=g("file"), sha256=g("sha256"), blake3=g("blake3"), bytes=g("bytes"),
                    tensors=g("tensors") or {}, trunk_sha256=g("trunk_sha256"), source=g("source"),
-                   heldout_loss=g("heldout_loss") or {}, trunk_heldout_loss=g("trunk_heldout_loss") or {},
-                   shard_domains=g("shard_domains"), round=_int(d, "round", 1), rounds=_int(d, "rounds", 1),
+                   validation_loss=g("validation_loss") or {}, trunk_validation_loss=g("trunk_validation_loss") or {},
+                   shard_domains=g("shard_domains"), round=_int(d, "round", 1), syncs=_int(d, "syncs", 0),
+                   rounds=_int(d, "rounds", 1),
                    final=bool(g("final")), sync=g("sync"), synced_from=g("synced_from"), branch=g("branch"),
                    tokens_seen=g("tokens_seen"), router_stats_count=g("router_stats_count"),
                    shared_tensors=list(g("shared_tensors") or []), shared_merged=bool(g("shared_merged")),
@@ -80,11 +85,6 @@ class ModuleMeta:
     def to_json(self) -> dict:
         """The record as written to disk (a copy: editing it does not change the record)."""
         return dict(self.json)
-
-    @property
-    def trunk_round(self) -> int:
-        """A trunk's syncs so far (its JSON's "round", 0 before the first sync)."""
-        return _int(self.json, "round", 0)
 
     @property
     def sync_experts(self) -> list[int] | None:
@@ -126,6 +126,7 @@ class RunInfo:
 
     @classmethod
     def from_json(cls, d: dict) -> "RunInfo":
+        d = renamed(d, OLD_RUN_KEYS)
         g = d.get
         return cls(format=g("format"), version=g("version"), n_experts=_int(d, "n_experts", 0),
                    partition=g("partition"), vocab_size=g("vocab_size"), eos_id=g("eos_id"),

@@ -184,7 +184,7 @@ def test_converter_gguf_import_matches_the_base_file_in_llama_cpp(tmp_path, toke
     assert max_rel(got, ref) < TOL, max_rel(got, ref)
     assert tokenizer_keys(g) == tokenizer_keys(base)  # every tokenizer key, unchanged
     assert not (run / "tokenizer.json").exists()  # a GGUF-only base: llama.cpp tokenized the corpus
-    npy = max((run / "data" / "heldout").glob("*.npy"), key=lambda p: p.stat().st_size)
+    npy = max((run / "data" / "test").glob("*.npy"), key=lambda p: p.stat().st_size)
     held = np.load(npy)
     first = npy.with_suffix(".txt").read_text()[:600].rsplit(" ", 1)[0]  # up to a word's end
     want = llama_tokenize(base, first)

@@ -344,7 +344,7 @@ def _new_domain_run(a: Path, b: Path, docs: list[str], domain: str) -> Path:
 
     ra, rb = RunDir(a), RunDir(b)
     rb.modules.mkdir(parents=True)
-    rb.heldout_dir.mkdir(parents=True)
+    rb.test_dir.mkdir(parents=True)
     shutil.copyfile(ra.tokenizer, rb.tokenizer)
     for f in (ra.module_file(0), ra.module_meta(0)):
         shutil.copyfile(f, rb.modules / f.name)
@@ -360,12 +360,12 @@ def _new_domain_run(a: Path, b: Path, docs: list[str], domain: str) -> Path:
         return len(arr)
 
     n_train = write(rb.shard(1), [i for i in range(len(docs)) if i not in held])
-    n_held = write(rb.heldout(domain), sorted(held))
-    rb.heldout_text(domain).write_text("\n\n".join(docs[i] for i in sorted(held)))
+    n_held = write(rb.test(domain), sorted(held))
+    rb.test_text(domain).write_text("\n\n".join(docs[i] for i in sorted(held)))
     write_json(rb.run_json, {**info, "n_experts": 1, "domains": [domain], "sources": [domain],
                              "shards": [{"id": 1, "docs": len(docs) - len(held), "tokens": n_train,
                                          "domains": {domain: n_train}}],
-                             "heldout": {domain: {"docs": len(held), "tokens": n_held}}})
+                             "test": {domain: {"docs": len(held), "tokens": n_held}}})
     return b
 
 
@@ -396,7 +396,7 @@ def test_keep_routing_moves_the_old_domains_less(real, tmp_path):
     run, run2, three, four, new = real
     kept = tmp_path / "kept.gguf"
     extend(three, kept, add=run2, keep_routing=True)
-    held = {**RunDir(run).heldout_tokens(cap=4096), **RunDir(run2).heldout_tokens(cap=4096)}
+    held = {**RunDir(run).test_tokens(cap=4096), **RunDir(run2).test_tokens(cap=4096)}
     ppl = {f.stem: {d: x["ppl"] for d, x in perplexity_by_domain(f, held)["domains"].items()} for f in (three, four, kept)}
     move = {f: {d: ppl[f][d] / ppl["three"][d] - 1 for d in ("python", "english", "c")} for f in ("four", "kept")}
     print(json.dumps({"ppl": ppl, "move": move}))
@@ -412,7 +412,7 @@ def test_a_fourth_expert_on_a_new_domain(real):
     from mfgguf.runtime.perplexity import perplexity_by_domain
 
     run, run2, three, four, new = real
-    held = {**RunDir(run).heldout_tokens(cap=4096), **RunDir(run2).heldout_tokens(cap=4096)}
+    held = {**RunDir(run).test_tokens(cap=4096), **RunDir(run2).test_tokens(cap=4096)}
     before = perplexity_by_domain(three, held)["domains"]
     after = perplexity_by_domain(four, held)["domains"]
     ppl = {d: (before[d]["ppl"], after[d]["ppl"]) for d in held}

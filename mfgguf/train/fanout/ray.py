@@ -5,7 +5,7 @@ so Ray places no more on a node than fits, and retries a task whose worker proce
 (`max_retries`). A task runs `train_expert` in the worker itself:
   - shared: RUN is on a filesystem the worker sees (same path, same trunk hash): it trains there,
     checkpoints included, so a retried task resumes from the dead one's last checkpoint;
-  - copy:   nothing is shared: the driver puts the trunk, tokenizer, run files, held-out split,
+  - copy:   nothing is shared: the driver puts the trunk, tokenizer, run files, validation split,
             the expert's shard (and, between sync rounds, its checkpoint) in Ray's object store;
             the worker rebuilds a RUN under its temp dir, keyed by the trunk's hash and the job's
             options (a retry on the same node finds its checkpoint there), and sends back the module file, its metadata,

@@ -37,8 +37,8 @@ def adopt(rd: RunDir, i: int, moments: RouterStats, pooled: RouterStats) -> dict
     pooled.add(moments)
     out = write_module(rd, i, tensors, {
         **meta, "trunk_sha256": trunk["sha256"], "shared_merged": True, "router_stats_on": ON,
-        "heldout_on": "own trunk copy", "restat_tokens": 0,
+        "validation_on": "own trunk copy", "restat_tokens": 0,
         "restat_s": time.perf_counter() - t0,
-        "premerge": {k: meta.get(k) for k in ("heldout_loss", "heldout_loss_mean", "shard_loss", "trunk_sha256")},
+        "premerge": {k: meta.get(k) for k in ("validation_loss", "validation_loss_mean", "shard_loss", "trunk_sha256")},
     })
     return out

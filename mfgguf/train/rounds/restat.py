@@ -23,7 +23,7 @@ from mfgguf.config import ModelConfig
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, module_name, read_module_meta, write_module
 from mfgguf.train.experts.expert import build_expert_model, load_trunk_meta
-from mfgguf.train.engine.loop import evaluate, heldout_losses, load_tokens, mean, resolve_device
+from mfgguf.train.engine.loop import evaluate, validation_losses, load_tokens, mean, resolve_device
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
 from mfgguf.train.engine.weights import read_safetensors, trunk_alone
 
@@ -90,28 +90,28 @@ def restat_expert(rd: RunDir, i: int, meta: dict, trunk_path: Path, cfg: ModelCo
                                    hook=stats.hook)
     if pooled is not None:
         pooled.add(stats)
-    held = heldout_losses(rd.validation_dir, model, eval_tokens, "single", dev, prec)
+    held = validation_losses(rd.validation_dir, model, eval_tokens, "single", dev, prec)
     extra = {
         "router_stats_count": stats.n, "router_stats_on": "merged trunk", "shard_loss": shard_loss,
         # forward passes this module cost beyond its training steps: the comparison's FLOPs count them (flops.py)
         "restat_tokens": int(n_stats) + sum(min(len(load_tokens(f, f.stem)), eval_tokens)
                                             for f in sorted(rd.validation_dir.glob("*.npy"))),
-        "heldout_loss": held, "heldout_loss_mean": mean(held),
-        "premerge": {k: meta.get(k) for k in ("heldout_loss", "heldout_loss_mean", "shard_loss", "trunk_sha256")},
+        "validation_loss": held, "validation_loss_mean": mean(held),
+        "premerge": {k: meta.get(k) for k in ("validation_loss", "validation_loss_mean", "shard_loss", "trunk_sha256")},
     }
     means = {k: v for k, v in stats.tensors().items() if k.endswith(".mean")}  # the module keeps its means only
     return {**model.expert_tensors(0), **means}, extra
 
 
 @torch.no_grad()
-def heldout_trunk(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = "cpu",
+def trunk_validation_loss(rd: RunDir, trunk_path: Path, trunk_meta: dict, device: str = "cpu",
                   scoring: tuple[int, str] | None = None) -> dict:
     """{domain: held-out loss} of the trunk alone (anchor, + its seed FFN if it has one) read from `trunk_path`,
     over `scoring` = (held-out tokens a domain, precision); default trunk_scoring(trunk_meta)."""
     dev = resolve_device(device)
     model, route = trunk_alone(trunk_path, ModelConfig.from_dict(trunk_meta["config"]), dev)
     eval_tokens, precision = scoring or trunk_scoring(trunk_meta)
-    return heldout_losses(rd.validation_dir, model, eval_tokens, route, dev, precision)
+    return validation_losses(rd.validation_dir, model, eval_tokens, route, dev, precision)
 
 
 def trunk_scoring(trunk_meta: dict, experts: list[dict] = ()) -> tuple[int, str]:

@@ -98,7 +98,7 @@ def sync(run: Path, *, merge: str = "mean", restat: bool = True,
     write_json(plan_file, plan)  # the wall-clock-matched baseline's budget counts every sync
     return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
             "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],
-            "heldout_loss": trunk.get("heldout_loss", {}), "before_heldout_loss": plan["before_heldout_loss"],
+            "validation_loss": trunk.get("validation_loss", {}), "before_validation_loss": plan["before_validation_loss"],
             "experts": plan["experts"], "restated": restated, "adopted": adopted, "wall_s": time.perf_counter() - t0,
             "dir": str(plan_file.parent)}
 
@@ -163,7 +163,7 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, prog
     from mfgguf.train.experts.expert import load_trunk_meta
     n = len(ids)
     trunk = load_trunk_meta(rd)
-    k = int(trunk.get("round", 0))
+    k = int(trunk.get("syncs", 0))
     metas = {}
     missing = [i for i in ids if not rd.module_meta(i).is_file()]
     if missing:
@@ -210,16 +210,16 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, prog
 
     held, before_held = _scores(rd, trunk, list(metas.values()), new_trunk, scored=k + 2 >= R, device=device)
     tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
-             "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
-             "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
-             "heldout_loss": held, "heldout_loss_mean": mean(held) if held else None,
+             "syncs": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
+             "trained_validation_loss": trunk.get("trained_validation_loss", trunk.get("validation_loss")),
+             "validation_loss": held, "validation_loss_mean": mean(held) if held else None,
              "sync": {"merge": merge, "merged_tensors": list(what), "experts": n,
                       "expert_ids": ids}}
     tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
     metas_after = {"trunk": tfull}
     plan = {"format": SYNC_FORMAT, "state": "staged", "round": k + 1, "rounds": R, "final": final, "merge": merge,
             "merged_tensors": len(what), "experts": n, "expert_ids": ids,
-            "before_heldout_loss": before_held, "modules": metas_after}
+            "before_validation_loss": before_held, "modules": metas_after}
     write_json(d / "sync.json", plan)
     return d / "sync.json"
 
@@ -230,15 +230,15 @@ def _scores(rd: RunDir, trunk: dict, metas: list[dict], new_trunk: Path, *, scor
     The last round's experts compare with the trunk they start from, and the final trunk is reported; a
     middle round's trunk decides nothing, and neither does the trunk before it, which only the summary line
     would print beside the merged one (docs/benchmarks.md, the recipe's wall)."""
-    from mfgguf.train.experts.base_score import reference_heldout
+    from mfgguf.train.experts.base_score import reference_validation_loss
     from mfgguf.train.engine.loop import resolve_device
-    from mfgguf.train.rounds.restat import heldout_trunk, trunk_scoring
+    from mfgguf.train.rounds.restat import trunk_validation_loss, trunk_scoring
 
     tokens, precision = trunk_scoring(trunk, metas)
-    held = heldout_trunk(rd, new_trunk, trunk, device, (tokens, precision)) if scored else {}
+    held = trunk_validation_loss(rd, new_trunk, trunk, device, (tokens, precision)) if scored else {}
     # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
-    before = (reference_heldout(rd, trunk, tokens, resolve_device(device), precision)
-              if scored and (trunk.get("heldout_loss") or not trunk.get("round")) else {})
+    before = (reference_validation_loss(rd, trunk, tokens, resolve_device(device), precision)
+              if scored and (trunk.get("validation_loss") or not trunk.get("syncs")) else {})
     return held, before
 
 
