@@ -147,7 +147,7 @@ def test_hf_import_computes_transformers_logits_in_llama_cpp(tmp_path, tokenizer
     assert max_rel(torch_logits, ref) < TOL, max_rel(torch_logits, ref)
 
 
-@pytest.mark.parametrize("layout", ["granitemoe", "mixtral"])
+@pytest.mark.parametrize("layout", ["shared-expert", "folded"])
 def test_moe_whose_experts_equal_the_seed_computes_the_base(tmp_path, tokenizer_json, layout):
     """Experts initialised from the seed complement the anchor: before training, the MoE is the base."""
     from tests.base.family_cases import seeded_run  # it imports this module: here, not at the top

@@ -2,7 +2,7 @@
 
 Synthetic runs (random modules, real files) check the bytes: adding expert 4 to the file of experts
 1-3 gives the file `assemble --experts 1,2,3,4` writes, removing gives back the smaller file; in the
-mixtral layout too, whose every slot holds the anchor (rebuilt from the trunk for an added one). Real
+folded layout too, whose every slot holds the anchor (rebuilt from the trunk for an added one). Real
 tiny runs check the model: a fourth expert trained later on a new domain (German and French
 manual pages) against the same trunk, in a RUN of its own, lowers that domain's held-out
 perplexity in llama.cpp and moves the others a little; removing it gives back the three-expert
@@ -238,13 +238,13 @@ def test_a_file_of_mfgguf_0_1_is_refused_in_one_line(files, tmp_path):
 
 @pytest.fixture(scope="module")
 def mixtral(syn, tmp_path_factory):
-    """The mixtral layout (the anchor folded into every expert), q8_0 and q4_k: files of experts 1-3 and 1-4."""
+    """The folded layout (the anchor folded into every expert), q8_0 and q4_k: files of experts 1-3 and 1-4."""
     d = tmp_path_factory.mktemp("mixtral")
     out = {}
     for quant in ("q8_0", "q4_k"):
         for ids in ([1, 2, 3], [1, 2, 3, 4]):
             out[quant, len(ids)] = d / f"{quant}-{len(ids)}.gguf"
-            assemble(syn, out[quant, len(ids)], experts=ids, layout="mixtral", quant=quant, progress=False)
+            assemble(syn, out[quant, len(ids)], experts=ids, layout="folded", quant=quant, progress=False)
     return out
 
 
@@ -260,7 +260,7 @@ def test_the_mixtral_layout_extends_to_the_file_assembly_writes(syn, mixtral, tm
     extend(x, tmp_path / "back.gguf", remove=[4])
     assert (tmp_path / "back.gguf").read_bytes() == three.read_bytes()
     ref = tmp_path / "4.gguf"
-    assemble(syn, ref, experts=[4], layout="mixtral", quant=quant, progress=False)
+    assemble(syn, ref, experts=[4], layout="folded", quant=quant, progress=False)
     extend(three, tmp_path / "y.gguf", remove=[1, 2, 3], add=syn, experts=[4])  # the anchor from a removed slot
     assert (tmp_path / "y.gguf").read_bytes() == ref.read_bytes()
 

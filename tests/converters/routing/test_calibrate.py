@@ -155,7 +155,7 @@ def test_mixtral_layout_and_dense_model(f32_moe, tmp_path):
     """The llama-arch (mixtral) layout calibrates the same way; a dense file is refused in one line."""
     run, _ = f32_moe
     mix, dense = tmp_path / "mix.gguf", tmp_path / "dense.gguf"
-    assemble(run, mix, quant="f32", layout="mixtral", progress=False)
+    assemble(run, mix, quant="f32", layout="folded", progress=False)
     r = calibrate(mix, run, tmp_path / "mix-cal.gguf", grid=CalibrationGrid(top_k=(2,), temperature=(1.0,)),
                   tokens=2 * CTX, ctx=CTX, threads=2, progress=False)
     kv = read_kv(tmp_path / "mix-cal.gguf")
