@@ -47,7 +47,7 @@ from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
 from mfgguf.eval.spread import spreads
 from mfgguf.eval.training_flops import flops_section
-from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
+from mfgguf.run import RunDir, read_module, read_module_meta, router_stats_current, write_json, write_text
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
 
@@ -182,7 +182,7 @@ def check_windows(rd: RunDir, ctx: int | None = None, cap: int | None = None) ->
     from mfgguf.runtime.perplexity import WINDOW
 
     base = imported(rd.root)  # an imported base's files keep its own context length, as assembly writes it
-    window = ctx or min(WINDOW, base.gguf_kv()[2] if base else int(read_module_meta(rd, 0)["config"]["ctx_len"]))
+    window = ctx or min(WINDOW, base.gguf_kv()[2] if base else int(read_module(rd, 0).config["ctx_len"]))
     test = rd.test_tokens(cap)
     for split, toks in (("test", test), ("validation", rd.validation_tokens(cap))):
         short = {d: len(t) for d, t in toks.items() if d in test and len(t) < window}
@@ -312,8 +312,8 @@ def _on_grid_scale(ev: Evaluation, path: Path, best: str, baselines: Outcome) ->
     # a grid of one LR that only the per-cluster LoRAs use is never run (imported.py): no point to set the MoE beside
     if not any(g["validation_loss_trained_domains"] for g in (section.get("grid") or {}).values()) or not baselines.trained:
         return {}
-    meta = read_module_meta(RunDir(baselines.trained[0].run), 0)  # every grid run scores alike (train-base)
-    tokens, precision = int(meta["train"]["eval_tokens"]), str(meta["precision"])
+    m = read_module(RunDir(baselines.trained[0].run), 0)  # every grid run scores alike (train-base)
+    tokens, precision = m.eval_tokens, str(m.precision)
     _say(f"measure {best} on validation as the LR grids are scored")
     loss = kept(ev.out, path, {"split": "validation", "eval_tokens": tokens, "precision": precision},
                 lambda: reference_validation(ev.rd, path, tokens, precision=precision), force=ev.force, what="pytorch")

@@ -65,3 +65,15 @@ def test_a_new_record_is_read_byte_for_byte(tmp_path):
     new = read_module(rd, 1).to_json()
     write_json(rd.module_meta(1), new)
     assert read_module(rd, 1).to_json() == new and json.loads(rd.module_meta(1).read_text()) == new
+
+
+def test_an_old_sync_plan_and_manifest_are_read_typed(tmp_path):
+    from mfgguf.run import Manifest, SyncPlan
+
+    plan = SyncPlan.from_json({"format": "mfgguf-sync", "state": "staged", "round": 2, "rounds": 2, "final": True,
+                               "experts": 2, "before_heldout_loss": {"c": 2.4},
+                               "modules": {"trunk": {"kind": "trunk", "index": 0, "round": 2, "heldout_loss": {}}}})
+    assert plan.before_validation_loss == {"c": 2.4} and plan.ids == [1, 2] and not plan.published
+    assert plan.modules["trunk"].syncs == 2 and "round" not in plan.modules["trunk"].to_json()
+    m = Manifest.from_json({"format": "mfgguf-manifest", "modules": {"trunk": {"index": 0, "sha256": "ab"}}})
+    assert (m.sha256("trunk"), m.sha256("expert_001")) == ("ab", None)

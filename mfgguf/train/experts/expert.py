@@ -28,7 +28,7 @@ from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name
 from mfgguf.options import TrainOptions
 from mfgguf.plots import loss_curve
 from mfgguf.run.records import ModuleMeta
-from mfgguf.run import RunDir, module_name, read_manifest, read_module, sha256_file, write_module
+from mfgguf.run import RunDir, manifest, module_name, read_module, sha256_file, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import smooth
 from mfgguf.train.engine.loop import (check_token_range, evaluate, validation_losses, limit_heap_retention, load_tokens,
@@ -51,7 +51,7 @@ def load_trunk_meta(rd: RunDir) -> dict:
     if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
         raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
     meta = read_module(rd, 0)
-    recorded = read_manifest(rd).get("modules", {}).get("trunk", {}).get("sha256")
+    recorded = manifest(rd).sha256("trunk")
     actual = sha256_file(rd.module_file(0))
     if actual != meta.sha256 or (recorded and actual != recorded):
         raise MfggufError(f"{rd.module_file(0)} does not match its recorded sha256 (modified or damaged);"

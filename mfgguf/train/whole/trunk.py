@@ -200,11 +200,9 @@ def train_trunk(run: Path, *, preset: str = DEFAULT_PRESET, options: TrainOption
     validation = validation_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
     if not validation:
         raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
-    meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
-                       recompute=rec, validation=validation, t_start=t_start)
-    meta["flops_per_token"] = trunk_step_flops(cfg).total  # mfgguf/flops.py conventions
-    meta["train_flops"] = meta["flops_per_token"] * res.tokens_seen
-    meta.update(schedule_meta(tc, cfg.ctx_len))
+    meta = {**result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                          recompute=rec, validation=validation, t_start=t_start),
+            **_flops(cfg, res.tokens_seen), **schedule_meta(tc, cfg.ctx_len)}
     meta = write_module(rd, 0, model.trunk_tensors(), meta)
     _publish_branch(rd, tc, ckpt_dir, meta)
     loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, validation=validation, curve=res.validation_history,
@@ -258,15 +256,13 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
         validation = streamed_validation_losses(trunk, rd.validation_dir, tc.eval_tokens, group)
         if not validation:
             raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
-        meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
-                           recompute=True, validation=validation, t_start=t_start)
-        meta["flops_per_token"] = trunk_step_flops(cfg).total
-        meta["train_flops"] = meta["flops_per_token"] * res.tokens_seen
-        meta.update(schedule_meta(tc, cfg.ctx_len))
-        meta["streamed"] = {"memory_budget": budget, "accum": accum, "micro_batch": micro, "spill_activations": spill,
-                            "estimated_peak_bytes": streamed_bytes(cfg, units, tc.batch_size, micro, spill),
-                            "disk_bytes": store.disk_bytes(), "read_bytes_per_step": res.io_per_step[0],
-                            "written_bytes_per_step": res.io_per_step[1]}
+        streamed = {"memory_budget": budget, "accum": accum, "micro_batch": micro, "spill_activations": spill,
+                    "estimated_peak_bytes": streamed_bytes(cfg, units, tc.batch_size, micro, spill),
+                    "disk_bytes": store.disk_bytes(), "read_bytes_per_step": res.io_per_step[0],
+                    "written_bytes_per_step": res.io_per_step[1]}
+        meta = {**result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                              recompute=True, validation=validation, t_start=t_start),
+                **_flops(cfg, res.tokens_seen), **schedule_meta(tc, cfg.ctx_len), "streamed": streamed}
         names = trunk_name_map(cfg.n_layers, cfg.family) | (seed_name_map(cfg.n_layers) if cfg.seed_expert else {})
         where = {names[s.name]: (u, s) for u in units for s in u.slots}
         meta = write_module_streamed(rd, 0, {g: s.shape for g, (u, s) in where.items()},
@@ -282,6 +278,12 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
 
 
 # ---- wsd: the branch point beside the cooled-down trunk (branch.py) ---------------------------------
+
+
+def _flops(cfg, tokens_seen: int) -> dict:
+    """The record's FLOPs of training (mfgguf/flops.py conventions)."""
+    per_token = trunk_step_flops(cfg).total
+    return {"flops_per_token": per_token, "train_flops": per_token * tokens_seen}
 
 
 def _branch_path(tc, ckpt_dir: Path) -> Path | None:
