@@ -21,7 +21,7 @@ from pathlib import Path
 from mfgguf.budget import MAX_FACTOR, plan_tokens
 from mfgguf.config import DEFAULT_PRESET, get_preset
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
+from mfgguf.run import RunDir, module_record, read_module, router_stats_current, write_json, write_text
 from mfgguf.stages import StageResult, run_stage
 
 
@@ -77,7 +77,7 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
         _banner(name)
         results.append(run_stage(name, args)[0])
         if module is not None:  # a training stage: its steps' share of the wall, from the module it wrote
-            results[-1].train_s = round(float(read_module_meta(run, module).get("train_s") or 0.0), 2)
+            results[-1].train_s = round(float(read_module(run, module).train_s or 0.0), 2)
 
     stage("prepare", run.run_json.is_file(), [
         "prepare", "builtin", "--out", run.root, "--experts", cfg.experts, "--partition", cfg.partition,
@@ -204,8 +204,8 @@ def _refit(out: Path, run: RunDir, cfg: DemoConfig, plan: dict, expert_tokens: i
     trained at (budget.py `refit_experts`), kept in OUT/budget.json beside the first plan."""
     from mfgguf.budget import refit_experts
 
-    trunk = read_module_meta(run, 0)
-    tps = float(trunk["tokens_seen"]) / max(float(trunk.get("train_s") or 0.0), 1e-9)
+    trunk = read_module(run, 0)
+    tps = float(trunk.tokens_seen) / max(float(trunk.train_s or 0.0), 1e-9)
     info = run.info()
     rounds = cfg.rounds if cfg.shared != "none" else 1
     tp = refit_experts(budget_s=60 * cfg.minutes, elapsed_s=elapsed_s, expert_tps=tps * _expert_over_trunk(cfg, info),
@@ -228,10 +228,8 @@ def _refit(out: Path, run: RunDir, cfg: DemoConfig, plan: dict, expert_tokens: i
 
 def _round_of(run: RunDir, i: int) -> int:
     """Rounds module i has finished (experts), or syncs the trunk has been through (i = 0); 0 if absent."""
-    if not run.module_meta(i).is_file():
-        return 0
-    meta = json.loads(run.module_meta(i).read_text())
-    return int(meta.get("round", 0 if i == 0 else 1))
+    m = module_record(run, i)
+    return 0 if m is None else m.syncs if i == 0 else m.round
 
 
 def _banner(text: str) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mfgguf.config import ModelConfig, shared_tensor_names
+from mfgguf.run.records import ModuleMeta
 
 @dataclass(frozen=True)
 class StepFlops:
@@ -123,21 +124,22 @@ def continued_step_flops(cfg, mode: str, rank: int = 16, *, causal: bool = True)
     return _step(cfg, set(), False, causal, rank=rank)
 
 
-def module_step_flops(meta: dict, *, causal: bool = True) -> StepFlops:
-    """Per-token step FLOPs of a trained module from its metadata (kind, config, shared_tensors)."""
-    if meta.get("continued"):  # an imported base trained further (a baseline)
-        c = meta["continued"]
-        return continued_step_flops(meta["config"], c["mode"], c.get("rank") or 16, causal=causal)
-    if meta.get("kind") == "expert":
-        return expert_step_flops(meta["config"], meta.get("shared_tensors") or (), causal=causal)
-    return trunk_step_flops(meta["config"], causal=causal)
+def module_step_flops(meta: ModuleMeta | dict, *, causal: bool = True) -> StepFlops:
+    """Per-token step FLOPs of a trained module from its record (kind, config, shared_tensors)."""
+    m = ModuleMeta.of(meta)
+    if m.continued:  # an imported base trained further (a baseline)
+        return continued_step_flops(m.config, m.continued["mode"], m.continued.get("rank") or 16, causal=causal)
+    if m.kind == "expert":
+        return expert_step_flops(m.config, m.shared_tensors, causal=causal)
+    return trunk_step_flops(m.config, causal=causal)
 
 
-def module_flops(meta: dict, *, causal: bool = True) -> float:
+def module_flops(meta: ModuleMeta | dict, *, causal: bool = True) -> float:
     """Training FLOPs a module spent: tokens_seen * its per-token step FLOPs, plus the forward passes a sync's
     restat ran on it (router statistics and validation scoring on the merged trunk: `restat_tokens`)."""
-    step = module_step_flops(meta, causal=causal)
-    return meta["tokens_seen"] * step.total + int(meta.get("restat_tokens") or 0) * step.forward
+    m = ModuleMeta.of(meta)
+    step = module_step_flops(m, causal=causal)
+    return m.tokens_seen * step.total + m.restat_tokens * step.forward
 
 
 def served_flops(cfg, *, ffns: int = 1, routed: int = 0, rank: int = 0, causal: bool = True) -> float:

@@ -52,7 +52,7 @@ def line_plot(path: Path, series: dict[str, tuple[list, list]], *, points: dict[
     return path
 
 
-def loss_curve(path: Path, history: list, *, heldout: dict[str, float] | None = None,
+def loss_curve(path: Path, history: list, *, validation: dict[str, float] | None = None,
                reference: dict[str, float] | None = None, curve: list | None = None, title: str = "") -> Path:
     """Train loss vs tokens (history rows [step, tokens, loss]), held-out losses as points at the end,
     the held-out mean-loss curve (rows [step, tokens, {domain: loss}]) and optional reference
@@ -63,7 +63,7 @@ def loss_curve(path: Path, history: list, *, heldout: dict[str, float] | None = 
     if curve:
         lines["held-out mean"] = ([c[1] for c in curve], [sum(c[2].values()) / max(1, len(c[2])) for c in curve])
     end = xs[-1] if xs else 0
-    pts = {f"held-out {d}": (end, v) for d, v in (heldout or {}).items() if v == v}  # skip NaN
+    pts = {f"held-out {d}": (end, v) for d, v in (validation or {}).items() if v == v}  # skip NaN
     refs = {f"trunk held-out {d}": v for d, v in (reference or {}).items() if v == v}
     return line_plot(path, lines, points=pts, hlines=refs, title=title,
                      xlabel="tokens seen", ylabel="cross-entropy (nats/token)")

@@ -6,7 +6,7 @@ which router rows an assembled file holds (the router is read back from its F32
 module weights into `mfgguf.model.Transformer(cfg, n_experts=N)`. Forward with
 `route="router"` (or `route="anchor"` for a dense trunk-alone file) is what llama.cpp should
 compute; parity tests and evaluation compare the two. Both layouts have the same reference:
-the mixtral layout's folded experts compute anchor + expert exactly (see assemble.py).
+the folded layout's experts compute anchor + expert exactly (see assemble.py).
 Trunk tensors that the experts trained copies of are merged the way the file says
 (`mfgguf.merge`) by the assembler's own functions (modules/merge.py).
 
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mfgguf.families import layout_name
 from mfgguf.modules.module import model_config
 from mfgguf.modules.tokenizer import run_tokenizer_kv
 from mfgguf.modules.merge import merge_arrays
@@ -51,7 +52,7 @@ def gguf_provenance(path: Path) -> dict:
                 rows[int(t.name.split(".")[1])] = np.fromfile(f, dtype, n).astype(np.float32).reshape(
                     len(experts) + complement, -1)  # (N, dim)
     return {"experts": [int(e) for e in experts], "top_k": int(value("mfgguf.top_k") or 0),
-            "layout": value("mfgguf.layout"), "router": value("mfgguf.router"),
+            "layout": layout_name(value("mfgguf.layout") or ""), "router": value("mfgguf.router"),
             "merge": value("mfgguf.merge") or "none",
             "router_rows": [rows[l] for l in sorted(rows)], "complement": complement, "arch": value("general.architecture")}
 

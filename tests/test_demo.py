@@ -40,7 +40,7 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     assert [n for n in names if n.startswith(("train-expert", "sync"))] == \
         [x for r in range(cfg["rounds"]) for x in experts[3 * r: 3 * r + 3] + [syncs[r]]]
     trunk = json.loads((out / "run" / "modules" / "trunk.json").read_text())
-    assert trunk["final"] and trunk["round"] == cfg["rounds"] and trunk["config"]["seed_expert"]
+    assert trunk["final"] and trunk["syncs"] == cfg["rounds"] and trunk["config"]["seed_expert"]
     assert cfg["schedule"] == trunk["train"]["schedule"] == "wsd" and trunk["branch"]["step"] > 0  # experts branch
     e1 = json.loads((out / "run" / "modules" / "expert_001.json").read_text())  # from the stable phase
     assert e1["train"]["schedule"] == "wsd" and e1["branch_start"]["step"] == trunk["branch"]["step"]

@@ -207,12 +207,12 @@ def test_a_finished_runs_line_reads_its_report_and_records(tmp_path):
     module(run, "expert_002", kind="expert", round=1, wall_s=46.0, startup_s=4.0)  # its process's imports count too
     for name, wall in (("grid-full-lr0.0003", 67.0), ("lora-shard1", 20.0), ("lora-shard2", 25.0)):
         module(run / "eval" / name, "trunk", kind="trunk", wall_s=wall, **({"startup_s": 3.0} if wall == 67.0 else {}))
-    (run / "data" / "heldout").mkdir(parents=True)
-    (run / "data" / "heldout" / "c.npy").write_bytes(b"c")
+    (run / "data" / "test").mkdir(parents=True)
+    (run / "data" / "test" / "c.npy").write_bytes(b"c")
     (run / "run.json").write_text(json.dumps({
         "shards": [{"id": 1, "tokens": 9000, "domains": {"c": 9000}}, {"id": 2, "tokens": 8000, "domains": {"cpp": 8000}},
                    {"id": 3, "tokens": 7000, "domains": {"english": 7000}}],
-        "heldout": {d: {"docs": 3, "tokens": 100} for d in ("c", "cpp", "english")}}))
+        "test": {d: {"docs": 3, "tokens": 100} for d in ("c", "cpp", "english")}}))
 
     def res(c: float, cpp: float, en: float) -> dict:  # per-domain nll; c scores 300 tokens, cpp 100
         doms = {d: {"ppl": math.exp(v), "nll": v, "n_tokens": n} for d, v, n in (("c", c, 300), ("cpp", cpp, 100),
@@ -298,12 +298,12 @@ def test_every_run_is_the_template_hard_linked(tmp_path):
     """The data of every size and seed is the template's own files (a stage replaces a file, never writes into it),
     except a lock file, which is opened to append."""
     t = tmp_path / "template"
-    (t / "data" / "heldout").mkdir(parents=True)
-    (t / "data" / "heldout" / "c.npy").write_bytes(b"tokens")
+    (t / "data" / "test").mkdir(parents=True)
+    (t / "data" / "test" / "c.npy").write_bytes(b"tokens")
     (t / "manifest.lock").write_text("")
     run = tmp_path / "t4096-s1"
     ps.copy_template(t, run)
-    assert (run / "data" / "heldout" / "c.npy").stat().st_ino == (t / "data" / "heldout" / "c.npy").stat().st_ino
+    assert (run / "data" / "test" / "c.npy").stat().st_ino == (t / "data" / "test" / "c.npy").stat().st_ino
     assert not (run / "manifest.lock").exists() and not (tmp_path / "t4096-s1.tmp").exists()
     assert ps.split_digest(run) == ps.split_digest(t)
 

@@ -15,7 +15,7 @@ def test_module_record_round_trips_byte_for_byte():
     assert (m.kind, m.round, m.rounds, m.blake3, m.final) == ("expert", 2, 3, None, False)
     assert not m.finished_against("ab") and ModuleMeta.from_json({**d, "round": 3}).finished_against("ab")
     assert ModuleMeta.from_json({"sync": {"expert_ids": [1, 3]}, "round": 2}).sync_experts == [1, 3]
-    assert ModuleMeta.from_json({}).trunk_round == 0 and ModuleMeta.from_json({}).round == 1
+    assert ModuleMeta.from_json({}).syncs == 0 and ModuleMeta.from_json({}).round == 1
 
 
 def test_run_info_reads_what_prepare_writes(tmp_path):

@@ -8,7 +8,7 @@ set -euo pipefail
 OUT=${1:-study-domain-lora}
 [ -f "$OUT/run/modules/trunk.json" ] || mfgguf import-base smollm2 --out "$OUT/run"
 [ -f "$OUT/run/data/train.npy" ] || mfgguf prepare study --out "$OUT/run" --experts 5 \
-  --max-chars-per-domain 3000000 --heldout-frac 0.02 --no-progress
+  --max-chars-per-domain 3000000 --test-frac 0.02 --no-progress
 for e in 1 2 4 5; do                                  # shard 3 is english: nothing trains on it
   [ -f "$OUT/run/modules/expert_00$e.json" ] || mfgguf train-expert "$OUT/run" --expert "$e" --tokens 65536 \
     --eval-tokens 4096 --no-progress

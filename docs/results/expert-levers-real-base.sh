@@ -6,7 +6,7 @@
 set -euo pipefail
 OUT=${1:-levers-smol}
 mfgguf import-base smollm2 --out "$OUT/run"
-mfgguf prepare study --out "$OUT/run" --experts 5 --max-chars-per-domain 3000000 --heldout-frac 0.02
+mfgguf prepare study --out "$OUT/run" --experts 5 --max-chars-per-domain 3000000 --test-frac 0.02
 cp -a "$OUT/run" "$OUT/runup"                         # the same data and base, for the upper-half experts
 for e in 1 2 4 5; do
   mfgguf train-expert "$OUT/run" --expert "$e" --tokens 65536 --eval-tokens 4096            # statistics from the last steps

@@ -11,7 +11,7 @@ T=$STUDY/template
 if [ ! -f "$T/run.json" ]; then  # the study's template: the same data, test split cf26bb46...
   mfgguf import-base smollm2 --out "$T" --expert-ff 768 --force
   mfgguf prepare study --out "$T" --experts 5 --partition label --max-chars-per-domain 4500000 \
-    --heldout-frac 0.02 --valid-frac 0.05 --seed 0 --no-progress
+    --test-frac 0.02 --valid-frac 0.05 --seed 0 --no-progress
 fi
 for point in "full 0.001 876544" "lora 0.01 1224704" "lora 0.003 1224704" "lora 0.001 1224704"; do
   set -- $point
@@ -24,7 +24,7 @@ from pathlib import Path
 from mfgguf.machine import cpu
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.engine.loop import resolve_device, resolve_precision
-from mfgguf.train.experts.base_score import base_heldout
+from mfgguf.train.experts.base_score import base_validation_loss
 
 TRAINED, EVAL_TOKENS = ("c", "cpp", "man", "python"), 4096  # train-base's validation tokens a domain
 
@@ -37,12 +37,12 @@ def row(loss: dict, **fields) -> str:
 
 # the base, scored as the first expert scores it (anchor + seed alone), at the grid points' own token count
 template, dev = RunDir(Path(sys.argv[1]) / "template"), resolve_device("cpu")
-print(row(base_heldout(template, read_module_meta(template, 0), EVAL_TOKENS, dev, resolve_precision("auto", dev)),
+print(row(base_validation_loss(template, read_module_meta(template, 0), EVAL_TOKENS, dev, resolve_precision("auto", dev)),
           mode="base", lr=None))
 for f in sorted(Path(sys.argv[1]).glob("grid-*/modules/trunk.json")):
     m = json.loads(f.read_text())
     c = m["continued"]
-    print(row(m["heldout_loss"], seed=c["seed"], mode=c["mode"], lr=c["lr"], tokens=m["tokens_seen"], steps=m["steps"],
+    print(row(m["validation_loss"], seed=c["seed"], mode=c["mode"], lr=c["lr"], tokens=m["tokens_seen"], steps=m["steps"],
               train_s=round(m["train_s"], 1), wall_s=round(m["wall_s"], 1), startup_s=m.get("startup_s"),
               tokens_per_s=round(m["tokens_per_s"], 1)))
 PY

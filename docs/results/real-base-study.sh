@@ -6,7 +6,7 @@
 set -euo pipefail
 OUT=${1:-study-smol}
 mfgguf import-base smollm2 --out "$OUT/run"
-mfgguf prepare study --out "$OUT/run" --experts 5 --max-chars-per-domain 3000000 --heldout-frac 0.02
+mfgguf prepare study --out "$OUT/run" --experts 5 --max-chars-per-domain 3000000 --test-frac 0.02
 for e in 1 2 4 5; do                                  # shard 3 is english: no expert, no baseline trains on it
   mfgguf train-expert "$OUT/run" --expert "$e" --tokens 65536 --eval-tokens 4096 --stats-from pass
 done                                                  # (the study's statistics: a pass after training)

@@ -11,7 +11,7 @@ OUT=${1:-width-smol}
 for W in 192 384 768; do
   R="$OUT/w$W"
   mfgguf import-base smollm2 --out "$R" --expert-ff "$W"
-  mfgguf prepare study --out "$R" --experts 5 --max-chars-per-domain 3000000 --heldout-frac 0.02
+  mfgguf prepare study --out "$R" --experts 5 --max-chars-per-domain 3000000 --test-frac 0.02
   STATS=train; [ "$W" = 768 ] && STATS=pass          # as measured: the 768-unit experts' statistics by a pass
   for e in 1 2 4 5; do
     mfgguf train-expert "$R" --expert "$e" --tokens 65536 --eval-tokens 4096 --stats-from "$STATS"

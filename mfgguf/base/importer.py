@@ -114,8 +114,8 @@ def import_base(src: Path, out: Path, *, expert_ff: int | None = None, seed: boo
         meta = {"kind": "trunk", "source": "base", "base": {k: info[k] for k in ("source", "kind", "tokenizer")},
                 "preset": preset, "config": cfg.to_dict(), "train": asdict(p.trunk), "precision": "fp32",
                 "steps": 0, "tokens_seen": 0}
-        meta = write_module_streamed(RunDir(tmp), 0, trunk_shapes(cfg), _reader(base, cfg), meta)
-        meta["import_seconds"] = round(time.perf_counter() - t0, 2)
+        meta = {**write_module_streamed(RunDir(tmp), 0, trunk_shapes(cfg), _reader(base, cfg), meta),
+                "import_seconds": round(time.perf_counter() - t0, 2)}  # what the CLI reports, not recorded
         swap_dir_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -127,13 +127,13 @@ class LlamaCppTokenizer:
 
 def carry_into(files: BaseFiles, tmp_run: Path) -> None:
     """Copy the base (RUN/base/) and its trunk module (+ manifest entry) into a RUN being prepared at `tmp_run`."""
-    from mfgguf.run import RunDir, read_module_meta, update_manifest
+    from mfgguf.run import RunDir, read_module, update_manifest
 
     src, dst = RunDir(files.run), RunDir(tmp_run)
     shutil.copytree(files.root, BaseFiles(tmp_run).root)
     if src.module_file(0).is_file():
-        meta = read_module_meta(src, 0)
-        if meta.get("source") != "base":
+        meta = read_module(src, 0)
+        if meta.source != "base":
             return  # a trunk trained since: it belongs to the old data, not to the base
         dst.modules.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src.module_file(0), dst.module_file(0))

@@ -8,6 +8,7 @@ import typer
 
 from mfgguf.base.importer import import_base
 from mfgguf.cli.app import command
+from mfgguf.run.records import ModuleMeta
 from mfgguf.config import DEFAULT_PRESET
 
 
@@ -25,9 +26,10 @@ def import_base_cmd(
     ctx_len: int = typer.Option(None, "--ctx-len", help="Training context (default: the preset's, at most the base's)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing RUN directory (only once the new one is complete)."),
 ):
-    meta = import_base(src, out, expert_ff=expert_ff, seed=seed, preset=preset, ctx_len=ctx_len, force=force)
-    c = meta["config"]
+    result = import_base(src, out, expert_ff=expert_ff, seed=seed, preset=preset, ctx_len=ctx_len, force=force)
+    m = ModuleMeta.of(result)
+    c = m.config
     seed_txt = f" + seed {c['expert_ff']}" if c["seed_expert"] else ""
     typer.echo(f"imported {src} into {out}: {c['n_layers']} layers x {c['dim']}, heads {c['n_heads']}/{c['n_kv_heads']},"
-               f" vocab {c['vocab_size']}, FFN anchor {c['anchor_ff']}{seed_txt}, {meta['bytes'] / 1e6:.1f} MB in"
-               f" {meta['import_seconds']:.1f} s; next: mfgguf prepare CORPUS --out {out} --experts N")
+               f" vocab {c['vocab_size']}, FFN anchor {c['anchor_ff']}{seed_txt}, {m.bytes / 1e6:.1f} MB in"
+               f" {result['import_seconds']:.1f} s; next: mfgguf prepare CORPUS --out {out} --experts N")

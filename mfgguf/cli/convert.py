@@ -26,8 +26,9 @@ def assemble_cmd(
     top_k: int = typer.Option(None, "--top-k", help="Experts used per token (default 1 = the exact trained function)."),
     router: str = typer.Option("ridge", "--router", help=f"Router: {'|'.join(ROUTERS)}."),
     layout: str = typer.Option("auto", "--layout", help=f"GGUF layout: auto|{'|'.join(LAYOUTS)} (auto: the model"
-                               " family's own: granitemoe for llama, qwen2moe's shared expert for qwen2, qwen3moe folded for qwen3;"
-                               " mixtral writes a qwen2 trunk as llama, exact at any top-k)."),
+                               " family's own: shared-expert (granitemoe) for llama and qwen2 (qwen2moe), folded (qwen3moe) for qwen3;"
+                               " folded writes a llama or qwen2 trunk as llama, exact at any top-k; granitemoe and mixtral,"
+                               " the earlier names, are still accepted)."),
     experts: str = typer.Option(None, "--experts", help="Experts to include, e.g. 1,3,7 or 1-4"
                                  " (default all; 'none' = trunk alone)."),
     merge: str = typer.Option("mean", "--merge", help=f"Experts' trained copies of trunk tensors: {'|'.join(MERGES)}"
@@ -58,7 +59,7 @@ def assemble_cmd(
 
 @command("extend", extend)
 def extend_cmd(
-    model: Path = typer.Argument(..., help="A .gguf written by `mfgguf assemble` (any MoE layout: granitemoe, qwen2moe, mixtral, qwen3moe)."),
+    model: Path = typer.Argument(..., help="A .gguf written by `mfgguf assemble` (any MoE architecture: granitemoe, qwen2moe, llama with experts, qwen3moe)."),
     out: Path = typer.Option(..., "-o", "--out", help="Output .gguf file."),
     add: Path = typer.Option(None, "--add", help="A RUN whose experts were trained against the model's trunk."),
     experts: str = typer.Option(None, "--experts", help="Experts of the --add RUN to add, e.g. 1,3 or 2-4 (default all)."),

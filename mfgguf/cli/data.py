@@ -1,4 +1,4 @@
-"""CLI verb `prepare`: sources -> RUN directory (tokenizer, expert shards, held-out split)."""
+"""CLI verb `prepare`: sources -> RUN directory (tokenizer, expert shards, validation and test splits)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def prepare_cmd(
     partition: str = typer.Option("label", help="How documents go to experts: label, random or cluster."),
     vocab_size: int = typer.Option(4096, help="BPE vocabulary size (EOS included)."),
     overlap: float = typer.Option(0.0, help="Probability that a document also joins a second expert (random, cluster)."),
-    heldout_frac: float = typer.Option(0.05, help="Fraction of each domain's documents held out as the test split (scored once per final model)."),
+    test_frac: float = typer.Option(0.05, help="Fraction of each domain's documents held out as the test split (scored once per final model)."),
+    old_test_frac: float = typer.Option(None, "--heldout-frac", hidden=True, help="--test-frac's earlier name."),
     valid_frac: float = typer.Option(0.05, help="Fraction of the rest held out as the validation split (every choice made on data reads it)."),
     seed: int = typer.Option(0, help="Seed for the test and validation splits, the partition and the shuffles."),
     max_chars_per_domain: int = typer.Option(None, help="Cap on each domain's characters (default: no cap)."),
@@ -27,8 +28,9 @@ def prepare_cmd(
     force: bool = typer.Option(False, "--force", help="Replace an existing RUN directory (only once the new one is complete)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ):
+    test_frac = test_frac if old_test_frac is None else old_test_frac  # scripts written before the rename
     info = prepare(sources, out, n_experts=experts, partition=partition, vocab_size=vocab_size,
-                   heldout_frac=heldout_frac, valid_frac=valid_frac, overlap=overlap, seed=seed, max_chars_per_domain=max_chars_per_domain,
+                   test_frac=test_frac, valid_frac=valid_frac, overlap=overlap, seed=seed, max_chars_per_domain=max_chars_per_domain,
                    text_field=text_field, force=force, progress=progress)
     _summary(info, out)
     return info
@@ -50,7 +52,7 @@ def _summary(info: dict, out: Path) -> None:
                   *(f"{s['domains'].get(d, 0):,}" for d in domains))
     t.add_section()
     t.add_row("trunk (all)", f"{info['train_docs']:,}", f"{info['train_tokens']:,}", *("" for _ in domains))
-    for label, key in (("validation", "valid"), ("test (held-out)", "heldout")):
+    for label, key in (("validation", "valid"), ("test", "test")):
         held = info.get(key) or {}
         t.add_row(label, f"{sum(h['docs'] for h in held.values()):,}", f"{sum(h['tokens'] for h in held.values()):,}",
                   *(f"{held[d]['tokens']:,}" if d in held else "-" for d in domains))

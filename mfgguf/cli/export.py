@@ -14,7 +14,7 @@ from mfgguf.converters.hf.shards import DTYPES
 @command("export-hf", export_hf)
 def export_hf_cmd(
     model: Path = typer.Argument(..., help="A .gguf written by `mfgguf assemble` (granitemoe, qwen2moe, qwen3moe or"
-                                 " the mixtral layout)."),
+                                 " the folded layout)."),
     out: Path = typer.Option(..., "-o", "--out", help="The Hugging Face model directory to write."),
     dtype: str = typer.Option("f32", "--dtype", help=f"Weight type written: {'|'.join(DTYPES)} (f32: the file's"
                               " dequantized weights exactly; bf16: half the size, what GPU servers load)."),

@@ -40,17 +40,17 @@ _PROGRESS = typer.Option(True, "--progress/--no-progress", help="Show a progress
 
 def _line(meta: dict, run: Path) -> str:
     m = ModuleMeta.from_json(meta)
-    held, extra = m.heldout_loss, ""
+    held, extra = m.validation_loss, ""
     if m.kind == "expert":
-        base = m.trunk_heldout_loss
+        base = m.trunk_validation_loss
         own = [d for d in (m.shard_domains or []) if d in held and d in base]
         if own:
             extra = " | own domain " + ", ".join(f"{d} {base[d]:.3f}->{held[d]:.3f}" for d in own)
-    score = (f"held-out loss {meta['heldout_loss_mean']:.3f} (mean of {len(held)} domains)" if held
+    score = (f"validation loss {m.validation_loss_mean:.3f} (mean of {len(held)} domains)" if held
              else "not scored (a round before the last)")
-    epochs = f" ({meta['epochs']:g} epochs of its data)" if meta.get("epochs") else ""  # older modules lack it
-    return (f"{m.name}: final loss {meta['final_loss']:.3f}, {score}{extra}, {meta['tokens_seen']:,} tokens{epochs},"
-            f" {Path(run) / 'modules' / m.file}, {meta['wall_s']:.1f} s")
+    epochs = f" ({m.epochs:g} epochs of its data)" if m.epochs else ""  # older modules lack it
+    return (f"{m.name}: final loss {m.final_loss:.3f}, {score}{extra}, {m.tokens_seen:,} tokens{epochs},"
+            f" {Path(run) / 'modules' / m.file}, {m.wall_s:.1f} s")
 
 
 @command("train-trunk", help=_doc("whole.trunk", "train_trunk"))
@@ -117,9 +117,9 @@ def train_base_cmd(
     ids = parse_experts(shards) or list(range(1, int(rd.info()["n_experts"]) + 1))  # 1,2,4 or 1-3 (train_continued checks them)
     view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, seed=seed, device=device,
                            precision=precision, compile=compile, progress=progress, force=force)
-    from mfgguf.run import read_module_meta
+    from mfgguf.run import read_module
 
-    typer.echo(_line({**read_module_meta(view, 0), "kind": "trunk"}, view.root))
+    typer.echo(_line({**read_module(view, 0).to_json(), "kind": "trunk"}, view.root))
 
 
 @command("train-experts", help=_doc("fanout.schedule", "train_experts"))
@@ -178,7 +178,7 @@ def sync_cmd(
 
     r = sync(run, merge=merge, restat=restat, device=device, progress=progress,
              experts=parse_experts(experts), stats_from=stats_from)
-    before, after = r["before_heldout_loss"], r["heldout_loss"]
+    before, after = r["before_validation_loss"], r["validation_loss"]
     held = ", ".join(f"{d} {before[d]:.3f}->{after[d]:.3f}" for d in after if d in before) or "not scored (a middle round)"
     if not r["final"]:
         what = f"experts continue with round {r['round'] + 1}"
@@ -190,7 +190,7 @@ def sync_cmd(
     else:
         what = f"final: now `mfgguf restat {run} --expert I` for each expert"
     typer.echo(f"sync {r['round']}/{r['rounds']}: {r['merged_tensors']} trunk tensors merged ({r['merge']}) from"
-               f" {r['experts']} experts; trunk held-out loss {held}; {what}; {r['wall_s']:.1f} s")
+               f" {r['experts']} experts; trunk validation loss {held}; {what}; {r['wall_s']:.1f} s")
 
 
 @command("restat", help=_doc("rounds.restat", "restat"))
@@ -206,7 +206,7 @@ def restat_cmd(
         typer.echo(f"{m['name']}: already has statistics on the final trunk")
         return
     typer.echo(f"{m['name']}: router statistics over {m['router_stats_count']:,} tokens on the merged trunk,"
-               f" held-out loss {m['premerge']['heldout_loss_mean']:.3f} (own trunk copy) -> {m['heldout_loss_mean']:.3f},"
+               f" validation loss {m['premerge']['validation_loss_mean']:.3f} (own trunk copy) -> {m['validation_loss_mean']:.3f},"
                f" {m['restat_s']:.1f} s")
 
 

@@ -14,7 +14,7 @@ Phases, each checking its own state before the next runs:
   6. merge              trunk tensors that experts trained copies of (`--shared`): each one merged
                         from the trunk's and the copies' row chunks (merge.py), then written; the
                         stream pass skipped these slots
-  7. fold               mixtral only: the (possibly merged) anchor into every expert slot
+  7. fold               the folded layout only: the (possibly merged) anchor into every expert slot
   8. router             closed form from the pooled statistics (router.py), F32, one layer of the
                         pooled second moment read at a time; then the statistics `extend` needs go
                         into their block after the tensor data (routing/stats.py)
@@ -35,16 +35,16 @@ phase rereads the merged tensors' rows with
 pread (checked to be the same files: size and mtime), one row chunk of one tensor from one
 module at a time, so it too is flat in the number of experts.
 
-Layouts, one writer class each (writers/granitemoe.py, mixtral.py, dense.py) on a common base
+Layouts, one writer class each (writers/granitemoe.py: shared-expert, mixtral.py: folded, dense.py) on a common base
 (writers/base.py: the phases above); this module plans, picks the writer and runs the phases:
-  granitemoe  anchor = always-on shared expert; with top-1 the selected weight is exactly 1, so a
+  shared-expert  anchor = always-on shared expert; with top-1 the selected weight is exactly 1, so a
               token routed to expert i computes exactly what expert i was trained on.
-  mixtral     `llama` arch: no shared expert, and llama.cpp renormalises the top-k softmax
+  folded      `llama` arch: no shared expert, and llama.cpp renormalises the top-k softmax
               weights. We fold the anchor into every routed expert: expert i' is one SwiGLU of
               hidden width anchor_ff + expert_ff (gate/up rows stacked, down columns joined), which
               computes anchor(x) + expert_i(x) exactly. Since the renormalised weights sum to 1,
               sum_j w_j (anchor + e_j) = anchor + sum_j w_j e_j for any top-k: the same function as
-              granitemoe. The anchor is not added as a separate routed "expert 0": llama's router
+              shared-expert. The anchor is not added as a separate routed "expert 0": llama's router
               has no bias, so nothing could keep it from being selected (and displacing a real
               expert). Cost: the file holds N copies of the anchor, fine for tiny/small presets.
               A merged anchor (experts trained with `--shared all`) is merged once into an
@@ -80,7 +80,7 @@ from mfgguf.converters.writers.mixtral import MixtralWriter
 from mfgguf.converters.writers.qwen2moe import Qwen2MoeWriter
 
 # by layout; an MoE architecture whose graph differs from its layout's (qwen2moe's gated shared expert) by arch
-WRITERS: dict[str, type[Writer]] = {"granitemoe": GraniteMoeWriter, "mixtral": MixtralWriter, "dense": DenseWriter,
+WRITERS: dict[str, type[Writer]] = {"shared-expert": GraniteMoeWriter, "folded": MixtralWriter, "dense": DenseWriter,
                                     "qwen2moe": Qwen2MoeWriter}
 
 

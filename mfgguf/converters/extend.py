@@ -25,7 +25,7 @@ re-read (readback.py) and renamed over the destination. Memory holds the N means
 one layer of G at a time and a few chunks: not the experts, not a whole G.
 
 Layouts. granitemoe (qwen2moe for a Qwen2 trunk) has the anchor as a shared expert: a new expert is a
-slot of its own. The mixtral layout (`llama`, and qwen3moe, Qwen3's only one) folds the anchor into
+slot of its own. The folded layout (`llama`, and qwen3moe, Qwen3's only one) folds the anchor into
 every slot, one SwiGLU of width anchor + expert: a new slot is rebuilt as assembly builds it, with the
 anchor read from the --add RUN's trunk, which must be the file's (extension/folded.py). Removing is
 dropping slots in every layout.

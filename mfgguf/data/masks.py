@@ -1,6 +1,6 @@
 """Loss masks: which tokens of a RUN's token file are trained on and scored.
 
-Beside a token file `data/shard_001.npy` (and train.npy, valid/<domain>.npy, heldout/<domain>.npy) `prepare` may
+Beside a token file `data/shard_001.npy` (and train.npy, valid/<domain>.npy, test/<domain>.npy) `prepare` may
 write `data/shard_001.mask`: an .npy array of uint8, as long as the tokens, 1 where the token is a target the loss
 counts (a conversation's assistant turns) and 0 where it is context only (its system and user turns). No mask
 file means every token counts: raw text, and every RUN prepared before masks existed, read unchanged. The name

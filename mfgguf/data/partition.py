@@ -39,13 +39,13 @@ class Partition:
     extra: dict = field(default_factory=dict)
 
 
-def split_heldout(domains: list[str], frac: float, seed: int = 0, stream: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """(train, heldout) document indices. Per domain: round(frac * n) docs, at least 1 when the
+def draw_split(domains: list[str], frac: float, seed: int = 0, stream: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(rest, drawn) document indices: the split drawn and what it leaves. Per domain: round(frac * n) docs, at least 1 when the
     domain has 2 or more docs (and frac > 0), never all of them. `stream` keys the draw: the test
     split is stream 1 (as it always was), the validation split stream 2.
 
     Example:
-        >>> train, held = split_heldout(["a", "a", "b", "b", "b"], 0.05)   # one of each held out
+        >>> train, held = draw_split(["a", "a", "b", "b", "b"], 0.05)   # one of each held out
     """
     if not 0.0 <= frac < 1.0:
         raise MfggufError(f"held-out fraction must be in [0, 1), got {frac}")
@@ -71,8 +71,8 @@ def split_three(domains: list[str], test_frac: float, valid_frac: float, seed: i
     Example:
         >>> train, valid, test = split_three(["a"] * 3 + ["b"] * 3, 0.05, 0.05)   # one of each in each split
     """
-    rest, test = split_heldout(domains, test_frac, seed)
-    sub, valid = split_heldout([domains[i] for i in rest], valid_frac, seed, stream=2)
+    rest, test = draw_split(domains, test_frac, seed)
+    sub, valid = draw_split([domains[i] for i in rest], valid_frac, seed, stream=2)
     return rest[sub], np.sort(rest[valid]), test
 
 

@@ -30,11 +30,11 @@ from mfgguf.data.tokenizer import EOS_ID, EOS_TOKEN, MIN_VOCAB, encode_documents
 
 
 def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "label", vocab_size: int = 4096,
-            heldout_frac: float = 0.05, valid_frac: float = 0.05, overlap: float = 0.0, seed: int = 0, max_chars_per_domain: int | None = None,
+            test_frac: float = 0.05, valid_frac: float = 0.05, overlap: float = 0.0, seed: int = 0, max_chars_per_domain: int | None = None,
             text_field: str = "text", force: bool = False, progress: bool = True) -> dict:
     """Read SOURCES, train a byte-level BPE tokenizer, and write a RUN directory: tokens for the
     trunk, one shard per expert, and two splits per domain that no module trains on: validation (every choice
-    made on data reads it: training curves, LR grids, schedules, the router) and test (HELDOUT_FRAC of the
+    made on data reads it: training curves, LR grids, schedules, the router) and test (TEST_FRAC of the
     documents, scored once per final model by `eval` and `perplexity --run`). VALID_FRAC is of the documents
     left after the test split.
 
@@ -52,13 +52,13 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
         >>> prepare(["builtin"], Path("RUN"), n_experts=3, vocab_size=4096, max_chars_per_domain=2_000_000)
     """
     out = Path(out)
-    _validate(sources, out, n_experts, partition, vocab_size, heldout_frac, valid_frac, overlap, max_chars_per_domain,
+    _validate(sources, out, n_experts, partition, vocab_size, test_frac, valid_frac, overlap, max_chars_per_domain,
               force)
     t0 = time.time()
     docs, source_stats = load_corpus(sources, text_field=text_field, max_chars_per_domain=max_chars_per_domain,
                                      progress=progress)
     domains = [d.domain for d in docs]
-    train_idx, valid_idx, held_idx = _split(domains, heldout_frac, valid_frac, seed)
+    train_idx, valid_idx, test_idx = _split(domains, test_frac, valid_frac, seed)
 
     base = imported(out)  # `mfgguf import-base` wrote RUN: the base's own tokenizer, EOS and vocabulary
     template = run_template(base) if any(d.conversation for d in docs) else None  # conversations need one: ask first
@@ -72,7 +72,7 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     try:
         run = RunDir(tmp)
         _write_tokenizer(run, base, tok)
-        train_tokens, shards, heldout, valid = _write_data(run, docs, tokens, masks, (train_idx, valid_idx, held_idx),
+        train_tokens, shards, test, valid = _write_data(run, docs, tokens, masks, (train_idx, valid_idx, test_idx),
                                                            shard_docs, seed, dtype, eos)
         if partition == "cluster":
             _save_clusters(run.clusters, part)
@@ -91,12 +91,12 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
             "train_tokens": train_tokens,
             "train_docs": len(train_idx),
             "conversations": sum(m is not None for m in masks),  # documents with a loss mask (chat.py)
-            "heldout": heldout,  # the test split
+            "test": test,
             "valid": valid,
             "sources": list(sources),
             "source_stats": source_stats,
             "seed": seed,
-            "heldout_frac": heldout_frac,
+            "test_frac": test_frac,
             "valid_frac": valid_frac,
             "max_chars_per_domain": max_chars_per_domain,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -111,13 +111,13 @@ def prepare(sources: list[str], out: Path, *, n_experts: int, partition: str = "
     return info
 
 
-def _split(domains: list[str], heldout_frac: float, valid_frac: float, seed: int):
+def _split(domains: list[str], test_frac: float, valid_frac: float, seed: int):
     """The documents' indices for training, validation and test; some must be left to train on."""
-    train_idx, valid_idx, held_idx = split_three(domains, heldout_frac, valid_frac, seed)
+    train_idx, valid_idx, test_idx = split_three(domains, test_frac, valid_frac, seed)
     if len(train_idx) == 0:
         raise MfggufError("no training documents left after the test and validation splits; add data or lower"
-                          " --heldout-frac and --valid-frac")
-    return train_idx, valid_idx, held_idx
+                          " --test-frac and --valid-frac")
+    return train_idx, valid_idx, test_idx
 
 
 def _shards(partition: str, tokens, domains, train_idx, n_experts: int, overlap: float, seed: int, progress: bool):
@@ -151,7 +151,7 @@ def _temp_dir(out: Path) -> Path:
 
 def _write_tokenizer(run: RunDir, base, tok) -> None:
     """The split directories, and the tokenizer: an imported base's files carried over, or the trained BPE."""
-    run.heldout_dir.mkdir(parents=True)
+    run.test_dir.mkdir(parents=True)
     run.valid_dir.mkdir(parents=True)
     if base is not None:
         carry_into(base, run.root)
@@ -163,16 +163,16 @@ def _write_tokenizer(run: RunDir, base, tok) -> None:
 
 def _write_data(run: RunDir, docs, tokens, masks, splits, shard_docs, seed: int, dtype, eos):
     """The token files (and loss masks) of the training tokens, the shards and both splits; run.json's records."""
-    train_idx, valid_idx, held_idx = splits
+    train_idx, valid_idx, test_idx = splits
     rng = np.random.default_rng([seed, 5])
     # training order is shuffled once, so a reader that streams the file sees mixed domains
     order = rng.permutation(train_idx)
     train_tokens = write_tokens(run.train_tokens, tokens, order, dtype, eos)
     write_mask(run.train_tokens, masks, tokens, order)
     shards = _write_shards(run, shard_docs, tokens, masks, [d.domain for d in docs], rng, dtype, eos)
-    heldout = _write_split(held_idx, run.heldout, run.heldout_text, docs, tokens, masks, dtype, eos)
+    test = _write_split(test_idx, run.test, run.test_text, docs, tokens, masks, dtype, eos)
     valid = _write_split(valid_idx, run.valid, run.valid_text, docs, tokens, masks, dtype, eos)
-    return train_tokens, shards, heldout, valid
+    return train_tokens, shards, test, valid
 
 
 def _write_shards(run: RunDir, shard_docs, tokens, masks, domains, rng, dtype, eos) -> list[dict]:
@@ -208,7 +208,7 @@ def _write_split(idx, npy, txt, docs, tokens, masks, dtype, eos) -> dict:
 # ---- checks ------------------------------------------------------------------------------------------
 
 
-def _validate(sources, out: Path, n_experts, partition, vocab_size, heldout_frac, valid_frac, overlap, max_chars,
+def _validate(sources, out: Path, n_experts, partition, vocab_size, test_frac, valid_frac, overlap, max_chars,
               force) -> None:
     if not sources:
         raise MfggufError("no sources given; pass files, directories, globs, JSONL, hf:NAME, `builtin` or `study`")
@@ -218,8 +218,8 @@ def _validate(sources, out: Path, n_experts, partition, vocab_size, heldout_frac
         raise MfggufError(f"unknown partition {partition!r}; use one of: {', '.join(PARTITIONS)}")
     if vocab_size < MIN_VOCAB:
         raise MfggufError(f"vocab size {vocab_size} is too small; byte-level BPE needs at least {MIN_VOCAB}")
-    if not 0.0 <= heldout_frac < 1.0:
-        raise MfggufError(f"held-out fraction must be in [0, 1), got {heldout_frac}")
+    if not 0.0 <= test_frac < 1.0:
+        raise MfggufError(f"held-out fraction must be in [0, 1), got {test_frac}")
     if not 0.0 <= valid_frac < 1.0:
         raise MfggufError(f"--valid-frac must be in [0, 1), got {valid_frac}")
     if not 0.0 <= overlap < 1.0:

@@ -64,7 +64,7 @@ def make_questions(run: Path, sources: list[str] | None = None, *, text_field: s
     docs, _ = load_corpus(sources, text_field=text_field, max_chars_per_domain=info.get("max_chars_per_domain"),
                           progress=progress)
     domains = [d.domain for d in docs]
-    train, valid, test = split_three(domains, float(info.get("heldout_frac", 0.05)),
+    train, valid, test = split_three(domains, float(info.get("test_frac", 0.05)),
                                      float(info.get("valid_frac", 0.0)), int(info.get("seed", 0)))
     _check_splits(rd, info, docs, train, valid, test, sources)
     seed = int(info.get("seed", 0)) if seed is None else seed
@@ -150,7 +150,7 @@ def _check_splits(rd: RunDir, info: dict, docs, train, valid, test, sources: lis
 
     if "train_docs" in info and len(train) != int(info["train_docs"]):
         raise differs(f"{len(train)} training documents, run.json has {info['train_docs']}")
-    for idx, folder, split in ((test, rd.heldout_dir, "test"), (valid, rd.valid_dir, "validation")):
+    for idx, folder, split in ((test, rd.test_dir, "test"), (valid, rd.valid_dir, "validation")):
         if split == "validation" and not folder.is_dir():
             continue
         by_domain: dict[str, list[str]] = defaultdict(list)

@@ -59,7 +59,7 @@ def cluster_routed(rd: RunDir, moe: Path, scratch: Path, max_tokens: int, *, ctx
     from mfgguf.runtime.perplexity import document_nll
 
     eos = rd.run_info().eos_id
-    docs = {d: split_documents(np.asarray(t), eos) for d, t in rd.heldout_tokens(max_tokens).items()}
+    docs = {d: split_documents(np.asarray(t), eos) for d, t in rd.test_tokens(max_tokens).items()}
     experts = assign(rd, docs, eos)
     by_expert: dict[int, list[tuple[str, int]]] = {}
     for d, es in experts.items():

@@ -25,7 +25,7 @@ that chose it (each document in full once). One Llama is alive at a time.
 
 Example:
     >>> candidates, own = stream_candidates({"python": "out/lora-shard1/lora.gguf", "c": "out/lora-shard2/lora.gguf"})
-    >>> r = domain_stream(Path("trunk-f16.gguf"), rd.heldout_tokens(32768), candidates, eos=rd.run_info().eos_id, own=own)
+    >>> r = domain_stream(Path("trunk-f16.gguf"), rd.test_tokens(32768), candidates, eos=rd.run_info().eos_id, own=own)
     >>> r["after_choice"]["ppl"], r["own_choice"]
 """
 

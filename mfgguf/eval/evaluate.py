@@ -47,7 +47,7 @@ from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
 from mfgguf.eval.spread import spreads
 from mfgguf.eval.training_flops import flops_section
-from mfgguf.run import RunDir, read_module_meta, router_stats_current, write_json, write_text
+from mfgguf.run import RunDir, read_module, read_module_meta, router_stats_current, write_json, write_text
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
 
@@ -101,7 +101,7 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     stream = _domain_stream(ev, models, best)
     general = score_general(ev, models, scored, say=_say) if cfg.benchmarks else {}
     _say("routing accuracy")
-    routing = {r: routing_accuracy(ev.rd, ev.domains, ev.heldout, _moe_gguf(ev, cfg.base_quant, r, 1)) for r in cfg.routers}
+    routing = {r: routing_accuracy(ev.rd, ev.domains, ev.test, _moe_gguf(ev, cfg.base_quant, r, 1)) for r in cfg.routers}
     report = _report(ev, models, results, validation, best, quant_rows, routing, baselines, stream)
     if general:
         report["general"] = general
@@ -126,12 +126,12 @@ class Evaluation:
     force: bool
     metas: dict  # {0: trunk meta, i: expert i's meta}, the experts trained (so far)
     subset: list[int] | None  # the experts in the MoE when not all of them (an imported base's forgetting test)
-    heldout: dict  # domain -> test tokens (routing accuracy)
+    test: dict  # domain -> test tokens (routing accuracy)
     out: Path
 
     @property
     def domains(self) -> list[str]:
-        return list(self.heldout)  # domains with a held-out split
+        return list(self.test)  # domains with a held-out split
 
     def gguf(self, name: str, *, run: Path | None = None, since: Path | None = None, **kw) -> Path:
         """out/models/<name>.gguf assembled from `run` (default: this RUN, the MoE's experts), the one place a model
@@ -167,11 +167,11 @@ def _open(run: Path, out: Path | None, cfg: EvalConfig, force: bool) -> Evaluati
 
         _say("router statistics (mfgguf router-stats)")  # the ridge router needs them; stale or missing here
         pool_router_stats(rd.root, progress=False, experts=subset)
-    heldout = rd.heldout_tokens(cfg.max_tokens_per_domain)
+    test = rd.test_tokens(cfg.max_tokens_per_domain)
     check_windows(rd, cfg.ctx, cfg.max_tokens_per_domain)
     out = Path(out) if out else rd.root / "eval"
     (out / "models").mkdir(parents=True, exist_ok=True)
-    return Evaluation(rd, cfg, force, metas, subset, heldout, out)
+    return Evaluation(rd, cfg, force, metas, subset, test, out)
 
 
 def check_windows(rd: RunDir, ctx: int | None = None, cap: int | None = None) -> None:
@@ -182,16 +182,16 @@ def check_windows(rd: RunDir, ctx: int | None = None, cap: int | None = None) ->
     from mfgguf.runtime.perplexity import WINDOW
 
     base = imported(rd.root)  # an imported base's files keep its own context length, as assembly writes it
-    window = ctx or min(WINDOW, base.gguf_kv()[2] if base else int(read_module_meta(rd, 0)["config"]["ctx_len"]))
-    heldout = rd.heldout_tokens(cap)
-    for split, toks in (("test", heldout), ("validation", rd.validation_tokens(cap))):
-        short = {d: len(t) for d, t in toks.items() if d in heldout and len(t) < window}
+    window = ctx or min(WINDOW, base.gguf_kv()[2] if base else int(read_module(rd, 0).config["ctx_len"]))
+    test = rd.test_tokens(cap)
+    for split, toks in (("test", test), ("validation", rd.validation_tokens(cap))):
+        short = {d: len(t) for d, t in toks.items() if d in test and len(t) < window}
         if short:
             d, n = min(short.items(), key=lambda x: x[1])
             raise MfggufError(f"domain {d!r} has {n} {split} tokens, fewer than one perplexity window of {window}"
                               f" ({len(short)} domain(s) so); pass --ctx {max(n, 2)} or less (and --max-tokens at"
                               " least that), or prepare the RUN with more text a domain or a larger"
-                              " --heldout-frac / --valid-frac")
+                              " --test-frac / --valid-frac")
 
 
 def _train_baselines(ev: Evaluation) -> Outcome:
@@ -310,17 +310,17 @@ def _on_grid_scale(ev: Evaluation, path: Path, best: str, baselines: Outcome) ->
 
     section = baselines.sections.get("base_baselines") or {}
     # a grid of one LR that only the per-cluster LoRAs use is never run (imported.py): no point to set the MoE beside
-    if not any(g["heldout_loss_trained_domains"] for g in (section.get("grid") or {}).values()) or not baselines.trained:
+    if not any(g["validation_loss_trained_domains"] for g in (section.get("grid") or {}).values()) or not baselines.trained:
         return {}
-    meta = read_module_meta(RunDir(baselines.trained[0].run), 0)  # every grid run scores alike (train-base)
-    tokens, precision = int(meta["train"]["eval_tokens"]), str(meta["precision"])
+    m = read_module(RunDir(baselines.trained[0].run), 0)  # every grid run scores alike (train-base)
+    tokens, precision = m.eval_tokens, str(m.precision)
     _say(f"measure {best} on validation as the LR grids are scored")
     loss = kept(ev.out, path, {"split": "validation", "eval_tokens": tokens, "precision": precision},
                 lambda: reference_validation(ev.rd, path, tokens, precision=precision), force=ev.force, what="pytorch")
     trained = section["trained_domains"]
     return {"model": best, "eval_tokens": tokens, "precision": precision, "loss": loss,
             "mean_trained": sum(loss[d] for d in trained) / len(trained), "trained_domains": trained,
-            "grid": {mode: g["heldout_loss_trained_domains"] for mode, g in section["grid"].items()},
+            "grid": {mode: g["validation_loss_trained_domains"] for mode, g in section["grid"].items()},
             "chosen_lr": {mode: g["chosen_lr"] for mode, g in section["grid"].items()}}
 
 
@@ -367,7 +367,7 @@ def _best_expert_per_domain(metas: dict, domains: list[str]) -> dict[str, int]:
     """The oracle's choice: for each domain the expert with the lowest held-out loss on it."""
     best = {}
     for d in domains:
-        losses = {i: m["heldout_loss"][d] for i, m in metas.items() if i > 0 and d in m.get("heldout_loss", {})}
+        losses = {i: m["validation_loss"][d] for i, m in metas.items() if i > 0 and d in m.get("validation_loss", {})}
         if not losses:
             raise MfggufError(f"no expert recorded a held-out loss on domain {d!r}; retrain the experts with this mfgguf")
         best[d] = min(losses, key=losses.get)

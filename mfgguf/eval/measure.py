@@ -64,7 +64,7 @@ def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, sp
     from mfgguf.runtime.perplexity import perplexity_by_domain
 
     rd = RunDir(Path(run))
-    held = rd.heldout_tokens(int(cap)) if split == "test" else rd.validation_tokens(int(cap))
+    held = rd.test_tokens(int(cap)) if split == "test" else rd.validation_tokens(int(cap))
     toks = {d: np.asarray(held[d]) for d in domains.split(",") if d in held}
     if stream:
         _stream(Path(path), rd, toks, json.loads(stream), int(ctx) or None, split)
@@ -118,7 +118,7 @@ def mixed(per: dict) -> dict:
     return {"ppl": math.exp(nll), "nll": nll, "n_tokens": n}
 
 
-def routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) -> dict:
+def routing_accuracy(rd: RunDir, domains: list[str], test: dict, gguf: Path) -> dict:
     """Per layer, the share of each domain's tokens whose top-1 expert was trained mostly on that domain.
 
     Uses the PyTorch reference with the router rows read back from the top-1 GGUF, i.e. exactly
@@ -140,7 +140,7 @@ def routing_accuracy(rd: RunDir, domains: list[str], heldout: dict, gguf: Path) 
     counts = np.zeros((len(domains), n_layers, n_exp))  # domain x layer x expert
     ctx = model.cfg.ctx_len
     for di, d in enumerate(domains):
-        toks = torch.as_tensor(np.asarray(heldout[d][: (len(heldout[d]) // ctx) * ctx], dtype=np.int64)).view(-1, ctx)
+        toks = torch.as_tensor(np.asarray(test[d][: (len(test[d]) // ctx) * ctx], dtype=np.int64)).view(-1, ctx)
 
         def hook(layer, x, di=di):
             choice = (x.float() @ model.layers[layer].router[first:].float().T).argmax(-1)  # (B, T): best expert

@@ -1,7 +1,7 @@
 """An assembled model's validation loss on the training side's own measure, beside the LR grids it is chosen against.
 
 The baselines' LR grids, the experts' records and the base's "before" are scored in PyTorch on the first
-`eval_tokens` of each domain's validation split (`train/engine/loop.py`'s `heldout_losses`), while
+`eval_tokens` of each domain's validation split (`train/engine/loop.py`'s `validation_losses`), while
 `mfgguf eval` scores GGUFs by llama.cpp on other windows and token counts: two measures a few hundredths
 of a nat apart, more than the margins they decide. A served MoE (merged trunk, router, top-k, seed gate)
 is scored here through the PyTorch reference built from its GGUF (`reference.py`: the routing llama.cpp
@@ -29,11 +29,11 @@ def reference_validation(rd: RunDir, gguf: Path, eval_tokens: int, device: str =
     domain's validation split (a RUN prepared before validation existed: its held-out split), as train-base's and
     train-expert's records score theirs at --eval-tokens."""
     from mfgguf.reference import reference_model
-    from mfgguf.train.engine.loop import heldout_losses, resolve_device, resolve_precision
+    from mfgguf.train.engine.loop import validation_losses, resolve_device, resolve_precision
 
     dev = resolve_device(device)
     model, route = reference_model(rd.root, Path(gguf))
-    return heldout_losses(rd.validation_dir, model.to(dev), eval_tokens, route, dev, resolve_precision(precision, dev))
+    return validation_losses(rd.validation_dir, model.to(dev), eval_tokens, route, dev, resolve_precision(precision, dev))
 
 
 __all__ = ["reference_validation"]

@@ -67,7 +67,7 @@ def curves(trunk: dict, dense_metas: dict) -> dict:
     out = {}
     for name, m in {"trunk alone": trunk, **dense_metas}.items():
         per_tok = trunk_step_flops(m["config"]).total
-        out[name] = [[t, t * per_tok, sum(h.values()) / len(h)] for _, t, h in m.get("heldout_history") or [] if h]
+        out[name] = [[t, t * per_tok, sum(h.values()) / len(h)] for _, t, h in m.get("validation_history") or [] if h]
     return out
 
 
@@ -282,7 +282,7 @@ def _schedules_markdown(ds: dict) -> list[str]:
          " the lower held-out loss (mean over domains, its training's own measurement).", "",
          "| model | kept | " + " | ".join(f"{s} held-out loss" for s in ("cosine", "wsd")) + " |", "|---|---|---:|---:|"]
     for name, d in ds.items():
-        cells = [f"{d['heldout_loss'][s]:.4f}" if s in d["heldout_loss"] else "" for s in ("cosine", "wsd")]
+        cells = [f"{d['validation_loss'][s]:.4f}" if s in d["validation_loss"] else "" for s in ("cosine", "wsd")]
         L.append(f"| {name} | {d['chosen']} | " + " | ".join(cells) + " |")
     return L
 

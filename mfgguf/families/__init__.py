@@ -11,7 +11,7 @@ model.py, and a writer where its MoE graph computes something no existing writer
 
 Example:
     >>> family("qwen2").moe_layouts
-    {'granitemoe': 'qwen2moe'}
+    {'shared-expert': 'qwen2moe', 'folded': 'llama'}
     >>> block_extras(family("qwen2"), n_heads=4, n_kv_heads=2, head_dim=16)["attn_k.bias"]
     (32,)
 """
@@ -74,9 +74,18 @@ def written_archs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(a for f in _registry().values() for a in (*f.moe_layouts.values(), f.gguf_arch)))
 
 
+# --layout's earlier values, named for the architecture llama's family writes with them; files and scripts still carry them
+OLD_LAYOUTS = {"granitemoe": "shared-expert", "mixtral": "folded"}
+
+
+def layout_name(layout: str) -> str:
+    """A layout by its name, or by its earlier one (OLD_LAYOUTS): the name it has now."""
+    return OLD_LAYOUTS.get(layout, layout)
+
+
 def resolve_layout(f: Family, layout: str) -> str:
-    """`auto` (assemble's default) is the family's first MoE layout: granitemoe for llama."""
-    return next(iter(f.moe_layouts)) if layout == "auto" else layout
+    """`auto` (assemble's default) is the family's first MoE layout: shared-expert for llama."""
+    return next(iter(f.moe_layouts)) if layout == "auto" else layout_name(layout)
 
 
 def block_extras(f: Family, *, n_heads: int, n_kv_heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
@@ -86,6 +95,7 @@ def block_extras(f: Family, *, n_heads: int, n_kv_heads: int, head_dim: int) -> 
 
 
 def moe_arch(f: Family, layout: str) -> str:
+    layout = layout_name(layout)
     if layout not in f.moe_layouts:
         raise MfggufError(f"layout {layout!r} does not hold a {f.name} model; use --layout {' or '.join(f.moe_layouts)}")
     return f.moe_layouts[layout]

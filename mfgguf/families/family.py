@@ -27,12 +27,12 @@ class Family:
     gguf_arch: str  # general.architecture of a dense file: what import reads and assembly writes for the trunk alone
     hf_archs: tuple[str, ...]  # config.json `architectures` read as this family
     rope: str  # "normal": llama.cpp rotates adjacent pairs (Q/K rows permuted from HF); "neox": halves, HF's own order
-    # assemble --layout -> general.architecture of the MoE file: granitemoe = the anchor as an always-on shared
-    # expert, mixtral = the anchor folded into every routed expert (assemble.py); a family without one refuses it;
+    # assemble --layout -> general.architecture of the MoE file: shared-expert = the anchor as an always-on shared
+    # expert, folded = the anchor folded into every routed expert (assemble.py); a family without one refuses it;
     # the first is --layout auto's
     moe_layouts: dict[str, str]
     # the architectures this family brings (its dense one, its MoE ones), each declared once; another family may
-    # write them too (qwen2's mixtral layout is llama's `llama`)
+    # write them too (qwen2's folded layout is llama's `llama`)
     archs: tuple[Arch, ...] = ()
     # per-block tensors beyond llama's, GGUF suffix -> size: "q" = n_heads * head_dim, "kv" = n_kv_heads * head_dim,
     # "head" = head_dim (1-D, kept F32 like norms)

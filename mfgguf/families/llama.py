@@ -17,9 +17,9 @@ from mfgguf.families.family import Arch, Family
 
 FAMILY = Family(
     name="llama", gguf_arch="llama", hf_archs=("LlamaForCausalLM",), rope="normal",
-    moe_layouts={"granitemoe": "granitemoe", "mixtral": "llama"}, rope_freqs=True,
+    moe_layouts={"shared-expert": "granitemoe", "folded": "llama"}, rope_freqs=True,
     archs=(
-        Arch("llama", rope="normal"),  # the trunk alone, and the mixtral layout (experts with the anchor folded in)
+        Arch("llama", rope="normal"),  # the trunk alone, and the folded layout (experts with the anchor folded in)
         # granitemoe's logit_scale is required by llama.cpp's granite loader; 1.0 (and no residual, embedding or
         # attention scales) makes the graph plain llama
         Arch("granitemoe", rope="normal", shared_expert=True,

@@ -2,7 +2,7 @@
 
 Its MoE is llama.cpp's `qwen2moe`: the anchor is the shared expert, whose output llama.cpp multiplies by
 a sigmoid gate (writers/qwen2moe.py says how the anchor stays exact); qwen2moe does not renormalise the
-top-k weights. The mixtral layout writes it as `llama` instead (Q/K rows permuted to adjacent pairs,
+top-k weights. The folded layout writes it as `llama` instead (Q/K rows permuted to adjacent pairs,
 writers/base.py), exact at any top-k.
 """
 
@@ -10,7 +10,7 @@ from mfgguf.families.family import Arch, Family
 
 FAMILY = Family(
     name="qwen2", gguf_arch="qwen2", hf_archs=("Qwen2ForCausalLM",), rope="neox",
-    moe_layouts={"granitemoe": "qwen2moe", "mixtral": "llama"},
+    moe_layouts={"shared-expert": "qwen2moe", "folded": "llama"},
     archs=(
         Arch("qwen2", rope="neox"),
         Arch("qwen2moe", rope="neox", shared_expert=True, shexp_gated=True, renormalises_topk=False,

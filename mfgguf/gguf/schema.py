@@ -12,9 +12,9 @@ llama.cpp's `llama-quant.cpp` where it matters for quality and loading:
     q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0, then any 32-block type -> f16.
   The q4_k/q5_k files are the "_S" flavour: no per-layer mix of higher types.
 
-Layouts:
-  - granitemoe: anchor = shared expert (`*_shexp`), routed experts stacked in `*_exps`;
-  - mixtral (`llama` arch): no shared expert, the anchor is folded into every routed expert
+Layouts (`--layout`; the earlier names granitemoe and mixtral are still accepted, families.OLD_LAYOUTS):
+  - shared-expert (granitemoe, qwen2moe): anchor = shared expert (`*_shexp`), routed experts stacked in `*_exps`;
+  - folded (`llama`, qwen3moe): no shared expert, the anchor is folded into every routed expert
     (see assemble.py's docstring for why that is exact);
   - dense (`llama` arch, no experts): the trunk alone, anchor = `ffn_gate/up/down`.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from mfgguf.errors import MfggufError
-from mfgguf.families import archs, family, moe_arch
+from mfgguf.families import archs, family, layout_name, moe_arch
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
@@ -66,7 +66,7 @@ K_QUANTS = ("q4_k", "q5_k", "q6_k")
 FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q4_0": "f16", "q4_1": "f16", "q5_0": "f16", "q5_1": "f16", "q8_0": "f16"}
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* for general.file_type (informational)
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k": 14, "q5_k": 16, "q6_k": 18, "bf16": 32}
-LAYOUTS = ("granitemoe", "mixtral")  # + "auto": the model family's own (families.resolve_layout)
+LAYOUTS = ("shared-expert", "folded")  # + "auto": the model family's own (families.resolve_layout)
 ROUTERS = ("ridge", "centroid", "uniform", "random")
 
 
@@ -114,10 +114,11 @@ def blk(l: int, t: str) -> str:
 
 
 def arch_of(layout: str, n_experts: int, family_name: str = "llama") -> str:
-    """GGUF architecture for a layout and model family (families/): llama's are granitemoe, or llama (mixtral
+    """GGUF architecture for a layout and model family (families/): llama's are granitemoe, or llama (the folded
     layout and the dense trunk); qwen2's qwen2moe, or qwen2 for the trunk alone."""
+    layout = layout_name(layout)
     if layout not in LAYOUTS:
-        raise MfggufError(f"unknown layout {layout!r}; choose granitemoe or mixtral")
+        raise MfggufError(f"unknown layout {layout!r}; choose {' or '.join(LAYOUTS)}")
     f = family(family_name)
     return moe_arch(f, layout) if n_experts else f.gguf_arch
 

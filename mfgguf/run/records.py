@@ -3,7 +3,8 @@
 Each record keeps the JSON it was read from (or is to be written as), key order included, so a
 record read and written back is byte-identical, and fields this mfgguf does not know survive it
 (a later mfgguf may add some). The typed fields are what code reads; `to_json` is what goes to disk,
-and the one way a dict goes in is `from_json` (stages that still pass dicts convert at the edge).
+and the one way a dict goes in is `from_json` (stages that still pass dicts convert at the edge). A record an
+earlier mfgguf wrote is read under the current names (legacy.py), and written back with them.
 
 Example:
     >>> m = ModuleMeta.from_json({"format": "mfgguf-module", "version": 2, "name": "trunk", "index": 0})
@@ -18,6 +19,7 @@ from enum import Enum
 from typing import Any
 
 from mfgguf.errors import retired
+from mfgguf.run.legacy import OLD_RUN_KEYS, renamed
 
 
 def module_name(index: int) -> str:
@@ -35,6 +37,8 @@ class ModuleMeta:
     """A module's JSON (modules/<name>.json, and the pooled statistics' modules/router_stats.json): what
     `run.write_module` writes and `run.read_module` reads."""
 
+    format: str | None = None  # mfgguf-module (a branch point: its own format)
+    version: int | None = None
     name: str | None = None  # trunk, expert_00i, router_stats
     index: int | None = None  # 0 = the trunk, 1..N the experts
     kind: str | None = None  # trunk, expert, router_stats
@@ -48,10 +52,11 @@ class ModuleMeta:
     tensors: dict = field(default_factory=dict)  # {GGUF name: shape}, router statistics left out
     trunk_sha256: str | None = None  # experts, pooled statistics: the trunk they belong to
     source: str | None = None  # a trunk: "base" when imported; pooled statistics: "trunk" when from the trunk alone
-    heldout_loss: dict = field(default_factory=dict)  # {domain: validation loss}
-    trunk_heldout_loss: dict = field(default_factory=dict)  # experts: the trunk's, on the same tokens
+    validation_loss: dict = field(default_factory=dict)  # {domain: validation loss}
+    trunk_validation_loss: dict = field(default_factory=dict)  # experts: the trunk's, on the same tokens
     shard_domains: Any = None  # experts: the domains of their shard, as run.json describes it
-    round: int = 1  # experts: the round this file is the end of; a trunk: the syncs it has been through
+    round: int = 1  # experts: the round this file is the end of
+    syncs: int = 0  # a trunk: the syncs it has been through
     rounds: int = 1  # experts: the sync rounds R the run trains in
     final: bool = False  # a trunk synced after its last round
     sync: dict | None = None  # a synced trunk: what the sync merged
@@ -62,29 +67,51 @@ class ModuleMeta:
     shared_tensors: list = field(default_factory=list)  # experts: trunk tensors they trained private copies of
     shared_merged: bool = False  # experts: a sync already merged those copies into the trunk
     experts: dict = field(default_factory=dict)  # pooled statistics: {expert name: sha256} they were computed with
+    validation_loss_mean: float | None = None
+    final_loss: float | None = None  # the training loss at its last step
+    epochs: float | None = None  # passes over its data its tokens make (older modules lack it)
+    precision: str | None = None  # bf16 or fp32: what it trained in
+    continued: dict | None = None  # an imported base trained further (a baseline): mode, rank
+    restat_tokens: int = 0  # forward-pass tokens a sync's restat spent on it beyond its training
+    train_s: float | None = None  # seconds in training steps
+    wall_s: float | None = None  # seconds its stage took
     json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
 
     @classmethod
     def from_json(cls, d: dict) -> "ModuleMeta":
+        d = renamed(d)
         g = d.get
-        return cls(name=g("name"), index=g("index"), kind=g("kind"), preset=g("preset"), config=g("config"),
+        return cls(format=g("format"), version=g("version"), name=g("name"), index=g("index"), kind=g("kind"), preset=g("preset"), config=g("config"),
                    train=g("train") or {}, file=g("file"), sha256=g("sha256"), blake3=g("blake3"), bytes=g("bytes"),
                    tensors=g("tensors") or {}, trunk_sha256=g("trunk_sha256"), source=g("source"),
-                   heldout_loss=g("heldout_loss") or {}, trunk_heldout_loss=g("trunk_heldout_loss") or {},
-                   shard_domains=g("shard_domains"), round=_int(d, "round", 1), rounds=_int(d, "rounds", 1),
+                   validation_loss=g("validation_loss") or {}, trunk_validation_loss=g("trunk_validation_loss") or {},
+                   shard_domains=g("shard_domains"), round=_int(d, "round", 1), syncs=_int(d, "syncs", 0),
+                   rounds=_int(d, "rounds", 1),
                    final=bool(g("final")), sync=g("sync"), synced_from=g("synced_from"), branch=g("branch"),
                    tokens_seen=g("tokens_seen"), router_stats_count=g("router_stats_count"),
                    shared_tensors=list(g("shared_tensors") or []), shared_merged=bool(g("shared_merged")),
-                   experts=dict(g("experts") or {}), json=dict(d))
+                   experts=dict(g("experts") or {}), validation_loss_mean=g("validation_loss_mean"),
+                   final_loss=g("final_loss"), epochs=g("epochs"), precision=g("precision"), continued=g("continued"),
+                   restat_tokens=_int(d, "restat_tokens", 0), train_s=g("train_s"), wall_s=g("wall_s"), json=dict(d))
+
+    @classmethod
+    def of(cls, meta: "ModuleMeta | dict") -> "ModuleMeta":
+        """A record, from one or from the dict of a stage that still passes dicts."""
+        return meta if isinstance(meta, ModuleMeta) else cls.from_json(meta)
 
     def to_json(self) -> dict:
         """The record as written to disk (a copy: editing it does not change the record)."""
         return dict(self.json)
 
     @property
-    def trunk_round(self) -> int:
-        """A trunk's syncs so far (its JSON's "round", 0 before the first sync)."""
-        return _int(self.json, "round", 0)
+    def eval_tokens(self) -> int:
+        """Validation tokens a domain it was scored on at the end of its training (its TrainConfig's)."""
+        return int(self.train.get("eval_tokens", 65_536))
+
+    @property
+    def schedule(self) -> str:
+        """The LR schedule it trained with: cosine or wsd."""
+        return self.train.get("schedule", "cosine")
 
     @property
     def sync_experts(self) -> list[int] | None:
@@ -103,6 +130,11 @@ class ModuleMeta:
                 if self.experts[name] != sha:
                     return f"predate {name} (trained since)"
         return None
+
+    def premerge(self) -> dict:
+        """What a sync's new statistics replace, kept in the record as "premerge": its scores on its own trunk
+        copy and the trunk it trained against."""
+        return {k: self.json.get(k) for k in ("validation_loss", "validation_loss_mean", "shard_loss", "trunk_sha256")}
 
     def finished_against(self, trunk_sha256: str) -> bool:
         """An expert that has trained its last round against this trunk: nothing left to train or sync."""
@@ -126,6 +158,7 @@ class RunInfo:
 
     @classmethod
     def from_json(cls, d: dict) -> "RunInfo":
+        d = renamed(d, OLD_RUN_KEYS)
         g = d.get
         return cls(format=g("format"), version=g("version"), n_experts=_int(d, "n_experts", 0),
                    partition=g("partition"), vocab_size=g("vocab_size"), eos_id=g("eos_id"),

@@ -1,14 +1,14 @@
 """The RUN directory contract: where every stage reads and writes, and the module-file format.
 
     RUN/
-      run.json                  format/version, n_experts, partition, domains, shards, held-out sizes
+      run.json                  format/version, n_experts, partition, domains, shards, validation and test sizes
       tokenizer.json            byte-level BPE (tokenizers); llama.cpp tokenizes it identically
       data/train.npy            mixed training tokens for the trunk (uint16/uint32, memory-mapped)
       data/shard_001.npy ...    expert i's training tokens
       data/valid/<domain>.npy   validation tokens per domain: every choice made on data reads these
       data/valid/<domain>.txt   the same validation documents as text
-      data/heldout/<domain>.npy test tokens per domain, scored once per final model (`eval`, `perplexity --run`)
-      data/heldout/<domain>.txt the same test documents as text (for `perplexity --data`)
+      data/test/<domain>.npy    test tokens per domain, scored once per final model (`eval`, `perplexity --run`)
+      data/test/<domain>.txt    the same test documents as text (for `perplexity --data`)
       data/clusters.safetensors k-means centres (partition=cluster only)
       modules/trunk.safetensors + trunk.json            module 0
       modules/expert_001.safetensors + expert_001.json  experts 1..N
@@ -42,6 +42,7 @@ from mfgguf.errors import MfggufError, Outdated
 # the file helpers and records live in modules of their own; stages import them from here as before
 from mfgguf.run.files import (atomic_path, file_digests, link_or_copy, read_json, sha256_file, swap_dir_into_place,
                           write_json, write_text, blake3_file)
+from mfgguf.run.legacy import test_dir_of
 from mfgguf.run.records import ModuleMeta, RunInfo, Untrained, check_not_retired, module_name
 from mfgguf.run.safetensors_f32 import save_f32, save_f32_streamed
 
@@ -71,7 +72,9 @@ class RunDir:
     @property
     def train_tokens(self) -> Path: return self.data / "train.npy"
     @property
-    def heldout_dir(self) -> Path: return self.data / "heldout"  # the test split (its name predates validation)
+    def test_dir(self) -> Path:
+        """The test split: data/test/, or where a RUN prepared before it had that name keeps it (legacy.py)."""
+        return test_dir_of(self.data)
     @property
     def valid_dir(self) -> Path: return self.data / "valid"
 
@@ -80,11 +83,11 @@ class RunDir:
         """The split every choice made on data reads: training curves, LR grids, schedules, the oracle's expert,
         the best router. A RUN prepared before the validation split existed has only its held-out split, which then
         serves both roles (`split_roles` says so)."""
-        return self.valid_dir if self.valid_dir.is_dir() else self.heldout_dir
+        return self.valid_dir if self.valid_dir.is_dir() else self.test_dir
 
     def split_roles(self) -> dict[str, str]:
         """{"validation": dir name, "test": dir name} as this RUN has them, for reports."""
-        return {"validation": self.validation_dir.name, "test": self.heldout_dir.name}
+        return {"validation": self.validation_dir.name, "test": self.test_dir.name}
 
     @property
     def vocab_files(self) -> list[Path]:
@@ -130,11 +133,11 @@ class RunDir:
     def shard(self, i: int) -> Path:
         return self.data / f"shard_{i:03d}.npy"
 
-    def heldout(self, domain: str) -> Path:
-        return self.heldout_dir / f"{domain}.npy"
+    def test(self, domain: str) -> Path:
+        return self.test_dir / f"{domain}.npy"
 
-    def heldout_text(self, domain: str) -> Path:
-        return self.heldout_dir / f"{domain}.txt"
+    def test_text(self, domain: str) -> Path:
+        return self.test_dir / f"{domain}.txt"
 
     def valid(self, domain: str) -> Path:
         return self.valid_dir / f"{domain}.npy"
@@ -188,15 +191,15 @@ class RunDir:
         """run.json as a dict (`run_info` typed), for stages that still read dicts."""
         return self.run_info().to_json()
 
-    def heldout_tokens(self, cap: int | None = None) -> dict:
+    def test_tokens(self, cap: int | None = None) -> dict:
         """{domain: memory-mapped test tokens (first `cap`)}, for every domain that has a test split.
 
         A domain with a single document has none (prepare keeps it for training), so it is skipped.
         """
-        return self._split_tokens(self.heldout_dir, cap)
+        return self._split_tokens(self.test_dir, cap)
 
     def validation_tokens(self, cap: int | None = None) -> dict:
-        """{domain: memory-mapped validation tokens (first `cap`)}: `heldout_tokens` of `validation_dir`."""
+        """{domain: memory-mapped validation tokens (first `cap`)}: `test_tokens` of `validation_dir`."""
         return self._split_tokens(self.validation_dir, cap)
 
     def _split_tokens(self, d: Path, cap: int | None) -> dict:
@@ -247,7 +250,7 @@ def write_module(run: RunDir, index: int, tensors: dict, meta: dict, beside: Cal
 
     `tensors` maps names to torch tensors or numpy arrays (router statistics included for
     experts). `meta` should carry kind, preset, config, trunk_sha256 (experts), shard,
-    partition, tokens_seen, final_loss, heldout_loss, router_stats_count (experts).
+    partition, tokens_seen, final_loss, validation_loss, router_stats_count (experts).
     `beside(sha256)` writes files naming the module before its record (a job killed between reruns).
     Returns the full metadata written.
 

@@ -21,6 +21,13 @@ def _experts(rd: RunDir, ids: list[int] | None) -> list[int]:
     return list(range(1, rd.run_info().n_experts + 1)) if ids is None else list(ids)
 
 
+def module_record(rd: RunDir, index: int) -> ModuleMeta | None:
+    """Module `index`'s JSON record as it is (no check of its weights or format: a question of progress, not a
+    read of the module), or None where there is none."""
+    f = rd.module_meta(index)
+    return ModuleMeta.from_json(read_json(f, f"the record of {module_name(index)}")) if f.is_file() else None
+
+
 def trunk_sha256(rd: RunDir) -> str | None:
     """The current trunk's sha256 (None where no trunk is trained)."""
     return read_module(rd, 0).sha256 if rd.module_meta(0).is_file() else None
@@ -37,10 +44,10 @@ def stats_stale_reason(rd: RunDir, ids: list[int] | None = None) -> str | None:
     now ("are missing", "predate expert_002 (trained since)", ...), or None when they are."""
     if not rd.router_stats_meta.is_file() or not rd.module_meta(0).is_file():
         return "are missing"
-    experts = {module_name(i): ModuleMeta.from_json(read_json(rd.module_meta(i), "an expert's metadata")).sha256
-               if rd.module_meta(i).is_file() else "" for i in _experts(rd, ids)}  # "": untrained, never current
+    experts = {module_name(i): m.sha256 if (m := module_record(rd, i)) else ""  # "": untrained, never current
+               for i in _experts(rd, ids)}
     pooled = ModuleMeta.from_json(read_json(rd.router_stats_meta, "the pooled router statistics"))
-    trunk = ModuleMeta.from_json(read_json(rd.module_meta(0), "the trunk's metadata"))
+    trunk = module_record(rd, 0)
     return pooled.pooled_stale(trunk.sha256, experts)
 
 
@@ -72,5 +79,5 @@ def assemble_blocked(rd: RunDir, ids: list[int] | None = None) -> str | None:
     return None
 
 
-__all__ = ["assemble_blocked", "pool_blocked", "router_stats_current", "stats_stale_reason", "trained_experts",
+__all__ = ["assemble_blocked", "module_record", "pool_blocked", "router_stats_current", "stats_stale_reason", "trained_experts",
            "trunk_sha256"]

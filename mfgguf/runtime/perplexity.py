@@ -181,7 +181,7 @@ def perplexity(model, tokens, *, ctx: int | None = None, batch: int | None = Non
     scores only the tokens it counts.
 
     Example:
-        >>> perplexity("model.gguf", np.load("RUN/data/heldout/code.npy"), ctx=128)
+        >>> perplexity("model.gguf", np.load("RUN/data/test/code.npy"), ctx=128)
     """
     cm, ctx = _open(model, ctx, batch, threads, lora, experts_per_token)
     with cm as llm:
@@ -286,7 +286,7 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
     """Perplexity of MODEL, computed by llama.cpp, on text files or on a RUN's held-out split.
 
     With --data FILE (repeatable) each file is UTF-8 text tokenized by the GGUF's own tokenizer
-    and scored as one domain named after the file. With --run RUN each RUN/data/heldout/<domain>.npy
+    and scored as one domain named after the file. With --run RUN each RUN/data/test/<domain>.npy
     is one domain. Windows of --ctx tokens (default 1,024, or the model's trained context where
     that is shorter; at most the trained context), each evaluated fresh with its second half
     scored, as llama.cpp's perplexity tool does. Reports every domain with its token counts and
@@ -313,8 +313,8 @@ def perplexity_files(model: Path, *, data: list[Path] | None = None, run: Path |
         raise MfggufError(f"--chunks {chunks}: pass a number of windows of at least 1, or leave it out to score everything")
     masks = None
     if run is not None:
-        domains = RunDir(run).heldout_tokens()
-        masks = split_masks(RunDir(run).heldout_dir, domains)
+        domains = RunDir(run).test_tokens()
+        masks = split_masks(RunDir(run).test_dir, domains)
     else:
         texts = {}
         for f in map(Path, data):

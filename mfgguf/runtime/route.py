@@ -3,7 +3,7 @@
 Read from llama.cpp's own graph while it runs: llama-cpp-python's evaluation callback (`cb_eval`) is asked about
 every tensor the graph computes and keeps two of each MoE layer, `ffn_moe_probs-L` (the softmax over the experts,
 [n_expert, tokens]) and `ffn_moe_topk-L` (the chosen experts, [k, tokens]). A chosen expert's weight is its
-probability, renormalised over the k chosen where the architecture does so (granitemoe, mixtral's llama, qwen3moe;
+probability, renormalised over the k chosen where the architecture does so (granitemoe, llama with experts, qwen3moe;
 qwen2moe weights by the probabilities as they are). Every token is an output, so the last layer computes them all.
 Each slot is named by the file's labels (converters/plan/names.py; the seed's slot, where routed, is the base's
 own FFN); every token also runs the anchor, the always-on FFN, whatever the router chose.

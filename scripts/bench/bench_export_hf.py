@@ -9,7 +9,7 @@ Prints JSON lines:
     one line per --dtype; the largest tensor's size is as written (in that dtype) and as f32
 
 The input is an assembled GGUF: by default a synthetic RUN (scripts/synthetic_run.py) of the `1b` preset's
-shapes with 8 random experts, assembled q8_0 (the default quant) in the granitemoe layout; or any file
+shapes with 8 random experts, assembled q8_0 (the default quant) in the shared-expert layout; or any file
 given with --gguf. Each export runs in its own child process (peak RSS: that child's VmHWM, which
 includes the interpreter and its imports: the baseline line says how much).
 

@@ -71,8 +71,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 POLL_S = 0.05
 # What an expert's record says its training gave, to agree between A and B too (its timings may not: they are the
 # machine's, and a resumed job's record says where it resumed)
-RESULT_KEYS = ("sha256", "steps", "tokens_seen", "final_loss", "heldout_loss", "shard_loss", "history",
-               "heldout_history", "router_stats_count")
+RESULT_KEYS = ("sha256", "steps", "tokens_seen", "final_loss", "validation_loss", "shard_loss", "history",
+               "validation_history", "router_stats_count")
 
 
 def emit(**row) -> None:

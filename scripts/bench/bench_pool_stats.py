@@ -64,7 +64,7 @@ def build(out: Path, preset: str, n: int, vocab: int, anchor_ff: int | None) -> 
         m = read_json(rd.module_meta(i), "module")
         m.update(precision="bf16", train=asdict(p.expert), steps=steps, tokens_seen=steps * per_step,
                  history=[[s, s * per_step, 3.0 + 1.0 / s] for s in range(1, steps + 1)],
-                 heldout_history=[[s, s * per_step, {"d": 3.0}] for s in range(0, steps + 1, 100)])
+                 validation_history=[[s, s * per_step, {"d": 3.0}] for s in range(0, steps + 1, 100)])
         write_json(rd.module_meta(i), m)
 
 

@@ -135,7 +135,7 @@ def main() -> None:
         shutil.rmtree(prepared, ignore_errors=True)
         timed("common: import-base", ["import-base", "smollm2", "--expert-ff", "768", "--out", prepared], log=log)
         timed("common: prepare", ["prepare", "study", "--out", prepared, "--experts", args.experts, "--max-chars-per-domain",
-                                  args.max_chars_per_domain, "--heldout-frac", "0.02", "--no-progress"], log=log)
+                                  args.max_chars_per_domain, "--test-frac", "0.02", "--no-progress"], log=log)
     sides = []
     if args.before:
         tree = work / "before-tree"

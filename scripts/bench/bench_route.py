@@ -47,7 +47,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     window = min(a.window, read_header(a.gguf)["context_length"])
     total, agree_all = 0, 0
-    for d, toks in RunDir(a.run).heldout_tokens(a.tokens).items():
+    for d, toks in RunDir(a.run).test_tokens(a.tokens).items():
         agree, worst, n = 0, 0.0, 0
         for w in range(0, len(toks) - 1, window):
             ids = [int(t) for t in toks[w: w + window]]

@@ -85,7 +85,7 @@ def experts(trunk: Path, out: Path, sampler: str, seed: int, epochs: float, eval
             m = train_expert(root, i, progress=False, options=TrainOptions(  # resumes a killed one
                 tokens=tokens, seed=seed, eval_tokens=eval_tokens))
         for d in shard["domains"]:
-            val[d] = m["heldout_loss"][d]
+            val[d] = m["validation_loss"][d]
     driver.get_batch = kept
     return {"sampler": sampler, "seed": seed, "expert_epochs": epochs, "expert_val": val,
             "expert_val_mean": sum(val.values()) / len(val), "eval_tokens": eval_tokens,
@@ -113,7 +113,7 @@ def main() -> None:
         for sampler in ("random", "epochs"):
             row = experts(trunk, a.out, sampler, seed, a.expert_epochs, a.eval_tokens,
                           [int(i) for i in a.experts.split(",")])
-            print(json.dumps({**row, "trunk_val": meta["heldout_loss"], "cpu": cpu}), flush=True)
+            print(json.dumps({**row, "trunk_val": meta["validation_loss"], "cpu": cpu}), flush=True)
 
 
 if __name__ == "__main__":

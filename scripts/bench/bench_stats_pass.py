@@ -96,7 +96,7 @@ def build(out: Path, expert: int) -> None:
         subprocess.run([*cli, "import-base", "smollm2", "--out", str(out)], cwd=ROOT, check=True)
     if not (out / "run.json").is_file() or not list((out / "data").glob("shard_*.npy")):
         subprocess.run([*cli, "prepare", "study", "--out", str(out), "--experts", "5", "--max-chars-per-domain",
-                        "1000000", "--heldout-frac", "0.02"], cwd=ROOT, check=True)
+                        "1000000", "--test-frac", "0.02"], cwd=ROOT, check=True)
     if not (out / "modules" / f"expert_{expert:03d}.json").is_file():
         subprocess.run([*cli, "train-expert", str(out), "--expert", str(expert), "--tokens", "4096", "--eval-tokens",
                         "1024", "--no-progress"], cwd=ROOT, check=True)

@@ -11,7 +11,7 @@ Prints JSON lines:
       mfgguf/flops.py (matmuls only, causal attention). "before" is the step as it was before fused
       AdamW and torch.compile (eager, one AdamW kernel per operation): the reference for speed-ups
   {"bench": "throughput", ...}   a real `small` trunk and expert training run (--real-small)
-  {"bench": "gain", "domain": ..., "trunk_heldout": ..., "expert_heldout": ..., "lower": true}
+  {"bench": "gain", "domain": ..., "trunk_validation": ..., "expert_validation": ..., "lower": true}
   {"bench": "rss_1b", "peak_rss_mb": ..., "vmhwm_mb": ..., "goal_mb": 1536, ...}  train-expert in a subprocess
   (with --shared-1b attn: the same expert also training its private copy of the trunk's norms and
   attention, `train-expert --shared attn`; goal 2048 MB)
@@ -124,10 +124,10 @@ def bench_small(work: Path, quick: bool, peak: float) -> None:
     own = list(expert["shard_domains"])
     for d in own:
         emit(bench="gain", preset="small", partition=info["partition"], expert=1, domain=d,
-             trunk_heldout=round(trunk["heldout_loss"][d], 4), expert_heldout=round(expert["heldout_loss"][d], 4),
-             lower=expert["heldout_loss"][d] < trunk["heldout_loss"][d],
-             other_domains={k: [round(trunk["heldout_loss"][k], 4), round(v, 4)]
-                            for k, v in expert["heldout_loss"].items() if k not in own})
+             trunk_validation=round(trunk["validation_loss"][d], 4), expert_validation=round(expert["validation_loss"][d], 4),
+             lower=expert["validation_loss"][d] < trunk["validation_loss"][d],
+             other_domains={k: [round(trunk["validation_loss"][k], 4), round(v, 4)]
+                            for k, v in expert["validation_loss"].items() if k not in own})
 
 
 # ---- (c) 1b expert RSS ---------------------------------------------------------------------------
@@ -139,19 +139,19 @@ from pathlib import Path
 from mfgguf.config import get_preset
 from mfgguf.model import trunk_shapes
 from mfgguf.run import RUN_FORMAT, RUN_VERSION, RunDir, write_json, write_module
-rd = RunDir(Path(sys.argv[1])); rd.heldout_dir.mkdir(parents=True, exist_ok=True)
+rd = RunDir(Path(sys.argv[1])); rd.test_dir.mkdir(parents=True, exist_ok=True)
 cfg = get_preset("1b").model
 rng = np.random.default_rng(0)
 V = cfg.vocab_size
 np.save(rd.train_tokens, rng.integers(0, V, 16384, dtype=np.uint16))
 np.save(rd.shard(1), rng.integers(0, V, 16384, dtype=np.uint16))
-np.save(rd.heldout("d1"), rng.integers(0, V, 4096, dtype=np.uint16))
+np.save(rd.test("d1"), rng.integers(0, V, 4096, dtype=np.uint16))
 write_json(rd.run_json, {"format": RUN_FORMAT, "version": RUN_VERSION, "n_experts": cfg.n_experts, "vocab_size": V,
     "eos_id": 0, "token_dtype": "uint16", "domains": ["d1"], "partition": "random-tokens",
     "shards": [{"id": 1, "domains": {"d1": 16384}}]})
 t = {k: (np.ones(s, np.float32) if len(s) == 1 else (rng.standard_normal(s, dtype=np.float32) * 0.02))
      for k, s in trunk_shapes(cfg).items()}
-write_module(rd, 0, t, {"kind": "trunk", "preset": "1b", "config": cfg.to_dict(), "heldout_loss": {}, "synthetic": True})
+write_module(rd, 0, t, {"kind": "trunk", "preset": "1b", "config": cfg.to_dict(), "validation_loss": {}, "synthetic": True})
 """
 
 _TRAIN = r"""
@@ -239,7 +239,7 @@ def _random_run(root: Path, preset: str, vocab: int, trunk: bool) -> "object":
     from dataclasses import replace
 
     rd = RunDir(root)
-    rd.heldout_dir.mkdir(parents=True, exist_ok=True)
+    rd.test_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     np.save(rd.train_tokens, rng.integers(0, vocab, 1 << 18, dtype=np.uint16))
     write_json(rd.run_json, {"format": RUN_FORMAT, "version": RUN_VERSION, "n_experts": 1, "vocab_size": vocab,
@@ -249,7 +249,7 @@ def _random_run(root: Path, preset: str, vocab: int, trunk: bool) -> "object":
     if trunk:
         t = {k: (np.ones(sh, np.float32) if len(sh) == 1 else rng.standard_normal(sh, dtype=np.float32) * 0.02)
              for k, sh in trunk_shapes(cfg).items()}
-        write_module(rd, 0, t, {"kind": "trunk", "preset": preset, "config": cfg.to_dict(), "heldout_loss": {}})
+        write_module(rd, 0, t, {"kind": "trunk", "preset": preset, "config": cfg.to_dict(), "validation_loss": {}})
     return rd, cfg
 
 

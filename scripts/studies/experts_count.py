@@ -65,7 +65,7 @@ def run_one(a, n: int, seed: int, out: Path) -> Path:
         mfgguf("import-base", a.base, "--out", run, "--expert-ff", a.expert_ff, "--force", log=log)
     if not (run / "run.json").is_file():
         mfgguf("prepare", "study", "--out", run, "--experts", n, "--partition", "cluster", "--max-chars-per-domain",
-               a.max_chars_per_domain, "--heldout-frac", a.heldout_frac, "--valid-frac", a.valid_frac,
+               a.max_chars_per_domain, "--test-frac", a.test_frac, "--valid-frac", a.valid_frac,
                "--no-progress", log=log)
     per_expert = a.tokens // n
     t0 = time.perf_counter()
@@ -97,7 +97,7 @@ def score_moe(a, run: Path, log: Path) -> None:
     rd, models, got = RunDir(run), run / "eval" / "models", run / "eval" / "measured"
     models.mkdir(parents=True, exist_ok=True)
     got.mkdir(parents=True, exist_ok=True)
-    domains = list(rd.heldout_tokens(1))
+    domains = list(rd.test_tokens(1))
 
     def scored(k: int, split: str) -> dict:
         path = got / f"top{k}.{split}.json"
@@ -209,7 +209,7 @@ def result_row(a, run: Path, n: int, seed: int) -> dict:
             "eval_wall_s": (rep or {}).get("wall_s"), "clusters": {"tokens_min": toks[0], "tokens_median": statistics.median(toks),
                                                           "tokens_max": toks[-1],
                                                           "purity_mean": round(statistics.mean(purity), 3) if purity else None},
-            "test_split_sha256": split_digest(run), "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
+            "test_split_sha256": split_digest(run), "test_tokens": {d: v["tokens"] for d, v in info["test"].items()},
             "machine": cpu()}
 
 
@@ -378,7 +378,7 @@ def parse(argv=None):
     ap.add_argument("--batch-size", type=int, default=4, help="sequences a step: small, so N=100's experts take steps")
     ap.add_argument("--lr", type=float, default=None, help="the experts' peak LR (default: the preset's)")
     ap.add_argument("--max-chars-per-domain", type=int, default=2_000_000, help="prepare's cap on each domain's text")
-    ap.add_argument("--heldout-frac", type=float, default=0.02, help="prepare's test share")
+    ap.add_argument("--test-frac", type=float, default=0.02, help="prepare's test share")
     ap.add_argument("--valid-frac", type=float, default=0.05, help="prepare's validation share")
     ap.add_argument("--baselines-at", type=int, default=None, help="the N whose run trains the dense baselines"
                     " (default: the first N)")

@@ -87,7 +87,11 @@ def cpu_class(c: dict) -> str:
 
 
 def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    """A RUN's record (or a report), read under the current names where an earlier mfgguf wrote it (run/legacy.py)."""
+    from mfgguf.run.legacy import OLD_RUN_KEYS, renamed
+
+    return renamed(json.loads(path.read_text()), OLD_RUN_KEYS if path.name == "run.json" else None) \
+        if path.is_file() else None
 
 
 def load_rows(path: Path) -> list[dict]:
@@ -103,9 +107,16 @@ def load_rows(path: Path) -> list[dict]:
 def recipe(a) -> dict:
     """What every line of one study shares: a study resumed with another would mix two."""
     return {"base": a.base, "domains": a.domains, "max_chars_per_domain": a.max_chars_per_domain,
-            "heldout_frac": a.heldout_frac, "valid_frac": a.valid_frac, "expert_ff": a.expert_ff, "lr": a.lr,
+            "test_frac": a.test_frac, "valid_frac": a.valid_frac, "expert_ff": a.expert_ff, "lr": a.lr,
             "shared": a.shared, "shared_lr_scale": a.shared_lr_scale, "rounds": a.rounds, "baselines": a.baselines,
             "full_lrs": a.full_lrs, "lora_lrs": a.lora_lrs, "max_tokens": a.max_tokens}
+
+
+def same_recipe(row: dict) -> dict:
+    """A line's recipe under the current option names (lines written before --test-frac had its name)."""
+    from mfgguf.run.legacy import OLD_RUN_KEYS, renamed
+
+    return renamed(row.get("recipe") or {}, OLD_RUN_KEYS)
 
 
 # ---- the choice rule ---------------------------------------------------------------------------------------
@@ -157,13 +168,13 @@ def sizes(a, template: Path) -> dict:
     if info is not None:
         own = {next(iter(s["domains"])): int(s["tokens"]) for s in info["shards"] if len(s["domains"]) == 1}
         shard = {d: own[d] for d in a.domains}
-        test = {d: int(v["tokens"]) for d, v in info["heldout"].items()}
+        test = {d: int(v["tokens"]) for d, v in info["test"].items()}
         valid = {d: int(v["tokens"]) for d, v in (info.get("valid") or {}).items()}
     else:
         c = a.max_chars_per_domain / CHARS_PER_TOKEN
-        shard = {d: int(c * (1 - a.heldout_frac) * (1 - a.valid_frac)) for d in a.domains}
-        test = {d: int(c * a.heldout_frac) for d in STUDY_DOMAINS}
-        valid = {d: int(c * (1 - a.heldout_frac) * a.valid_frac) for d in STUDY_DOMAINS}
+        shard = {d: int(c * (1 - a.test_frac) * (1 - a.valid_frac)) for d in a.domains}
+        test = {d: int(c * a.test_frac) for d in STUDY_DOMAINS}
+        valid = {d: int(c * (1 - a.test_frac) * a.valid_frac) for d in STUDY_DOMAINS}
     summ = read_json(template / "questions" / "summary.json")
     if summ is not None:
         questions = {s: sum(sum(k.values()) for k in v.values()) for s, v in summ["sets"].items()}
@@ -296,7 +307,7 @@ def make_template(a, template: Path, dry: bool = False) -> None:
         ps.mfgguf("import-base", a.base, "--out", template, "--expert-ff", a.expert_ff, "--force", log=log, dry=dry)
     if not (template / "run.json").is_file():
         ps.mfgguf("prepare", "study", "--out", template, "--experts", len(STUDY_DOMAINS), "--partition", "label",
-                  "--max-chars-per-domain", a.max_chars_per_domain, "--heldout-frac", a.heldout_frac,
+                  "--max-chars-per-domain", a.max_chars_per_domain, "--test-frac", a.test_frac,
                   "--valid-frac", a.valid_frac, "--seed", 0, "--no-progress", log=log, dry=dry)
     if not (template / "questions" / "summary.json").is_file():
         ps.mfgguf("questions", template, "--per-domain", a.per_domain, "--no-progress", log=log, dry=dry)
@@ -333,7 +344,7 @@ def train_experts(a, run: Path, ids: dict[str, int], shard: dict[str, int], epoc
                           "--shared", a.shared, "--shared-lr-scale", a.shared_lr_scale, "--rounds", a.rounds,
                           "--seed", seed, "--no-progress", log=log, dry=dry)
         trunk = read_json(run / "modules" / "trunk.json") or {}
-        if a.shared != "none" and int(trunk.get("round") or 0) < k:
+        if a.shared != "none" and int(trunk.get("syncs") or 0) < k:
             ps.mfgguf("sync", run, "--experts", ",".join(map(str, ids.values())), "--no-progress", log=log, dry=dry)
 
 
@@ -420,8 +431,8 @@ def phase1_row(a, r, run: Path, ids: dict[str, int], shard: dict[str, int]) -> d
                                 "base_accuracy": base["accuracy"],
                                 "by_domain": by_domain(mine, template, "train-valid"),
                                 **{k: p[k] for k in ("points", "low", "high", "mcnemar_p")}},
-            "valid_ppl": {d: math.exp(m["heldout_loss"][d]) for d, m in metas.items()},
-            "valid_ppl_base": {d: math.exp(m["trunk_heldout_loss"][d]) for d, m in metas.items()},
+            "valid_ppl": {d: math.exp(m["validation_loss"][d]) for d, m in metas.items()},
+            "valid_ppl_base": {d: math.exp(m["trunk_validation_loss"][d]) for d, m in metas.items()},
             "wall_s": sum(float(m.get("wall_s") or 0.0) for m in metas.values()),
             "machines": machines(run), "recipe": recipe(a),
             "headline": {"valid_questions": round(mine["accuracy"], 4), "points": round(p["points"], 2)}}
@@ -631,7 +642,7 @@ def parse(argv=None):
     ap.add_argument("--seeds", type=ints, default=[1, 2], help="phase 2's seeds; phase 1 trains at the first")
     ap.add_argument("--max-chars-per-domain", type=int, default=120000, help="prepare's cap: the shards' size (the"
                     " smallest that gives each question set questions of both domains)")
-    ap.add_argument("--heldout-frac", type=float, default=0.2, help="prepare's test share (the test questions'"
+    ap.add_argument("--test-frac", type=float, default=0.2, help="prepare's test share (the test questions'"
                     " documents)")
     ap.add_argument("--valid-frac", type=float, default=0.25, help="prepare's validation share (0.1 left the untrained English domain under one perplexity window at the default cap)")
     ap.add_argument("--per-domain", type=int, default=250, help="questions --per-domain")
@@ -670,7 +681,7 @@ def main(argv=None) -> None:
     from mfgguf.machine import cpu
 
     rows, template = load_rows(a.out), a.work / "template"
-    other = next((r for r in rows if r.get("recipe") != recipe(a)), None)
+    other = next((r for r in rows if same_recipe(r) != recipe(a)), None)
     if other is not None:
         sys.exit(f"knowledge_study: {a.out} holds a run of another recipe ({other['run']}); use another --out")
     sp_name = cpu_class(cpu())

@@ -71,7 +71,7 @@ def main(argv=None) -> None:
                        "--lr", lr, "--shared", recipe["shared"], "--shared-lr-scale", recipe["shared_lr_scale"],
                        "--rounds", R, "--seed", a.seed, *extra, "--no-progress", log=log, dry=False)
         trunk = read_json(run / "modules" / "trunk.json") or {}
-        if recipe["shared"] != "none" and int(trunk.get("round") or 0) < k:
+        if recipe["shared"] != "none" and int(trunk.get("syncs") or 0) < k:
             mfgguf("sync", run, "--experts", ",".join(map(str, ids.values())), "--no-progress", log=log, dry=False)
     train_s = time.perf_counter() - t0
     from mfgguf.converters.assemble import assemble
@@ -105,9 +105,9 @@ def main(argv=None) -> None:
             row["lever_over_reference"] = round(mine["overall"]["ppl"] / theirs["overall"]["ppl"], 4)
         out.append(row)
         print(json.dumps(row), flush=True)
-    own = {d: read_json(run / "modules" / f"expert_{i:03d}.json")["heldout_loss"].get(d) for d, i in ids.items()}
-    refd = {d: read_json(ref / "modules" / f"expert_{i:03d}.json")["heldout_loss"].get(d) for d, i in ids.items()}
-    on = {read_json(run / "modules" / f"expert_{i:03d}.json").get("heldout_on") for i in ids.values()}
+    own = {d: read_json(run / "modules" / f"expert_{i:03d}.json")["validation_loss"].get(d) for d, i in ids.items()}
+    refd = {d: read_json(ref / "modules" / f"expert_{i:03d}.json")["validation_loss"].get(d) for d, i in ids.items()}
+    on = {read_json(run / "modules" / f"expert_{i:03d}.json").get("validation_on") for i in ids.values()}
     print(json.dumps({"summary": a.name, "train_s": round(train_s, 1), "expert_validation_nats": own,
                       "expert_validation_on": sorted(x or "merged trunk" for x in on),
                       "reference_expert_validation_nats": refd,

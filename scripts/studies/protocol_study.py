@@ -84,7 +84,11 @@ def mfgguf(*args, log: Path, dry: bool = False) -> None:
 
 
 def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    """A RUN's record (or a report), read under the current names where an earlier mfgguf wrote it (run/legacy.py)."""
+    from mfgguf.run.legacy import OLD_RUN_KEYS, renamed
+
+    return renamed(json.loads(path.read_text()), OLD_RUN_KEYS if path.name == "run.json" else None) \
+        if path.is_file() else None
 
 
 # ---- the runs --------------------------------------------------------------------------------------------
@@ -98,9 +102,9 @@ def make_template(a, out: Path, log: Path) -> Path:
     if not (t / "run.json").is_file():
         # enough characters that the largest size's shards hold it once (with the tokenizer's few characters a
         # token on this corpus); a shorter shard is recorded and warned about, not refused
-        chars = a.max_chars_per_domain or math.ceil(4 * max(a.tokens) / (1 - a.heldout_frac - a.valid_frac))
+        chars = a.max_chars_per_domain or math.ceil(4 * max(a.tokens) / (1 - a.test_frac - a.valid_frac))
         mfgguf("prepare", "study", "--out", t, "--experts", len(STUDY_DOMAINS), "--partition", "label",
-               "--max-chars-per-domain", chars, "--heldout-frac", a.heldout_frac, "--valid-frac", a.valid_frac,
+               "--max-chars-per-domain", chars, "--test-frac", a.test_frac, "--valid-frac", a.valid_frac,
                "--seed", 0, "--no-progress", log=log, dry=a.dry_run)
     return t
 
@@ -119,8 +123,8 @@ def check_resumable(a, template: Path, rows: list[dict]) -> None:
     if meta is not None and int(meta["config"]["expert_ff"]) != a.expert_ff:
         sys.exit(f"protocol_study: {template} was imported with --expert-ff {meta['config']['expert_ff']}, not"
                  f" {a.expert_ff}; use another --out")
-    if info is not None and (info.get("heldout_frac"), info.get("valid_frac")) != (a.heldout_frac, a.valid_frac):
-        sys.exit(f"protocol_study: {template} was prepared with other --heldout-frac/--valid-frac; use another --out")
+    if info is not None and (info.get("test_frac"), info.get("valid_frac")) != (a.test_frac, a.valid_frac):
+        sys.exit(f"protocol_study: {template} was prepared with other --test-frac/--valid-frac; use another --out")
     other = next((r for r in rows if r.get("recipe") != recipe(a)), None)
     if other is not None:
         sys.exit(f"protocol_study: {a.out / 'study.jsonl'} holds a run of another recipe ({other['run']}:"
@@ -205,7 +209,7 @@ def train_and_eval(a, run: Path, ids: list[int], tokens: int, seed: int, log: Pa
                        "--seed", seed, "--no-progress",
                        log=log, dry=dry)
         trunk = read_json(run / "modules" / "trunk.json") or {}
-        if a.shared != "none" and int(trunk.get("round") or 0) < k:
+        if a.shared != "none" and int(trunk.get("syncs") or 0) < k:
             mfgguf("sync", run, "--experts", ",".join(map(str, ids)), "--no-progress", log=log, dry=dry)
     if not a.train_only and needs_eval(a, run):
         gates = ("--seed-gates", a.seed_gates) if a.seed_gates else ()
@@ -230,10 +234,10 @@ def prune(run: Path) -> None:
 
 def split_digest(run: Path) -> str:
     """sha256 over the test split's files, so the summary can check every row scored the same test split."""
-    from mfgguf.run import sha256_file
+    from mfgguf.run import RunDir, sha256_file
 
     h = hashlib.sha256()
-    for f in sorted((run / "data" / "heldout").iterdir()):
+    for f in sorted(RunDir(run).test_dir.iterdir()):
         h.update(f"{f.name}:{sha256_file(f)}\n".encode())
     return h.hexdigest()
 
@@ -297,10 +301,10 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
     return {"tokens_per_domain": tokens, "seed": seed, "run": run.name, "trained_domains": trained,
             "held_out": a.held_out, "moe_chosen": chosen, "moe_chosen_top1": min(top1, key=top1.get, default=None),
             "methods": methods, "goals": rep["goals"], "test_spread_trained": doc_spread,
-            "shard_tokens": shard_tokens, "test_tokens": {d: v["tokens"] for d, v in info["heldout"].items()},
+            "shard_tokens": shard_tokens, "test_tokens": {d: v["tokens"] for d, v in info["test"].items()},
             "test_split_sha256": split_digest(run), "eval_wall_s": rep.get("wall_s"), "recipe": recipe(a),
             "machines": read_json(run / "machines.json") or [],
-            "lr_grid": {mode: g["heldout_loss_trained_domains"] for mode, g in (rep.get("base_baselines") or {}).get("grid", {}).items()}}
+            "lr_grid": {mode: g["validation_loss_trained_domains"] for mode, g in (rep.get("base_baselines") or {}).get("grid", {}).items()}}
 
 
 def general_figures(rep: dict, label: str) -> dict:
@@ -644,7 +648,7 @@ def parse(argv=None):
     ap.add_argument("--eval-tokens", type=int, default=4096, help="train-expert --eval-tokens")
     ap.add_argument("--max-chars-per-domain", type=int, default=None,
                     help="prepare's cap (default: enough for the largest --tokens)")
-    ap.add_argument("--heldout-frac", type=float, default=0.02, help="prepare's test share")
+    ap.add_argument("--test-frac", type=float, default=0.02, help="prepare's test share")
     ap.add_argument("--valid-frac", type=float, default=0.05, help="prepare's validation share")
     ap.add_argument("--prune", action="store_true", help="once a run's line is written, delete its GGUFs and the"
                     " baselines' weights (several GB a run)")

@@ -47,7 +47,7 @@ def template(a, width: int, log: Path) -> Path:
         mfgguf("import-base", a.base, "--out", t, "--expert-ff", width, "--force", log=log, dry=a.dry_run)
     if not (t / "run.json").is_file():
         mfgguf("prepare", "study", "--out", t, "--experts", len(STUDY_DOMAINS), "--partition", "label",
-               "--max-chars-per-domain", a.max_chars_per_domain, "--heldout-frac", 0.02, "--valid-frac", 0.05,
+               "--max-chars-per-domain", a.max_chars_per_domain, "--test-frac", 0.02, "--valid-frac", 0.05,
                "--seed", 0, "--no-progress", log=log, dry=a.dry_run)
     return t
 
@@ -63,7 +63,7 @@ def train(a, run: Path, lever: tuple, ids: list[int], log: Path) -> None:
                        "--shared", shared, "--shared-lr-scale", 0.3, "--rounds", rounds, "--seed", a.seed,
                        "--no-progress", log=log, dry=a.dry_run)
         trunk = read_json(run / "modules" / "trunk.json") or {}
-        if shared != "none" and int(trunk.get("round") or 0) < k:
+        if shared != "none" and int(trunk.get("syncs") or 0) < k:
             mfgguf("sync", run, "--experts", ",".join(map(str, ids)), "--no-progress", log=log, dry=a.dry_run)
 
 
@@ -103,7 +103,7 @@ def row(a, name: str, lever: tuple, run: Path, ids: list[int], wall_s: float) ->
     walls, syncs = expert_walls(rd, {i: metas[i] for i in ids})
     return {"lever": name, "expert_ff": lever[0], "shared": lever[1], "rounds": lever[2], "lr": lever[3],
             "tokens_per_domain": a.tokens, "seed": a.seed, "validation": score(a, run, ids),
-            "expert_validation_nats": {d: metas[i]["heldout_loss"].get(d) for d, i in zip(DOMAINS, ids)},
+            "expert_validation_nats": {d: metas[i]["validation_loss"].get(d) for d, i in zip(DOMAINS, ids)},
             "flops": flops_section(metas, [])["total"], "train_wall_s": sum(walls.values()) + syncs,
             "critical_path_s": max(walls.values()) + syncs, "wall_s": round(wall_s, 1),
             "machines": read_json(run / "machines.json") or []}

@@ -77,6 +77,13 @@ def install_trunk(src: Path, dst: Path) -> None:
     update_manifest(b, 0, read_module_meta(b, 0))
 
 
+def record(path: Path):
+    """A module's record, typed (a RUN made by an earlier mfgguf read under the current names)."""
+    from mfgguf.run.records import ModuleMeta
+
+    return ModuleMeta.from_json(json.loads(path.read_text()))
+
+
 def copy_run(src: Path, dst: Path) -> None:
     if not dst.exists():
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("checkpoints", "eval", "rounds"))
@@ -100,7 +107,7 @@ def _budget_plan(run: Path, key: str) -> int | None:
 def summarize(run: Path, n: int, r: int) -> dict:
     rep = json.loads((run / "eval" / "report.json").read_text())
     res, g = rep["results"], rep["goals"]
-    trunk = json.loads((run / "modules" / "trunk.json").read_text())
+    trunk = record(run / "modules" / "trunk.json").json
     dense = {m["baseline"]: k for k, m in rep["models"].items() if m.get("kind") == "dense"}
     row = {"experts": n, "rounds": r, "best": rep["best"], "moe": res[rep["best"]]["overall"]["ppl"],
            "trunk_synced": res["trunk alone"]["overall"]["ppl"], "oracle": rep["oracle"]["mixed"]["ppl"],
@@ -110,7 +117,7 @@ def summarize(run: Path, n: int, r: int) -> dict:
            "moe_over_wallclock_dense_mixed": g.get("moe_over_wallclock_dense_mixed"),
            "moe_beats_trunk_every_domain": g.get("moe_beats_trunk_every_domain"),
            "best_router_vs_oracle": g.get("best_router_vs_oracle"),
-           "trained_trunk_heldout_loss": trunk.get("trained_heldout_loss") or trunk.get("heldout_loss"),
+           "trained_trunk_validation_loss": trunk.get("trained_validation_loss") or trunk.get("validation_loss"),
            "flops": {k: rep["flops"].get(k) for k in ("total", "critical_path") if k in rep.get("flops", {})}}
     return row
 
@@ -200,10 +207,10 @@ def main() -> None:
         seed = ["--seed-expert"] if a.seed_expert else []
         mfgguf("train-trunk", first, "--preset", a.preset, "--tokens", a.trunk_tokens, *seed, *batch, "--no-progress",
                log=log)
-    trunk = json.loads((first / "modules" / "trunk.json").read_text())
+    trunk = record(first / "modules" / "trunk.json").json
     info = json.loads((first / "run.json").read_text())
     print(json.dumps({"trunk_tokens": trunk["tokens_seen"], "train_tokens": info.get("train_tokens"),
-                      "heldout_curve": [[s, round(sum(d.values()) / len(d), 4)] for s, _, d in trunk["heldout_history"]],
+                      "validation_curve": [[s, round(sum(d.values()) / len(d), 4)] for s, _, d in trunk["validation_history"]],
                       "train_s": round(trunk["train_s"], 1)}), flush=True)
     for n in ns[1:]:
         install_trunk(first, out / f"n{n}")
@@ -216,11 +223,11 @@ def main() -> None:
             for k in range(1, r + 1):
                 for i in range(1, n + 1):
                     meta = run / "modules" / f"expert_{i:03d}.json"
-                    if meta.is_file() and json.loads(meta.read_text()).get("round", 1) >= k:
+                    if meta.is_file() and record(meta).round >= k:
                         continue
                     mfgguf("train-expert", run, "--expert", i, "--tokens", a.expert_tokens, "--shared", a.shared,
                            "--shared-lr-scale", a.shared_lr_scale, "--rounds", r, *batch, "--no-progress", log=log)
-                if a.shared != "none" and json.loads((run / "modules" / "trunk.json").read_text()).get("round", 0) < k:
+                if a.shared != "none" and record(run / "modules" / "trunk.json").syncs < k:
                     mfgguf("sync", run, "--no-progress", log=log)
             # a baseline with the same budget is the same model (same data, seed, code): reuse an earlier
             # configuration's (eval checks the recorded tokens and retrains it when they differ)

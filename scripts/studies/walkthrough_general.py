@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT / "scripts" / "bench"), str(ROOT / "scripts" / "studies
 README = [  # the README's block, RUN = OUT/smol/run
     (("modules", "trunk.json"), ["import-base", "smollm2", "--out", "{run}"]),
     (("run.json",), ["prepare", "study", "--out", "{run}", "--experts", "5", "--max-chars-per-domain", "1000000",
-                     "--heldout-frac", "0.02", "--no-progress"]),
+                     "--test-frac", "0.02", "--no-progress"]),
     (("..", "base.gguf"), ["assemble", "{run}", "-o", "{smol}/base.gguf", "--experts", "none", "--quant", "q8_0"]),
     (("modules", "expert_002.json"), ["train-expert", "{run}", "--expert", "2", "--tokens", "32768", "--eval-tokens",
                                       "4096", "--no-progress"]),

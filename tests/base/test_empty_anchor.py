@@ -66,7 +66,7 @@ def test_the_trunk_alone_is_the_base_with_an_anchor_of_no_units(tmp_path, tokeni
     assert max_rel(llama_logits(g, ids, 128), hf_logits(hf, ids)) < 1e-3
 
 
-@pytest.mark.parametrize("layout", ["granitemoe", "mixtral"])
+@pytest.mark.parametrize("layout", ["shared-expert", "folded"])
 def test_trained_experts_assemble_without_a_shared_expert_and_compute_what_they_trained(tmp_path, whole, layout,
                                                                                           tokenizer_json):  # noqa: F811
     hf, run = whole
@@ -80,7 +80,7 @@ def test_trained_experts_assemble_without_a_shared_expert_and_compute_what_they_
         assert names["blk.0.ffn_gate_exps.weight"] == (64, FF, 2)  # ggml order: (dim, expert width, experts)
         got, (want, _) = llama_logits(moe, ids, 128), reference_logits(run, moe, ids)
         assert max_rel(got, want) <= 1e-3 < max_rel(got, hf_logits(hf, ids)), max_rel(got, want)
-    if layout == "granitemoe":
+    if layout == "shared-expert":
         assert kv_of(moe, "granitemoe.expert_shared_feed_forward_length") == 0
 
 
@@ -112,9 +112,9 @@ def test_a_wider_seed_than_the_base_has_and_qwen2moe_without_an_anchor_are_one_l
     run = prepared(q, tmp_path / "run", "--expert-ff", str(FF))
     seed_as_experts(run)
     one_line(cli("assemble", run, "-o", tmp_path / "q.gguf", "--quant", "f32", "--router", "uniform", "-q"),
-             "needs a shared expert; pass --layout mixtral")
+             "needs a shared expert; pass --layout folded")
     assert not (tmp_path / "q.gguf").exists()
-    r = cli("assemble", run, "-o", tmp_path / "q.gguf", "--quant", "f32", "--router", "uniform", "--layout", "mixtral", "-q")
+    r = cli("assemble", run, "-o", tmp_path / "q.gguf", "--quant", "f32", "--router", "uniform", "--layout", "folded", "-q")
     assert r.exit_code == 0, r.output
     import torch
     from transformers import Qwen2ForCausalLM

@@ -147,7 +147,7 @@ def test_hf_import_computes_transformers_logits_in_llama_cpp(tmp_path, tokenizer
     assert max_rel(torch_logits, ref) < TOL, max_rel(torch_logits, ref)
 
 
-@pytest.mark.parametrize("layout", ["granitemoe", "mixtral"])
+@pytest.mark.parametrize("layout", ["shared-expert", "folded"])
 def test_moe_whose_experts_equal_the_seed_computes_the_base(tmp_path, tokenizer_json, layout):
     """Experts initialised from the seed complement the anchor: before training, the MoE is the base."""
     from tests.base.family_cases import seeded_run  # it imports this module: here, not at the top
@@ -184,7 +184,7 @@ def test_converter_gguf_import_matches_the_base_file_in_llama_cpp(tmp_path, toke
     assert max_rel(got, ref) < TOL, max_rel(got, ref)
     assert tokenizer_keys(g) == tokenizer_keys(base)  # every tokenizer key, unchanged
     assert not (run / "tokenizer.json").exists()  # a GGUF-only base: llama.cpp tokenized the corpus
-    npy = max((run / "data" / "heldout").glob("*.npy"), key=lambda p: p.stat().st_size)
+    npy = max((run / "data" / "test").glob("*.npy"), key=lambda p: p.stat().st_size)
     held = np.load(npy)
     first = npy.with_suffix(".txt").read_text()[:600].rsplit(" ", 1)[0]  # up to a word's end
     want = llama_tokenize(base, first)

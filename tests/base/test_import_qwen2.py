@@ -108,13 +108,13 @@ def test_trained_expert_assembles_as_it_trained(tmp_path, qwen2):
 
 
 def test_mixtral_layout_is_exact_at_top_1(tmp_path, qwen2):
-    """--layout mixtral: a `llama` file (Q/K rows and biases permuted to adjacent-pair RoPE, the anchor folded
+    """--layout folded: a `llama` file (Q/K rows and biases permuted to adjacent-pair RoPE, the anchor folded
     into every expert), whose top-k weights are renormalised: top-1 of two untrained experts is the base."""
     import gguf
 
     from mfgguf.base.source import rope_permute
 
-    _, moe, t, _ = untrained_moe_computes(tmp_path, qwen2, "--layout", "mixtral")
+    _, moe, t, _ = untrained_moe_computes(tmp_path, qwen2, "--layout", "folded")
     tensors = {x.name: np.array(x.data) for x in gguf.GGUFReader(moe).tensors}
     assert arch(moe) == "llama" and np.array_equal(tensors["blk.1.attn_k.bias"], rope_permute(t["blk.1.attn_k.bias"], 2))
 

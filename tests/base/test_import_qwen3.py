@@ -45,8 +45,8 @@ def test_gguf_import_matches_the_base_file(tmp_path, qwen3):
 def test_untrained_qwen3moe_computes_the_base(tmp_path, qwen3):
     run, moe, _, _ = untrained_moe_computes(tmp_path, qwen3)  # --layout auto: qwen3moe
     assert arch(moe) == "qwen3moe"
-    r = cli("assemble", run, "-o", tmp_path / "g.gguf", "--quant", "f32", "--router", "uniform", "--layout", "granitemoe")
-    one_line(r, "--layout mixtral")
+    r = cli("assemble", run, "-o", tmp_path / "g.gguf", "--quant", "f32", "--router", "uniform", "--layout", "shared-expert")
+    one_line(r, "--layout folded")
 
 
 def test_unsupported_is_one_line(tmp_path, tokenizer_json):

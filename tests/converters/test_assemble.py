@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 from mfgguf.converters.assemble import assemble
 from mfgguf.gguf.inspect import inspect_gguf, format_inspect
-for lay in ("granitemoe", "mixtral"):
+for lay in ("shared-expert", "folded"):
     assemble(Path({str(run)!r}), Path({str(tmp_path)!r}) / (lay + ".gguf"), quant="q4_k", layout=lay, progress=True)
 assemble(Path({str(run)!r}), Path({str(tmp_path)!r}) / "dense.gguf", experts=[], progress=False)
 format_inspect(inspect_gguf(Path({str(tmp_path)!r}) / "granitemoe.gguf"))

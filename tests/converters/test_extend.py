@@ -2,7 +2,7 @@
 
 Synthetic runs (random modules, real files) check the bytes: adding expert 4 to the file of experts
 1-3 gives the file `assemble --experts 1,2,3,4` writes, removing gives back the smaller file; in the
-mixtral layout too, whose every slot holds the anchor (rebuilt from the trunk for an added one). Real
+folded layout too, whose every slot holds the anchor (rebuilt from the trunk for an added one). Real
 tiny runs check the model: a fourth expert trained later on a new domain (German and French
 manual pages) against the same trunk, in a RUN of its own, lowers that domain's held-out
 perplexity in llama.cpp and moves the others a little; removing it gives back the three-expert
@@ -238,13 +238,13 @@ def test_a_file_of_mfgguf_0_1_is_refused_in_one_line(files, tmp_path):
 
 @pytest.fixture(scope="module")
 def mixtral(syn, tmp_path_factory):
-    """The mixtral layout (the anchor folded into every expert), q8_0 and q4_k: files of experts 1-3 and 1-4."""
+    """The folded layout (the anchor folded into every expert), q8_0 and q4_k: files of experts 1-3 and 1-4."""
     d = tmp_path_factory.mktemp("mixtral")
     out = {}
     for quant in ("q8_0", "q4_k"):
         for ids in ([1, 2, 3], [1, 2, 3, 4]):
             out[quant, len(ids)] = d / f"{quant}-{len(ids)}.gguf"
-            assemble(syn, out[quant, len(ids)], experts=ids, layout="mixtral", quant=quant, progress=False)
+            assemble(syn, out[quant, len(ids)], experts=ids, layout="folded", quant=quant, progress=False)
     return out
 
 
@@ -260,7 +260,7 @@ def test_the_mixtral_layout_extends_to_the_file_assembly_writes(syn, mixtral, tm
     extend(x, tmp_path / "back.gguf", remove=[4])
     assert (tmp_path / "back.gguf").read_bytes() == three.read_bytes()
     ref = tmp_path / "4.gguf"
-    assemble(syn, ref, experts=[4], layout="mixtral", quant=quant, progress=False)
+    assemble(syn, ref, experts=[4], layout="folded", quant=quant, progress=False)
     extend(three, tmp_path / "y.gguf", remove=[1, 2, 3], add=syn, experts=[4])  # the anchor from a removed slot
     assert (tmp_path / "y.gguf").read_bytes() == ref.read_bytes()
 
@@ -344,7 +344,7 @@ def _new_domain_run(a: Path, b: Path, docs: list[str], domain: str) -> Path:
 
     ra, rb = RunDir(a), RunDir(b)
     rb.modules.mkdir(parents=True)
-    rb.heldout_dir.mkdir(parents=True)
+    rb.test_dir.mkdir(parents=True)
     shutil.copyfile(ra.tokenizer, rb.tokenizer)
     for f in (ra.module_file(0), ra.module_meta(0)):
         shutil.copyfile(f, rb.modules / f.name)
@@ -360,12 +360,12 @@ def _new_domain_run(a: Path, b: Path, docs: list[str], domain: str) -> Path:
         return len(arr)
 
     n_train = write(rb.shard(1), [i for i in range(len(docs)) if i not in held])
-    n_held = write(rb.heldout(domain), sorted(held))
-    rb.heldout_text(domain).write_text("\n\n".join(docs[i] for i in sorted(held)))
+    n_held = write(rb.test(domain), sorted(held))
+    rb.test_text(domain).write_text("\n\n".join(docs[i] for i in sorted(held)))
     write_json(rb.run_json, {**info, "n_experts": 1, "domains": [domain], "sources": [domain],
                              "shards": [{"id": 1, "docs": len(docs) - len(held), "tokens": n_train,
                                          "domains": {domain: n_train}}],
-                             "heldout": {domain: {"docs": len(held), "tokens": n_held}}})
+                             "test": {domain: {"docs": len(held), "tokens": n_held}}})
     return b
 
 
@@ -396,7 +396,7 @@ def test_keep_routing_moves_the_old_domains_less(real, tmp_path):
     run, run2, three, four, new = real
     kept = tmp_path / "kept.gguf"
     extend(three, kept, add=run2, keep_routing=True)
-    held = {**RunDir(run).heldout_tokens(cap=4096), **RunDir(run2).heldout_tokens(cap=4096)}
+    held = {**RunDir(run).test_tokens(cap=4096), **RunDir(run2).test_tokens(cap=4096)}
     ppl = {f.stem: {d: x["ppl"] for d, x in perplexity_by_domain(f, held)["domains"].items()} for f in (three, four, kept)}
     move = {f: {d: ppl[f][d] / ppl["three"][d] - 1 for d in ("python", "english", "c")} for f in ("four", "kept")}
     print(json.dumps({"ppl": ppl, "move": move}))
@@ -412,7 +412,7 @@ def test_a_fourth_expert_on_a_new_domain(real):
     from mfgguf.runtime.perplexity import perplexity_by_domain
 
     run, run2, three, four, new = real
-    held = {**RunDir(run).heldout_tokens(cap=4096), **RunDir(run2).heldout_tokens(cap=4096)}
+    held = {**RunDir(run).test_tokens(cap=4096), **RunDir(run2).test_tokens(cap=4096)}
     before = perplexity_by_domain(three, held)["domains"]
     after = perplexity_by_domain(four, held)["domains"]
     ppl = {d: (before[d]["ppl"], after[d]["ppl"]) for d in held}

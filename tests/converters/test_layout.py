@@ -46,8 +46,8 @@ def _writer_bytes(p: LY.Plan) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("layout,quant,experts", [("granitemoe", "q8_0", None), ("mixtral", "q4_k", None),
-                                                  ("granitemoe", "f16", [])])
+@pytest.mark.parametrize("layout,quant,experts", [("shared-expert", "q8_0", None), ("folded", "q4_k", None),
+                                                  ("shared-expert", "f16", [])])
 def test_header_bytes_equal_gguf_writer(run, layout, quant, experts):
     p = LY.plan(RunDir(run), quant=quant, top_k=1, router="ridge", layout=layout, experts=experts)
     ref = _writer_bytes(p)
@@ -56,8 +56,14 @@ def test_header_bytes_equal_gguf_writer(run, layout, quant, experts):
     assert p.data_offset % 32 == 0 and 0 <= p.data_offset - len(ref) < 32  # tensor data starts aligned
 
 
+@pytest.mark.parametrize("old,new", [("granitemoe", "shared-expert"), ("mixtral", "folded")])
+def test_a_layout_by_its_earlier_name_is_planned_and_recorded_under_its_name(run, old, new):
+    p = LY.plan(RunDir(run), quant="q8_0", top_k=1, router="ridge", layout=old, experts=None)
+    assert p.layout == new and ("mfgguf.layout", "STRING", new) in p.kv
+
+
 def test_offsets_aligned_disjoint_and_expert_slices(run):
-    p = LY.plan(RunDir(run), quant="q8_0", top_k=2, router="ridge", layout="granitemoe", experts=[3, 1])
+    p = LY.plan(RunDir(run), quant="q8_0", top_k=2, router="ridge", layout="shared-expert", experts=[3, 1])
     end = 0
     for s in p.slots:
         assert s.offset % 32 == 0 and s.offset >= end
@@ -73,7 +79,7 @@ def test_offsets_aligned_disjoint_and_expert_slices(run):
 def test_expert_bytes_at_offset_plus_slot_times_expert_bytes(run, tmp_path):
     out = tmp_path / "m.gguf"
     assemble(run, out, quant="q8_0", experts=[3, 1], progress=False)
-    p = LY.plan(RunDir(run), quant="q8_0", top_k=1, router="ridge", layout="granitemoe", experts=[3, 1])
+    p = LY.plan(RunDir(run), quant="q8_0", top_k=1, router="ridge", layout="shared-expert", experts=[3, 1])
     data = out.read_bytes()
     for slot, i in enumerate([3, 1]):
         w = load_file(str(RunDir(run).module_file(i)))
@@ -96,7 +102,7 @@ def test_trunk_shapes_match_model(run):
 
 
 def test_kq_fallback_recorded_for_tiny_rows(run):
-    p = LY.plan(RunDir(run), quant="q4_k", top_k=1, router="ridge", layout="granitemoe", experts=None)
+    p = LY.plan(RunDir(run), quant="q4_k", top_k=1, router="ridge", layout="shared-expert", experts=None)
     s = p.slot("blk.0.attn_q.weight")  # rows of 64: not a multiple of 256
     assert s.qtype == "q5_0" and "64" in s.why
     assert p.slot("output.weight").qtype == "q8_0"  # q6_k wanted, 64-long rows -> q8_0
@@ -107,7 +113,7 @@ def test_verify_reads_back_with_both_parsers_and_catches_a_mismatch(run, tmp_pat
 
     out = tmp_path / "m.gguf"
     assemble(run, out, quant="q4_k", progress=False)
-    p = LY.plan(RunDir(run), quant="q4_k", top_k=1, router="ridge", layout="granitemoe", experts=None)
+    p = LY.plan(RunDir(run), quant="q4_k", top_k=1, router="ridge", layout="shared-expert", experts=None)
     verify(p, out)
     a = read_back(out)
     monkeypatch.setenv("MFGGUF_VERIFY", "gguf-py")

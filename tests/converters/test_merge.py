@@ -34,7 +34,7 @@ from . import llama_logits, reference_logits, rel_diff, repool, synthetic_run, t
 def attn_run(tmp_path_factory):
     """3 experts holding copies of norms + attention; expert 2 only of the norms (holders differ)."""
     run = synthetic_run(tmp_path_factory.mktemp("syn") / "run", preset="tiny", n_experts=3, vocab=400, shared="attn")
-    cfg = LY.plan(RunDir(run), quant="f32", top_k=1, router="ridge", layout="granitemoe", experts=None, merge="none").cfg
+    cfg = LY.plan(RunDir(run), quant="f32", top_k=1, router="ridge", layout="shared-expert", experts=None, merge="none").cfg
     _rewrite(run, 2, _keep_shared(shared_tensor_names(cfg, "norms")))
     return run
 
@@ -93,7 +93,7 @@ def test_mean_is_token_weighted_and_streaming_gives_the_same_bits(attn_run):
     got = M.merge_arrays("mean", T, Cs, tokens=[1, 1, 2])
     assert np.allclose(got, (Cs[0] + Cs[1] + 2 * Cs[2]) / 4, atol=1e-6)
     # the assembler's streaming form (tiny row chunks, preads) == the whole-array form, bit for bit
-    p = LY.plan(RunDir(attn_run), quant="f32", top_k=1, router="ridge", layout="granitemoe", experts=None)
+    p = LY.plan(RunDir(attn_run), quant="f32", top_k=1, router="ridge", layout="shared-expert", experts=None)
     name = "blk.1.attn_q.weight"
     mods = [p.expert_modules[i] for i in p.merged[name]]
     trunk = load_file(str(p.trunk.path))[name]
@@ -163,8 +163,8 @@ def test_merge_none_is_todays_file(attn_run, tmp_path):
     assert "mfgguf.merge" not in _kv(none)
 
 
-@pytest.mark.parametrize("run_name,layout,merge", [("attn_run", "granitemoe", "mean"), ("all_run", "granitemoe", "mean"),
-                                                   ("all_run", "mixtral", "mean")])
+@pytest.mark.parametrize("run_name,layout,merge", [("attn_run", "shared-expert", "mean"), ("all_run", "shared-expert", "mean"),
+                                                   ("all_run", "folded", "mean")])
 def test_llama_cpp_logits_match_reference_of_the_merged_model(request, tmp_path, run_name, layout, merge):
     from tokenizers import Tokenizer
 

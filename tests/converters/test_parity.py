@@ -16,7 +16,8 @@ from mfgguf.converters.assemble import assemble
 
 from . import llama_logits, llama_tokenize, nll, reference_logits, rel_diff, synthetic_run, text_sample
 
-CASES = [("granitemoe", 1, None), ("granitemoe", 2, None), ("mixtral", 1, None), ("mixtral", 2, None), ("granitemoe", 1, [])]
+CASES = [("shared-expert", 1, None), ("shared-expert", 2, None), ("folded", 1, None), ("folded", 2, None),
+         ("shared-expert", 1, [])]
 
 
 @pytest.fixture(scope="module")

@@ -145,7 +145,7 @@ def test_a_mixed_run_masks_the_conversations_only(chat_run):
     tokens = np.load(rd.shard(chat_shard["id"]))
     mask = load_mask(rd.shard(chat_shard["id"]), len(tokens))
     assert 0 < chat_shard["counted"] == int(mask.sum()) < len(tokens)
-    for split in (rd.valid("chat"), rd.heldout("chat"), rd.train_tokens):
+    for split in (rd.valid("chat"), rd.test("chat"), rd.train_tokens):
         assert len(load_mask(split)) == len(np.load(split))
     assert mask_path(rd.valid("chat")).name == "chat.mask" and not mask_path(rd.valid("prose")).exists()
     # what is counted is exactly the assistants' contents, each with its <|im_end|>

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def test_prepared_run_layout_and_run_json(prepared_run):
     assert info["n_experts"] == 3 and info["partition"] == "label" and info["overlap"] == 0.0
     assert info["vocab_size"] == 512 and info["eos_id"] == 0 and info["token_dtype"] == "uint16"
     assert set(info["domains"]) >= {"python", "english"}
-    assert info["sources"] == ["builtin"] and info["seed"] == 0 and info["heldout_frac"] == 0.05
+    assert info["sources"] == ["builtin"] and info["seed"] == 0 and info["test_frac"] == 0.05
     assert isinstance(info["created"], str)
     tok = load_tokenizer(run.tokenizer)
     assert tok.get_vocab_size() == info["vocab_size"]
@@ -65,12 +66,12 @@ def test_prepared_run_layout_and_run_json(prepared_run):
         total += len(arr)
     assert total == info["train_tokens"]  # no overlap: the shards are exactly the trunk's data
     assert {next(iter(s["domains"])) for s in info["shards"]} == set(info["domains"])
-    for d, h in info["heldout"].items():
-        arr = _load(run.heldout(d))
+    for d, h in info["test"].items():
+        arr = _load(run.test(d))
         assert len(arr) == h["tokens"] and int((arr == 0).sum()) == h["docs"] >= 1
 
 
-def test_heldout_is_disjoint_from_all_training_text(prepared_run):
+def test_split_is_disjoint_from_all_training_text(prepared_run):
     run = RunDir(prepared_run)
     info = run.info()
     tok = load_tokenizer(run.tokenizer)
@@ -79,10 +80,10 @@ def test_heldout_is_disjoint_from_all_training_text(prepared_run):
     for s in info["shards"]:
         shard_docs |= set(_docs(tok, _load(run.shard(s["id"])), 0))
     assert shard_docs == train_docs
-    assert set(info["heldout"]) == set(info["domains"])
-    for d in info["heldout"]:
-        held = _docs(tok, _load(run.heldout(d)), 0)
-        assert run.heldout_text(d).read_text(encoding="utf-8") == "\n\n".join(held)  # .txt == .npy's documents
+    assert set(info["test"]) == set(info["domains"])
+    for d in info["test"]:
+        held = _docs(tok, _load(run.test(d)), 0)
+        assert run.test_text(d).read_text(encoding="utf-8") == "\n\n".join(held)  # .txt == .npy's documents
         assert not set(held) & train_docs
         assert all(len(x) > 100 for x in held)
 
@@ -122,7 +123,7 @@ def test_user_sources_with_labels(tmp_path):
     info = prepare([f"code={src}", str(notes)], tmp_path / "run", n_experts=2, vocab_size=400, progress=False)
     assert info["domains"] == ["code", "notes"]
     assert [set(s["domains"]) for s in info["shards"]] == [{"code"}, {"notes"}]
-    assert info["heldout"]["notes"]["docs"] == 2  # round(0.05 * 40)
+    assert info["test"]["notes"]["docs"] == 2  # round(0.05 * 40)
 
 
 def test_force_replaces_only_after_success_and_failures_leave_nothing(tmp_path):
@@ -154,7 +155,7 @@ def test_force_replaces_only_after_success_and_failures_leave_nothing(tmp_path):
     (dict(n_experts=2, partition="topic"), "unknown partition"),
     (dict(n_experts=2, vocab_size=100), "too small"),
     (dict(n_experts=2, overlap=1.0), "overlap"),
-    (dict(n_experts=2, heldout_frac=1.5), "held-out fraction"),
+    (dict(n_experts=2, test_frac=1.5), "held-out fraction"),
 ])
 def test_invalid_arguments(tmp_path, kw, msg):
     with pytest.raises(MfggufError, match=msg):
@@ -174,11 +175,12 @@ def _cli(*args):
 def test_cli_prepare_success(tmp_path):
     out = tmp_path / "run"
     r = _cli("builtin", "--out", out, "--experts", 2, "--vocab-size", 300, "--max-chars-per-domain", 60_000,
-             "--partition", "random", "--overlap", 0.2, "--seed", 5, "--no-progress")
+             "--partition", "random", "--overlap", 0.2, "--seed", 5, "--heldout-frac", 0.1, "--no-progress")
     assert r.exit_code == 0, r.output
     info = RunDir(out).info()
     assert info["partition"] == "random" and info["overlap"] == 0.2 and info["seed"] == 5
-    assert "expert 1" in r.stdout and "expert 2" in r.stdout and "held-out" in r.stdout
+    assert info["test_frac"] == 0.1  # --test-frac's earlier name is still accepted
+    assert "expert 1" in r.stdout and "expert 2" in r.stdout and re.search(r"│ test +│", r.stdout)
     assert f"{info['train_tokens']:,}" in r.stdout
 
 

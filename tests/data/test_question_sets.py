@@ -35,14 +35,14 @@ def _sets(run: Path) -> dict[str, list[dict]]:
 def test_every_question_is_about_a_document_of_its_side_of_the_split(asked):
     info = json.loads((asked / "run.json").read_text())
     docs, _ = load_corpus(info["sources"], max_chars_per_domain=info["max_chars_per_domain"], progress=False)
-    train, valid, test = split_three([d.domain for d in docs], info["heldout_frac"], info["valid_frac"], info["seed"])
+    train, valid, test = split_three([d.domain for d in docs], info["test_frac"], info["valid_frac"], info["seed"])
     sets = _sets(asked)
     assert all(sets.values()), {k: len(v) for k, v in sets.items()}
     on = {s: {t["document"] for t in tasks} for s, tasks in sets.items()}
     assert on["train-valid"] <= set(train.tolist()) and on["train-test"] <= set(train.tolist())
     assert not on["train-valid"] & on["train-test"]  # split by document
     assert on["test"] <= set(test.tolist())
-    held = {d: (asked / "data" / "heldout" / f"{d}.txt").read_text() for d in info["domains"]}
+    held = {d: (asked / "data" / "test" / f"{d}.txt").read_text() for d in info["domains"]}
     for t in sets["test"]:  # the test split's text, as the RUN holds it, states the answer
         assert t["choices"][t["answer"]].split(".")[0][:40] in " ".join(held[t["domain"]].split())
 

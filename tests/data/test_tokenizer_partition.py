@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mfgguf.data.partition import (_tfidf, composition, nearest_cluster, partition, partition_cluster, partition_label,
-                                   partition_random, split_heldout)
+                                   partition_random, draw_split)
 from mfgguf.data.sources import load_documents
 from mfgguf.data.tokenizer import (EOS_ID, EOS_TOKEN, encode_documents, load_tokenizer, token_dtype,
                                    train_tokenizer)
@@ -76,14 +76,14 @@ def test_tokenizer_errors(tmp_path):
 # ---- held-out split ----------------------------------------------------------------------------------
 
 
-def test_heldout_split_per_domain_and_deterministic():
+def test_split_per_domain_and_deterministic():
     domains = ["a"] * 100 + ["b"] * 10 + ["c"] * 2 + ["d"]
-    train, held = split_heldout(domains, 0.05, seed=3)
+    train, held = draw_split(domains, 0.05, seed=3)
     assert len(np.intersect1d(train, held)) == 0 and len(train) + len(held) == len(domains)
     assert Counter(domains[i] for i in held) == {"a": 5, "b": 1, "c": 1}  # d has one doc: kept for training
-    assert np.array_equal(split_heldout(domains, 0.05, seed=3)[1], held)
-    assert not np.array_equal(split_heldout(domains, 0.05, seed=4)[1], held)
-    assert len(split_heldout(domains, 0.0)[1]) == 0
+    assert np.array_equal(draw_split(domains, 0.05, seed=3)[1], held)
+    assert not np.array_equal(draw_split(domains, 0.05, seed=4)[1], held)
+    assert len(draw_split(domains, 0.0)[1]) == 0
 
 
 # ---- label -------------------------------------------------------------------------------------------

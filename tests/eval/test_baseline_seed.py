@@ -163,7 +163,7 @@ def test_the_cluster_loras_alone_with_one_lr_train_no_grid(monkeypatch, tmp_path
 
     trained, cluster_loras = [], []
     monkeypatch.setattr(imported, "train_base", lambda rd, run, **kw: trained.append(run.name) or
-                        {"heldout_loss": {"c": 1.0}, "tokens_seen": 4096, "tokens_per_s": 1.0})
+                        {"validation_loss": {"c": 1.0}, "tokens_seen": 4096, "tokens_per_s": 1.0})
     monkeypatch.setattr(imported, "train_domain_loras", lambda rd, metas, out, lr, force, seed:
                         cluster_loras.append(lr) or [])
     for name in ("critical_path_s", "first_trunk_sha256"):
@@ -175,7 +175,7 @@ def test_the_cluster_loras_alone_with_one_lr_train_no_grid(monkeypatch, tmp_path
     rd = RunDir(tmp_path)
     plans, grid = imported.plan_and_train(rd, metas, tmp_path / "b", ("lora-domain",), lrs={"lora": (3e-3,)})
     assert trained == [] and cluster_loras == [3e-3] and [p.key for p in plans] == ["lora-domain"]
-    assert grid["lora"]["chosen_lr"] == 3e-3 and grid["lora"]["heldout_loss_trained_domains"] == {}
+    assert grid["lora"]["chosen_lr"] == 3e-3 and grid["lora"]["validation_loss_trained_domains"] == {}
     imported.plan_and_train(rd, metas, tmp_path / "b", ("lora-domain",), lrs={"lora": (1e-3, 3e-3)})
     assert trained == ["grid-lora-lr0.001", "grid-lora-lr0.003"]  # two LRs: the grid chooses
     imported.plan_and_train(rd, metas, tmp_path / "b", ("lora", "lora-domain"), lrs={"lora": (3e-3,)})

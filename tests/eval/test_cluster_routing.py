@@ -45,7 +45,7 @@ def test_routed_and_moe_score_every_test_token_once(clustered, tmp_path):
     rd, moe = clustered
     r = cluster_routed(rd, moe, tmp_path / "scratch", CAP, ctx=CTX, quant="f32", threads=1)
     eos = rd.run_info().eos_id
-    held = rd.heldout_tokens(CAP)
+    held = rd.test_tokens(CAP)
     for d, t in held.items():
         want = sum(len(doc) - 1 for doc in split_documents(np.asarray(t), eos))  # each token once, its first is context
         assert r["routed"]["domains"][d]["n_tokens"] == want == r["moe"]["domains"][d]["n_tokens"]
@@ -60,7 +60,7 @@ def test_routed_and_moe_score_every_test_token_once(clustered, tmp_path):
 def test_documents_go_to_the_cluster_of_their_domain(clustered):
     rd, _ = clustered
     eos = rd.run_info().eos_id
-    docs = {d: split_documents(np.asarray(t), eos) for d, t in rd.heldout_tokens().items()}
+    docs = {d: split_documents(np.asarray(t), eos) for d, t in rd.test_tokens().items()}
     got = assign(rd, docs, eos)
     firsts = {d: max(set(es), key=es.count) for d, es in got.items()}
     assert len(set(firsts.values())) == len(firsts), got  # each domain's documents mostly in a cluster of their own

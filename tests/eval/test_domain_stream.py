@@ -50,7 +50,7 @@ def served(base_run, tmp_path_factory):  # noqa: F811
     base = d / "base.gguf"
     assert cli("assemble", base_run, "-o", base, "--experts", "none", "--quant", "f32", "-q").exit_code == 0
     eos = int(info.eos_id)
-    test = rd.heldout_tokens()
+    test = rd.test_tokens()
     held = {k: np.concatenate([np.asarray(v), np.asarray(test.get(k, v[:0]))]) for k, v in rd.validation_tokens().items()}
     toks = {}
     for k, t in held.items():  # its text without its EOS, cut into documents of LENGTHS in turn, each closed by EOS

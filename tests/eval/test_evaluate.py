@@ -51,8 +51,8 @@ def test_eval_report(trained_run, tmp_path):
         ds = rep["dense_schedules"][label]
         w = read_module_meta(RunDir(out / f"dense-{key}-wsd"), 0)
         assert w["train"]["schedule"] == "wsd" and w["tokens_seen"] == m["tokens_seen"]
-        assert ds["heldout_loss"] == {"cosine": m["heldout_loss_mean"], "wsd": w["heldout_loss_mean"]}
-        assert ds["chosen"] == min(ds["heldout_loss"], key=ds["heldout_loss"].get) == rep["models"][label]["schedule"]
+        assert ds["validation_loss"] == {"cosine": m["validation_loss_mean"], "wsd": w["validation_loss_mean"]}
+        assert ds["chosen"] == min(ds["validation_loss"], key=ds["validation_loss"].get) == rep["models"][label]["schedule"]
     assert fl["critical_path"] < fl["total"] and rep["flops"]["total"] == fl["total"] and rep["flops"]["rounds"] == 1
     assert len(rep["curves"]["trunk alone"]) >= 2 and "expert_step" in rep["flops"]["formulas"]
 
@@ -90,12 +90,12 @@ def test_routing_accuracy_follows_the_files_experts_in_slot_order(trained_run, t
     from mfgguf.eval.measure import routing_accuracy
 
     rd = RunDir(trained_run)
-    heldout = rd.heldout_tokens(1024)
-    domains = list(heldout)
+    test = rd.test_tokens(1024)
+    domains = list(test)
     full, sub = tmp_path / "full.gguf", tmp_path / "sub.gguf"
     assemble(trained_run, full, quant="f16", progress=False)
     assemble(trained_run, sub, quant="f16", experts=[3, 1], progress=False)
-    ra_full, ra_sub = (routing_accuracy(rd, domains, heldout, g) for g in (full, sub))
+    ra_full, ra_sub = (routing_accuracy(rd, domains, test, g) for g in (full, sub))
     assert list(ra_full["expert_domain"]) == [1, 2, 3] and list(ra_sub["expert_domain"]) == [3, 1]
     conf = np.array(ra_sub["confusion"])  # domain x slot
     assert conf.shape == (len(domains), 2) and np.allclose(conf.sum(1), 1)

@@ -26,8 +26,8 @@ def test_the_trunk_alone_scores_what_its_record_says(run_and_models):
     rd, trunk, _ = run_and_models
     meta = read_module_meta(rd, 0)
     got = reference_validation(rd, trunk, int(meta["train"]["eval_tokens"]), precision=meta["precision"])
-    assert got.keys() == meta["heldout_loss"].keys()
-    for d, v in meta["heldout_loss"].items():  # the GGUF's f32 weights are the trunk's own: the same windows, same loss
+    assert got.keys() == meta["validation_loss"].keys()
+    for d, v in meta["validation_loss"].items():  # the GGUF's f32 weights are the trunk's own: the same windows, same loss
         assert got[d] == pytest.approx(v, abs=2e-3), d
 
 

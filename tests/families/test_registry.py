@@ -32,7 +32,7 @@ TOY = '''
 from mfgguf.families.family import Arch, Family
 
 FAMILY = Family(name="toy", gguf_arch="toy", hf_archs=("ToyForCausalLM",), rope="neox",
-                moe_layouts={"granitemoe": "toymoe"},
+                moe_layouts={"shared-expert": "toymoe"},
                 archs=(Arch("toy", rope="neox"), Arch("toymoe", rope="neox", shared_expert=True)),
                 extras={"attn_q.bias": "q"})
 '''
@@ -53,7 +53,8 @@ def toy_family(tmp_path, monkeypatch):
 def test_a_new_family_is_one_file(toy_family):
     f = family("toy")
     assert by_gguf_arch("toy") is f and families.by_hf_arch(["ToyForCausalLM"]) is f
-    assert moe_arch(f, "granitemoe") == "toymoe" and archs()["toymoe"].shared_expert
+    assert moe_arch(f, "shared-expert") == "toymoe" and archs()["toymoe"].shared_expert
+    assert moe_arch(f, "granitemoe") == "toymoe"  # the layout's earlier name is still accepted
     assert "toymoe" in written_archs()
     assert families.block_extras(f, n_heads=4, n_kv_heads=2, head_dim=8) == {"attn_q.bias": (32,)}
     assert next(iter(families._registry())) == "llama"  # still the default family, whatever the file names

@@ -224,7 +224,7 @@ def test_llama_server_lora_scale_is_llama_cpp_pythons(adapted, base_run):  # noq
 
     d, out = adapted
     base, lora = d / "base.gguf", out / "lora.gguf"
-    ids = [int(t) for t in next(iter(RunDir(base_run).heldout_tokens(48).values()))[:24]]
+    ids = [int(t) for t in next(iter(RunDir(base_run).test_tokens(48).values()))[:24]]
     scales, got, want = (0.0, 0.5, 1.0), {}, {}
     # -fa off: llama-cpp-python's default; llama-server's "auto" turns flash attention on, whose f16 arithmetic
     # moves log-probabilities by more than the tolerance here

@@ -16,10 +16,10 @@ from mfgguf.runtime.llm import loaded, read_header
 from mfgguf.runtime.perplexity import perplexity, perplexity_by_domain
 
 
-def _heldout(run, n=None) -> dict:
+def _test_tokens(run, n=None) -> dict:
     rd = RunDir(run)
-    names = sorted(p.stem for p in rd.heldout_dir.glob("*.npy"))
-    return {d: np.load(rd.heldout(d), allow_pickle=False)[:n].astype(np.int64) for d in names}
+    names = sorted(p.stem for p in rd.test_dir.glob("*.npy"))
+    return {d: np.load(rd.test(d), allow_pickle=False)[:n].astype(np.int64) for d in names}
 
 
 def _log_softmax(x):  # x: (T, V) float64
@@ -29,7 +29,7 @@ def _log_softmax(x):  # x: (T, V) float64
 
 def test_windowing_matches_numpy_recomputation(tiny_gguf, trained_run):
     ctx = 32
-    toks = next(iter(_heldout(trained_run).values()))[: 3 * ctx + 11]  # 3 windows and a tail that is dropped
+    toks = next(iter(_test_tokens(trained_run).values()))[: 3 * ctx + 11]  # 3 windows and a tail that is dropped
     r = perplexity(tiny_gguf, toks, ctx=ctx)
     assert (r["n_windows"], r["ctx"], r["n_input_tokens"]) == (3, ctx, len(toks))
     assert r["n_tokens"] == 3 * (ctx - 1 - ctx // 2)
@@ -53,7 +53,7 @@ def test_windowing_matches_numpy_recomputation(tiny_gguf, trained_run):
 
 def test_a_window_longer_than_the_batch_scores_the_same(tiny_gguf, trained_run):
     """Windows go through llama.cpp in batches, each asking only for its scored positions' logits."""
-    toks = next(iter(_heldout(trained_run).values()))[: 2 * 64]
+    toks = next(iter(_test_tokens(trained_run).values()))[: 2 * 64]
     whole = perplexity(tiny_gguf, toks, ctx=64)  # one batch a window
     for batch in (8, 24, 40):  # batch edges before, at and across the scored half's start (32)
         r = perplexity(tiny_gguf, toks, ctx=64, batch=batch)
@@ -61,7 +61,7 @@ def test_a_window_longer_than_the_batch_scores_the_same(tiny_gguf, trained_run):
 
 
 def test_by_domain_is_token_weighted(tiny_gguf, trained_run):
-    doms = _heldout(trained_run, 400)
+    doms = _test_tokens(trained_run, 400)
     r = perplexity_by_domain(tiny_gguf, doms, ctx=64)
     assert set(r["domains"]) == set(doms)
     for d, v in r["domains"].items():
@@ -100,7 +100,7 @@ def test_agrees_with_pytorch_reference(tiny_gguf, trained_run):
     model.set_router([routers[f"blk.{l}.ffn_gate_inp.weight"].reshape(n_exp, cfg.dim) for l in range(cfg.n_layers)])
 
     ctx = cfg.ctx_len
-    toks = np.concatenate(list(_heldout(trained_run, 4 * ctx).values()))
+    toks = np.concatenate(list(_test_tokens(trained_run, 4 * ctx).values()))
     r = perplexity(tiny_gguf, toks, ctx=ctx)
     with loaded(tiny_gguf) as llm:
         bos = llm.token_bos() if llm._model.add_bos_token() else None
@@ -122,7 +122,7 @@ def test_cli_run_table_and_json(tiny_gguf, trained_run, tmp_path):
     r = runner.invoke(app, ["perplexity", str(tiny_gguf), "--run", str(trained_run), "--ctx", "64", "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
-    assert set(res["domains"]) == set(_heldout(trained_run)) and res["overall"]["ctx"] == 64
+    assert set(res["domains"]) == set(_test_tokens(trained_run)) and res["overall"]["ctx"] == 64
     r = runner.invoke(app, ["perplexity", str(tiny_gguf), "--run", str(trained_run), "--ctx", "64"], terminal_width=160)
     assert r.exit_code == 0, r.output
     for d, v in res["domains"].items():
@@ -130,7 +130,7 @@ def test_cli_run_table_and_json(tiny_gguf, trained_run, tmp_path):
     assert "overall" in r.stdout
     # --data: text tokenized by the GGUF's own tokenizer (llama.cpp)
     d = next(iter(res["domains"]))
-    src = RunDir(trained_run).heldout_text(d)
+    src = RunDir(trained_run).test_text(d)
     if src.is_file():
         f = tmp_path / f"{d}.txt"
         f.write_text(src.read_text()[:20_000])
@@ -143,7 +143,7 @@ def test_documents_split_at_eos_add_up_to_the_domain(tiny_gguf, trained_run):
     """With `eos`, each scored token is credited to the document it belongs to (an EOS to the one it ends), and
     the documents' sums are the domain's: what eval/spread.py resamples."""
     eos = int(RunDir(trained_run).run_info().eos_id)
-    toks = next(iter(_heldout(trained_run).values()))[: 4 * 64].copy()
+    toks = next(iter(_test_tokens(trained_run).values()))[: 4 * 64].copy()
     toks[[20, 40, 100, 101, 170, 255]] = eos  # documents: in a window's unscored half, across windows, one empty
     r = perplexity_by_domain(tiny_gguf, {"d": toks}, ctx=64, eos=eos)["domains"]["d"]
     docs = np.array(r["documents"])  # (documents scored, 2)
@@ -160,7 +160,7 @@ def test_chunks_scores_each_domains_first_windows(tiny_gguf, trained_run):
     r = runner.invoke(app, ["perplexity", str(tiny_gguf), "--run", str(trained_run), "--ctx", "64", "--chunks", "2", "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
-    for d, toks in _heldout(trained_run).items():
+    for d, toks in _test_tokens(trained_run).items():
         assert len(toks) >= 3 * 64  # the cap binds on every domain, so the test tells a cap from none
         assert res["domains"][d] == {**perplexity(tiny_gguf, toks[: 2 * 64], ctx=64), "tokens_per_s": res["domains"][d]["tokens_per_s"]}
         assert res["domains"][d]["n_windows"] == 2

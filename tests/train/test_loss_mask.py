@@ -132,7 +132,7 @@ def test_an_expert_trains_on_a_chat_runs_assistant_turns(tmp_path):
     assert masked["final_loss"] != plain["final_loss"]
     # the validation loss is on the assistant turns in both: the split's mask is still there
     assert load_mask(run / "data" / "valid" / "chat.npy") is not None
-    assert set(masked["heldout_loss"]) == {"chat", "prose"}
+    assert set(masked["validation_loss"]) == {"chat", "prose"}
 
 
 def test_streamed_training_is_the_in_memory_training_under_a_mask(prepared_run, tmp_path):
@@ -158,5 +158,5 @@ def test_streamed_training_is_the_in_memory_training_under_a_mask(prepared_run, 
     ma = train_trunk(runs[0], preset="tiny", progress=False, options=opts, precision="fp32")
     mb = train_trunk(runs[1], preset="tiny", progress=False, options=opts, precision="fp32", stream=True, accum=1)
     np.testing.assert_allclose([h[2] for h in mb["history"]], [h[2] for h in ma["history"]], rtol=1e-5)
-    np.testing.assert_allclose(list(mb["heldout_loss"].values()), list(ma["heldout_loss"].values()), rtol=1e-5)
+    np.testing.assert_allclose(list(mb["validation_loss"].values()), list(ma["validation_loss"].values()), rtol=1e-5)
     assert all(math.isfinite(h[2]) for h in ma["history"])

@@ -14,7 +14,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
-from mfgguf.data.partition import split_heldout, split_three
+from mfgguf.data.partition import draw_split, split_three
 from mfgguf.run import RunDir, read_module_meta
 from tests.conftest import copy_run
 
@@ -29,14 +29,14 @@ def cli(*args):
 
 def decoy(rd: RunDir) -> None:
     """The test split's files replaced by bytes no reader accepts."""
-    for f in rd.heldout_dir.iterdir():
+    for f in rd.test_dir.iterdir():
         f.write_bytes(b"the test split: no choice may read it")
 
 
 def test_three_splits_are_disjoint_and_the_test_split_is_the_old_held_out_one():
     domains = ["a"] * 40 + ["b"] * 7 + ["c"] * 2 + ["d"]
     train, valid, test = split_three(domains, 0.1, 0.1, seed=3)
-    assert np.array_equal(test, split_heldout(domains, 0.1, seed=3)[1])  # RUNs keep their test documents
+    assert np.array_equal(test, draw_split(domains, 0.1, seed=3)[1])  # RUNs keep their test documents
     assert not set(train) & set(valid) and not set(train) & set(test) and not set(valid) & set(test)
     assert sorted([*train, *valid, *test]) == list(range(len(domains)))
     got = {d: [domains[i] for i in valid].count(d) for d in "abcd"}
@@ -48,14 +48,14 @@ def test_no_choice_making_stage_opens_the_test_split(prepared_run, tmp_path):
     run = copy_run(prepared_run, tmp_path / "run")
     rd = RunDir(run)
     info = rd.info()
-    assert set(info["valid"]) == set(info["heldout"]) == set(info["domains"])
+    assert set(info["valid"]) == set(info["test"]) == set(info["domains"])
     for d in info["domains"]:  # validation documents are neither test nor training documents
-        assert rd.valid_text(d).read_text() not in rd.heldout_text(d).read_text()
+        assert rd.valid_text(d).read_text() not in rd.test_text(d).read_text()
     decoy(rd)
     cli("train-trunk", run, "--preset", "tiny", "--tokens", 16384, "--no-progress")
     for i in (1, 2, 3):
         cli("train-expert", run, "--expert", i, "--tokens", 8192, "--no-progress")
-    assert set(read_module_meta(rd, 1)["heldout_loss"]) == set(info["domains"])  # scored on validation
+    assert set(read_module_meta(rd, 1)["validation_loss"]) == set(info["domains"])  # scored on validation
     cli("router-stats", run, "--no-progress")
     gguf = tmp_path / "moe.gguf"
     cli("assemble", run, "-o", gguf, "--quant", "f32", "-q")
@@ -65,9 +65,9 @@ def test_no_choice_making_stage_opens_the_test_split(prepared_run, tmp_path):
         "--val-tokens", 256, "--no-progress")
 
 
-def test_a_run_prepared_before_validation_uses_its_held_out_split_for_both(prepared_run, tmp_path):
+def test_a_run_prepared_before_validation_uses_its_test_split_for_both(prepared_run, tmp_path):
     rd = RunDir(copy_run(prepared_run, tmp_path / "run"))
-    assert rd.validation_dir == rd.valid_dir and rd.split_roles() == {"validation": "valid", "test": "heldout"}
+    assert rd.validation_dir == rd.valid_dir and rd.split_roles() == {"validation": "valid", "test": "test"}
     shutil.rmtree(rd.valid_dir)
-    assert rd.validation_dir == rd.heldout_dir and rd.split_roles() == {"validation": "heldout", "test": "heldout"}
-    assert rd.validation_tokens(64).keys() == rd.heldout_tokens(64).keys()
+    assert rd.validation_dir == rd.test_dir and rd.split_roles() == {"validation": "test", "test": "test"}
+    assert rd.validation_tokens(64).keys() == rd.test_tokens(64).keys()

@@ -1,4 +1,4 @@
-"""A new expert's slot in a file whose layout folds the anchor into every expert (mixtral; qwen3moe, Qwen3's only).
+"""A new expert's slot in a file whose layout folds the anchor into every expert (llama with experts; qwen3moe, Qwen3's only).
 
 Such a slot is one SwiGLU of width anchor_ff + expert_ff, written as assembly writes it (writers/mixtral.py,
 joined.py): gate/up rows are the anchor's anchor_ff rows, then the expert's; down rows are the anchor's

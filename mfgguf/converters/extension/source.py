@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mfgguf.errors import MfggufError, retired
+from mfgguf.families import layout_name
 from mfgguf.run import RunDir, finished_against, read_manifest, router_stats_stale
 from mfgguf.run.records import ModuleMeta
 from mfgguf.gguf.fileio import truncated
@@ -48,12 +49,12 @@ class Source:
         if not v("mfgguf.version"):
             raise MfggufError(f"{path} was not written by `mfgguf assemble` (no mfgguf keys, no router statistics);"
                               " extend works on the files mfgguf assembles")
-        arch, layout = v("general.architecture"), v("mfgguf.layout")
-        # granitemoe (qwen2moe for a qwen2 trunk): the anchor is a shared expert, a new expert a slot of its own. mixtral
+        arch, layout = v("general.architecture"), layout_name(v("mfgguf.layout") or "")  # files before: old names
+        # shared-expert (granitemoe, qwen2moe): the anchor is a shared expert, a new expert a slot of its own. folded
         # (llama, qwen3moe) folds the anchor into every slot: a new slot is rebuilt with it (folded.py).
-        if not (layout == "granitemoe" and arch in SHARED_EXPERT_ARCHS or layout == "mixtral"):
+        if not (layout == "shared-expert" and arch in SHARED_EXPERT_ARCHS or layout == "folded"):
             raise MfggufError(f"{path} has the {layout} layout ({arch}); extend adds to and removes from the MoE"
-                              " layouts mfgguf writes (granitemoe, mixtral): assemble the RUN with the experts instead")
+                              " layouts mfgguf writes (shared-expert, folded): assemble the RUN with the experts instead")
         if v("mfgguf.complement") and v("mfgguf.seed_gate") is None:  # a seed routed without a gate: complementing experts
             raise retired(f"{path} was assembled from experts trained", "--complement",
                           "retrain them without it and assemble again")
@@ -72,7 +73,7 @@ class Source:
             raise MfggufError(f"{path}'s trunk is merged from its experts' trunk copies; extend needs a file assembled"
                               " with `--merge none` (or from FFN-only experts)")
         n = int(v(f"{arch}.expert_count"))
-        anchor_ff = int(v("mfgguf.anchor_ff") or 0) if layout == "mixtral" else 0
+        anchor_ff = int(v("mfgguf.anchor_ff") or 0) if layout == "folded" else 0
         s = cls(path, h, arch, n, int(v(f"{arch}.block_count")), int(v(f"{arch}.embedding_length")),
                 int(v("mfgguf.expert_ff")), anchor_ff, router, int(v(f"{arch}.expert_used_count")),
                 v("mfgguf.trunk_sha256"), stats)

@@ -33,7 +33,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.run.files import swap_dir_into_place
 
 TARGETS: dict[str, type[Target]] = {c.arch: c for c in (GraniteMoeShared, Mixtral, Qwen2Moe, Qwen3Moe)}
-SUPPORTED = "granitemoe, qwen2moe, qwen3moe, and the mixtral layout (llama with experts)"
+SUPPORTED = "granitemoe, qwen2moe, qwen3moe, and the folded layout (llama with experts)"
 
 
 def target_for(src: GGUFSource) -> Target:

@@ -1,9 +1,9 @@
-"""The mixtral layout (`llama` with experts, the anchor folded into every expert) -> MixtralForCausalLM.
+"""The folded layout (`llama` with experts, the anchor folded into every expert) -> MixtralForCausalLM.
 
 llama.cpp's llama graph with experts and transformers' modeling_mixtral.py both take the softmax
 over all router logits, keep the top-k and divide them by their sum; each expert is one SwiGLU
 (w1 gate, w3 up, w2 down). A qwen2 trunk written in this layout keeps its Q/K/V biases, which Mixtral
-has no place for: it is refused (its granitemoe layout, qwen2moe, exports as Qwen2-MoE).
+has no place for: it is refused (its shared-expert layout, qwen2moe, exports as Qwen2-MoE).
 
 Example:
     >>> Mixtral(src).tensors()[-1].name
@@ -27,8 +27,8 @@ class Mixtral(Target):
     def _check(self) -> None:
         super()._check()
         if self.src.has("blk.0.attn_q.bias"):
-            raise MfggufError(f"{self.src.path} is the mixtral layout of a qwen2 trunk (llama with Q/K/V biases), which"
-                              " no transformers class computes; assemble it with --layout granitemoe (qwen2moe) to export it")
+            raise MfggufError(f"{self.src.path} is the folded layout of a qwen2 trunk (llama with Q/K/V biases), which"
+                              " no transformers class computes; assemble it with --layout shared-expert (qwen2moe) to export it")
 
     def moe(self, l: int) -> list[HFTensor]:
         return routed_experts(self, l, f"model.layers.{l}.block_sparse_moe.", W)

@@ -13,7 +13,7 @@ Module contents are hashed while they stream (one read, not two); a mismatch abo
 before anything reaches the destination. Non-finite weights are caught the same way.
 
 Example:
-    >>> p = plan(RunDir("RUN"), quant="q8_0", top_k=1, router="ridge", layout="granitemoe", experts=None)
+    >>> p = plan(RunDir("RUN"), quant="q8_0", top_k=1, router="ridge", layout="shared-expert", experts=None)
     >>> p.slot("blk.0.ffn_up_exps.weight").expert_bytes
     >>> p.total_size
 """
@@ -54,7 +54,7 @@ class Plan:
     run: RunDir
     cfg: ModelConfig
     arch: str
-    layout: str  # granitemoe | mixtral | dense
+    layout: str  # shared-expert | folded | dense
     quant: str
     top_k: int
     router: str
@@ -129,15 +129,15 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     merged = merge_plan(mods, trunk_shapes(cfg), merge)
     lay = "dense" if N == 0 else layout
     arch = schema.arch_of(layout, N, cfg.family)
-    if seed_gate is not None and lay == "mixtral" and any("_shexp." in n for n in merged):  # a merged anchor
-        raise MfggufError("--seed-gate in a folded layout (mixtral, qwen3moe) cannot fold an anchor the experts"
-                          " trained (--shared all) into the seed's slot; pass --merge none or --layout granitemoe")
+    if seed_gate is not None and lay == "folded" and any("_shexp." in n for n in merged):  # a merged anchor
+        raise MfggufError("--seed-gate in the folded layout (llama, qwen3moe) cannot fold an anchor the experts"
+                          " trained (--shared all) into the seed's slot; pass --merge none or --layout shared-expert")
 
-    if not cfg.anchor_ff and lay == "granitemoe" and arch in schema.SHEXP_GATED:
+    if not cfg.anchor_ff and lay == "shared-expert" and arch in schema.SHEXP_GATED:
         raise MfggufError(f"this trunk has no anchor (its seed is the base's whole FFN), and {arch} needs a shared expert;"
-                          " pass --layout mixtral")
+                          " pass --layout folded")
     slots = _slots(cfg, lay, R, quant, arch)
-    ff = {"dense": cfg.trunk_ff, "granitemoe": cfg.expert_ff, "mixtral": cfg.anchor_ff + cfg.expert_ff}[lay]
+    ff = {"dense": cfg.trunk_ff, "shared-expert": cfg.expert_ff, "folded": cfg.anchor_ff + cfg.expert_ff}[lay]
     name = base_name(run.root, str(trunk.meta.preset or ""))
     kv = [("general.architecture", "STRING", arch), ("general.name", "STRING", model_name(name, N)),
           ("general.file_type", "UINT32", schema.FILE_TYPE[quant]), ("general.quantization_version", "UINT32", 2)]
@@ -245,11 +245,11 @@ def _slots(cfg: ModelConfig, lay: str, N: int, quant: str, arch: str = "") -> li
             shapes += [(blk(l, "ffn_gate"), (cfg.trunk_ff, C), 0), (blk(l, "ffn_up"), (cfg.trunk_ff, C), 0),
                        (blk(l, "ffn_down"), (C, cfg.trunk_ff), 0)]
             continue
-        ff = cfg.expert_ff + (cfg.anchor_ff if lay == "mixtral" else 0)
+        ff = cfg.expert_ff + (cfg.anchor_ff if lay == "folded" else 0)
         shapes.append((blk(l, "ffn_gate_inp"), (N, C), 0))
         shapes += [(blk(l, "ffn_gate_exps"), (N, ff, C), N), (blk(l, "ffn_up_exps"), (N, ff, C), N),
                    (blk(l, "ffn_down_exps"), (N, C, ff), N)]
-        if lay == "granitemoe" and cfg.anchor_ff:  # no anchor (the seed is the base's whole FFN): no shared expert
+        if lay == "shared-expert" and cfg.anchor_ff:  # no anchor (the seed is the base's whole FFN): no shared expert
             shapes += [(blk(l, f"ffn_{f}_shexp"), t[blk(l, f"ffn_{f}_shexp")], 0) for f in FFN]
             if arch in schema.SHEXP_GATED:
                 shapes.append((blk(l, "ffn_gate_inp_shexp"), (C,), 0))

@@ -14,7 +14,7 @@ What llama.cpp lets a file change, and how each knob is written (so every front-
 
 Search: the settings that minimise perplexity, computed by llama.cpp, on a calibration sample of
 the RUN's training tokens (data/train.npy: evenly spaced windows, `tokens` in all). The held-out
-split (data/heldout/) is never opened. Each candidate rewrites only the router tensors and
+split (data/test/) is never opened. Each candidate rewrites only the router tensors and
 the top-k key of one scratch copy in place; the grid is every top-k with every temperature.
 The settings the file had are a candidate too, so calibration never makes the sample's perplexity
 worse. The written file is

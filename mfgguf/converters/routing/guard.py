@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, module_name, read_json
+from mfgguf.run import RunDir, module_name, module_record
 from mfgguf.converters.routing.calibrate import bias_direction, window_sample
 from mfgguf.gguf.edit import read_f32, read_kv, set_f32
 from mfgguf.gguf.header import read_gguf_header
@@ -157,8 +157,8 @@ def _flat_direction(path: Path, kv: dict, L: int) -> np.ndarray:
 
 
 def _shard_sample(rd: RunDir, i: int, sha: str, n: int, ctx: int) -> np.ndarray:
-    meta = read_json(rd.module_meta(i), f"metadata of {module_name(i)}") if rd.module_meta(i).is_file() else {}
-    if meta.get("sha256") != sha or not rd.shard(i).is_file():
+    m = module_record(rd, i)
+    if m is None or m.sha256 != sha or not rd.shard(i).is_file():
         raise MfggufError(f"--guard scores every expert's training shard, and {module_name(i)} of the model was not"
                           f" trained in {rd.root} (or its shard data/{rd.shard(i).name} is gone); pass --guard-run, the"
                           " RUN the old experts came from")

@@ -2,12 +2,12 @@
 layout).
 
 The trunk's seed FFN (`ffn_*_seed`) streams into slot 0 of the stacked `ffn_*_exps`, placed as the layout
-places an expert's rows (mixtral and qwen3moe: after the anchor's, which the fold phase writes into every
+places an expert's rows (the folded layout, llama and qwen3moe: after the anchor's, which the fold phase writes into every
 slot, the seed's too), expert p's FFN into slot p + 1, and the router phase writes (N + 1, dim) rows per layer:
 converters/routing/seed_gate.py says which.
 
 Example:
-    >>> SEED_SLOT_WRITERS["granitemoe"](p, tmp, threads=2, progress=False)  # p.complement is True
+    >>> SEED_SLOT_WRITERS["shared-expert"](p, tmp, threads=2, progress=False)  # p.complement is True
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class SeedSlot(Writer):
                              pooled=self._pooled_layer)
 
     def _seed_chunk(self, l: int, f: str, r0: int, x: np.ndarray) -> None:
-        placed = self._expert_rows(l, f, r0, x)  # where the layout puts an expert's rows (mixtral: after the anchor)
+        placed = self._expert_rows(l, f, r0, x)  # where the layout puts an expert's rows (folded: after the anchor)
         assert placed is not None, "a folded layout whose anchor is merged places no seed rows (plan refuses it)"
         r0, x = placed
         s = self.p.slot(blk(l, f"ffn_{f}_exps"))
@@ -57,12 +57,12 @@ class SeedSlotGraniteMoeWriter(SeedSlot, GraniteMoeWriter):
 
 
 class SeedSlotMixtralWriter(SeedSlot, MixtralWriter):
-    """mixtral / qwen3moe: the anchor folded into every slot, the seed's too."""
+    """The folded layout (llama, qwen3moe): the anchor folded into every slot, the seed's too."""
 
 
 class SeedSlotQwen2MoeWriter(SeedSlot, Qwen2MoeWriter):
     """qwen2moe: the anchor as the gated shared expert, the seed and the experts routed beside it."""
 
 
-SEED_SLOT_WRITERS: dict[str, type[Writer]] = {"granitemoe": SeedSlotGraniteMoeWriter, "mixtral": SeedSlotMixtralWriter,
+SEED_SLOT_WRITERS: dict[str, type[Writer]] = {"shared-expert": SeedSlotGraniteMoeWriter, "folded": SeedSlotMixtralWriter,
                                              "qwen2moe": SeedSlotQwen2MoeWriter}

@@ -89,7 +89,7 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
                           trunk_sha256=first, force=force, seed=seed)
 
     def held(m: dict) -> float:
-        return sum(m["heldout_loss"][d] for d in trained) / len(trained)
+        return sum(m["validation_loss"][d] for d in trained) / len(trained)
 
     def flop_tokens(mode: str) -> int:
         return matched_tokens(flops, continued_step_flops(cfg, mode).total, step)
@@ -100,10 +100,10 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
         if len(lrs[mode]) == 1 and all(k.key == "lora-domain" for k in kinds if k.trains == mode):
             # one LR given and no baseline that is the grid's own run: there is nothing to choose, so nothing to train
             best[mode] = lrs[mode][0]
-            grid[mode] = {"tokens": tokens, "heldout_loss_trained_domains": {}, "chosen_lr": best[mode]}
+            grid[mode] = {"tokens": tokens, "validation_loss_trained_domains": {}, "chosen_lr": best[mode]}
             continue
         runs[mode] = {lr: train(f"grid-{mode}-lr{lr:g}", mode, tokens, lr) for lr in lrs[mode]}
-        grid[mode] = {"tokens": tokens, "heldout_loss_trained_domains": {f"{lr:g}": held(m) for lr, m in runs[mode].items()}}
+        grid[mode] = {"tokens": tokens, "validation_loss_trained_domains": {f"{lr:g}": held(m) for lr, m in runs[mode].items()}}
         best[mode] = min(runs[mode], key=lambda lr: held(runs[mode][lr]))
         grid[mode]["chosen_lr"] = best[mode]
     plans = []

@@ -65,7 +65,7 @@ class Scratch:
                     for s in schedules}
             chosen, m = pick_schedule({s: read_module_meta(d, 0) for s, d in runs.items()})
             outcome.sections["dense_schedules"][b.label] = {
-                "chosen": chosen, "heldout_loss": {s: read_module_meta(d, 0)["heldout_loss_mean"] for s, d in runs.items()}}
+                "chosen": chosen, "validation_loss": {s: read_module_meta(d, 0)["validation_loss_mean"] for s, d in runs.items()}}
             outcome.curves[b.label] = m
             outcome.trained.append(Trained(
                 b.key, b.label, runs[chosen].root, runs[chosen].root.name,  # dense-<key>[-<schedule>]: the one kept
@@ -147,7 +147,7 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
 
 def pick_schedule(metas: dict[str, dict]) -> tuple[str, dict]:
     """{schedule: a baseline's module meta trained with it} -> (the better schedule: lowest held-out loss, its meta)."""
-    best = min(metas, key=lambda s: metas[s]["heldout_loss_mean"])
+    best = min(metas, key=lambda s: metas[s]["validation_loss_mean"])
     return best, metas[best]
 
 

@@ -6,7 +6,7 @@ every step a checkpoint); what happens around it does not, and lives here once. 
 supplies the step; `train_steps` drives it.
 
 The order around each step is fixed, because resuming exactly depends on it: the step; its loss in
-the history; at a curve point, the weights made current (`settle`) and the held-out curve recorded;
+the history; at a curve point, the weights made current (`settle`) and the validation curve recorded;
 then the checkpoint, which holds both histories.
 
 Example:
@@ -29,6 +29,7 @@ import torch
 from mfgguf.config import TrainConfig
 from mfgguf.data.masks import mask_targets
 from mfgguf.errors import MfggufError
+from mfgguf.run.legacy import renamed
 from mfgguf.train.engine.status import StatusFile
 
 
@@ -147,13 +148,13 @@ class Steps(Protocol):
     """One kind of training step, and its checkpoint."""
 
     def resume(self) -> dict | None:
-        """The checkpoint's state ({"step", "history", "heldout_history"}), or None to start at step 0."""
+        """The checkpoint's state ({"step", "history", "validation_history"}), or None to start at step 0."""
 
     def step(self, step: int, x: torch.Tensor, y: torch.Tensor, lr: float) -> float:
         """Train on batch (x, y) at schedule LR `lr`; return the batch's mean loss."""
 
     def settle(self) -> None:
-        """Make the weights the last step produced current (before the held-out curve reads them)."""
+        """Make the weights the last step produced current (before the validation curve reads them)."""
 
     def checkpoint(self, step: int, state: dict, last: bool) -> None:
         """After `step` steps: keep `state` (histories included) as a checkpoint where this kind keeps one.
@@ -173,8 +174,8 @@ class LoopResult:
     tokens_seen: int
     final_loss: float
     history: list = field(default_factory=list)  # [[step, tokens, loss], ...]
-    heldout_history: list = field(default_factory=list)  # [[step, tokens, {domain: loss}], ...]
-    eval_s: float = 0.0  # seconds spent on the held-out curve this process (not in train_s)
+    validation_history: list = field(default_factory=list)  # [[step, tokens, {domain: loss}], ...]
+    eval_s: float = 0.0  # seconds spent on the validation curve this process (not in train_s)
     train_s: float = 0.0  # seconds spent in training steps this process (not eval, not load, not checkpoint saves)
     ckpt_s: float = 0.0  # seconds spent writing checkpoints this process (not in train_s)
     resumed_from: int = 0
@@ -185,12 +186,12 @@ class LoopResult:
 
 
 def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int, stream: int, label: str,
-                progress: bool, heldout: Callable[[], dict] | None = None, until: int | None = None,
+                progress: bool, validation: Callable[[], dict] | None = None, until: int | None = None,
                 mask: np.ndarray | None = None) -> LoopResult:
     """Drive `impl` over the schedule's steps (up to `until`, a sync round's end) on shuffled epochs of
-    `data`'s windows (get_batch). `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
+    `data`'s windows (get_batch). `validation()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
     the schedule's last one (not at a round's end: nothing is decided on a round's score; docs/benchmarks.md,
-    the recipe's wall): the held-out curve, kept in checkpoints. `mask` (data/masks.py: as long as `data`, 0 on
+    the recipe's wall): the validation curve, kept in checkpoints. `mask` (data/masks.py: as long as `data`, 0 on
     context tokens) leaves the targets it zeroes out of every step's loss."""
     check_schedule(tc)
     per_step = tc.batch_size * ctx_len
@@ -198,15 +199,16 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
     branch_at = cooldown_start(steps, tc)  # wsd: the branch point, kept before that step's checkpoint
     end = steps if until is None else min(steps, until)
     state = impl.resume()
+    state = renamed(state) if state else state  # a checkpoint written before the curve had its name
     start, history = (state["step"], state["history"]) if state else (0, [])
     before = float(state.get("train_s_total", 0.0)) if state else 0.0  # absent from checkpoints older than the key
-    curve = state.get("heldout_history", []) if state else []
+    curve = state.get("validation_history", []) if state else []
     eval_s = ckpt_s = 0.0
 
-    def record(step: int) -> None:  # one held-out curve point after `step` steps
+    def record(step: int) -> None:  # one validation curve point after `step` steps
         nonlocal eval_s
         t = time.perf_counter()
-        curve.append([step, step * per_step, heldout()])
+        curve.append([step, step * per_step, validation()])
         eval_s += time.perf_counter() - t
 
     bar = Progress(label, end * per_step, start * per_step) if progress else None
@@ -224,13 +226,13 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
                 raise MfggufError(f"training diverged at step {step} (loss {lv}); lower --lr and pass --restart")
             done = step + 1
             history.append([done, done * per_step, lv])
-            if heldout and (done == steps or (tc.eval_every and done % tc.eval_every == 0)):
+            if validation and (done == steps or (tc.eval_every and done % tc.eval_every == 0)):
                 impl.settle()
                 record(done)  # before the checkpoint, so a resumed run (or the next round) has this point too
             if done == branch_at:
                 impl.branch(done, {"step": done, "tokens": done * per_step, "lr": tc.lr, "steps": steps})
             t_ck = time.perf_counter()
-            impl.checkpoint(done, {"step": done, "history": list(history), "heldout_history": list(curve),
+            impl.checkpoint(done, {"step": done, "history": list(history), "validation_history": list(curve),
                                    "train_s_total": before + t_ck - t0 - eval_s - ckpt_s}, last=done == end)
             ckpt_s += time.perf_counter() - t_ck  # a whole model's save takes seconds: not a step's speed
             tokens, dt = done * per_step, time.perf_counter() - t0
@@ -244,10 +246,10 @@ def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int,
         if bar:
             bar.close()
     train_s = time.perf_counter() - t0 - eval_s - ckpt_s
-    if heldout and end == steps and (not curve or curve[-1][0] != end):  # resumed at the very end: nothing ran
+    if validation and end == steps and (not curve or curve[-1][0] != end):  # resumed at the very end: nothing ran
         record(end)
     return LoopResult(steps=end, tokens_seen=end * per_step, final_loss=smooth(history), history=history,
-                      heldout_history=curve, eval_s=eval_s, train_s=train_s, ckpt_s=ckpt_s, resumed_from=start,
+                      validation_history=curve, eval_s=eval_s, train_s=train_s, ckpt_s=ckpt_s, resumed_from=start,
                       train_s_before=before, epochs=epochs_of(end * per_step, len(data)))
 
 

@@ -229,7 +229,7 @@ def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig,
 
 
 def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc: TrainConfig, info: dict, dev,
-                precision: str, recompute: bool, heldout: dict, t_start: float) -> dict:
+                precision: str, recompute: bool, validation: dict, t_start: float) -> dict:
     """The metadata every module records about its training (trunk and experts alike)."""
     fresh_tokens = res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len  # this process's share
     return {
@@ -237,18 +237,18 @@ def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc
         "partition": info.get("partition"), "device": dev.type, "precision": precision, "recompute": recompute,
         "compiled": res.compiled,
         "steps": res.steps, "tokens_seen": res.tokens_seen, "epochs": res.epochs, "final_loss": res.final_loss,
-        "heldout_loss": heldout, "heldout_loss_mean": mean(heldout) if heldout else None,  # a round's end: none
+        "validation_loss": validation, "validation_loss_mean": mean(validation) if validation else None,  # a round's end: none
         "train_s": res.train_s, "tokens_per_s": fresh_tokens / max(res.train_s, 1e-9),
         "resumed_from_step": res.resumed_from, "history": res.history, "wall_s": time.perf_counter() - t_start,
         "startup_s": startup_s(t_start),  # the process's start before t_start, if this is its first record
-        "heldout_history": res.heldout_history, "heldout_curve_s": res.eval_s,
+        "validation_history": res.validation_history, "validation_curve_s": res.eval_s,
     }
 
 
 def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], data: np.ndarray, tc: TrainConfig,
              *, dev, precision: str, route: str, stream: int, ckpt_dir: Path, ckpt_meta: dict,
              recompute: bool = False, progress: bool = True, label: str = "train",
-             heldout: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None,
+             validation: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None,
              until: int | None = None, keep: frozenset[str] = frozenset(),
              resume_from: dict | None = None, branch_path: Path | None = None,
              start_state: dict[str, dict] | None = None, micro: int | None = None,
@@ -257,7 +257,7 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
     """Train `named_params` of `model` on shuffled epochs of `data`'s windows; checkpoint and resume in `ckpt_dir`.
 
     `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
-    start over. `heldout()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and
+    start over. `validation()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and
     after the last one: the held-out curve, kept in checkpoints like the loss history. `lr_scale`
     {name: factor} scales some parameters' LR (make_optimizer). `until` stops after that many of the
     schedule's steps (a sync round: the LR schedule still spans the whole run) and checkpoints
@@ -277,13 +277,13 @@ def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], da
                          until=until, branch_path=branch_path, start_state=start_state, micro=micro, tail=tail,
                          ckpt_seconds=ckpt_seconds)
     def curve() -> dict:
-        out = heldout()
-        model.train()  # heldout() leaves the model in eval mode
+        out = validation()
+        model.train()  # validation() leaves the model in eval mode
         return out
 
     model.train()
     res = train_steps(impl, data, tc, ctx_len=model.cfg.ctx_len, stream=stream, label=label, progress=progress,
-                      heldout=curve if heldout else None, until=until, mask=mask)
+                      validation=curve if validation else None, until=until, mask=mask)
     res.compiled = impl.compiled
     return res
 
@@ -412,11 +412,11 @@ def wants_compile(choice: str, work: float, recompute: bool) -> bool:
     return choice == "on" and not recompute
 
 
-def heldout_losses(heldout_dir: Path, model: Transformer, max_tokens: int, route: str, dev, precision: str) -> dict:
-    """{domain: mean loss} over `data/heldout/<domain>.npy`, up to `max_tokens` tokens each (a chat domain's:
+def validation_losses(test_dir: Path, model: Transformer, max_tokens: int, route: str, dev, precision: str) -> dict:
+    """{domain: mean loss} over `data/test/<domain>.npy`, up to `max_tokens` tokens each (a chat domain's:
     over its assistant turns, the targets its loss mask counts)."""
     out = {}
-    for f in sorted(Path(heldout_dir).glob("*.npy")):
+    for f in sorted(Path(test_dir).glob("*.npy")):
         tokens = load_tokens(f, f"held-out tokens of {f.stem}")
         loss, n = evaluate(model, tokens, max_tokens, route, dev, precision, mask=load_mask(f, len(tokens)))
         if n:

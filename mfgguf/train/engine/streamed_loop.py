@@ -37,14 +37,14 @@ def init_from_seed(cfg: ModelConfig, seed: int) -> Callable[[Slot], torch.Tensor
 
 
 def streamed_loop(trunk: StreamedTrunk, data: np.ndarray, tc: TrainConfig, *, stream: int, ckpt_meta: dict,
-                  progress: bool, label: str, heldout: Callable[[], dict] | None, branch_path=None,
+                  progress: bool, label: str, validation: Callable[[], dict] | None, branch_path=None,
                   mask: np.ndarray | None = None) -> LoopResult:
     """`run_loop` for a StreamedTrunk: the same driver, batches, schedule and held-out curve; every step
     is a checkpoint. `branch_path`: where a wsd run keeps its branch point (branch.py); `mask`: `data`'s loss
     mask (data/masks.py)."""
     impl = StreamedSteps(trunk, tc, ckpt_meta, branch_path)
     res = train_steps(impl, data, tc, ctx_len=trunk.cfg.ctx_len, stream=stream, label=label, progress=progress,
-                      heldout=heldout, mask=mask)
+                      validation=validation, mask=mask)
     res.io_per_step = impl.io or [0, 0]
     return res
 
@@ -65,7 +65,7 @@ class StreamedSteps:
         state = load_state(store.root)
         if state is None:
             store.create(init_from_seed(cfg, self.tc.seed))
-            state = {**self.ckpt_meta, "step": 0, "set": "a", "history": [], "heldout_history": []}
+            state = {**self.ckpt_meta, "step": 0, "set": "a", "history": [], "validation_history": []}
             store.commit(state)
         for k, v in self.ckpt_meta.items():
             if state.get(k) != v:
@@ -112,8 +112,8 @@ class StreamedSteps:
         self.trunk.join()
 
 
-def streamed_heldout(trunk: StreamedTrunk, heldout_dir, max_tokens: int, budget_tokens: int) -> dict:
-    """{domain: mean loss} like `heldout_losses` (a loss mask's counted targets only), forward-streamed in groups
+def streamed_validation_losses(trunk: StreamedTrunk, test_dir, max_tokens: int, budget_tokens: int) -> dict:
+    """{domain: mean loss} like `validation_losses` (a loss mask's counted targets only), forward-streamed in groups
     of windows."""
     from pathlib import Path
 
@@ -121,7 +121,7 @@ def streamed_heldout(trunk: StreamedTrunk, heldout_dir, max_tokens: int, budget_
     from mfgguf.train.engine.loop import load_tokens
 
     out = {}
-    for f in sorted(Path(heldout_dir).glob("*.npy")):
+    for f in sorted(Path(test_dir).glob("*.npy")):
         tokens = load_tokens(f, f"held-out tokens of {f.stem}")
         mask = load_mask(f, len(tokens))
         starts, win = eval_windows(tokens, trunk.cfg.ctx_len, max_tokens)

@@ -28,14 +28,14 @@ from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name
 from mfgguf.options import TrainOptions
 from mfgguf.plots import loss_curve
 from mfgguf.run.records import ModuleMeta
-from mfgguf.run import RunDir, module_name, read_manifest, read_module, sha256_file, write_module
+from mfgguf.run import RunDir, manifest, module_name, read_module, sha256_file, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import smooth
-from mfgguf.train.engine.loop import (check_token_range, evaluate, heldout_losses, limit_heap_retention, load_tokens,
+from mfgguf.train.engine.loop import (check_token_range, evaluate, validation_losses, limit_heap_retention, load_tokens,
                                       resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
 from mfgguf.train.engine.weights import read_safetensors, set_param
 from mfgguf.train.experts import pieces as pc
-from mfgguf.train.experts.base_score import reference_heldout
+from mfgguf.train.experts.base_score import reference_validation_loss
 from mfgguf.train.experts.config import expert_config
 from mfgguf.train.experts.pieces import expert_params  # noqa: F401  (the expert's trainable parameters, as before)
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
@@ -51,7 +51,7 @@ def load_trunk_meta(rd: RunDir) -> dict:
     if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
         raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
     meta = read_module(rd, 0)
-    recorded = read_manifest(rd).get("modules", {}).get("trunk", {}).get("sha256")
+    recorded = manifest(rd).sha256("trunk")
     actual = sha256_file(rd.module_file(0))
     if actual != meta.sha256 or (recorded and actual != recorded):
         raise MfggufError(f"{rd.module_file(0)} does not match its recorded sha256 (modified or damaged);"
@@ -144,14 +144,14 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     the trunk the next round starts from.
 
     Example:
-        >>> train_expert(Path("RUN"), 1, options=TrainOptions(tokens=20_000))["heldout_loss"]
+        >>> train_expert(Path("RUN"), 1, options=TrainOptions(tokens=20_000))["validation_loss"]
     """
     t_start = time.perf_counter()
     job = open_job(Path(run), int(expert), options, device, precision)
     tc, cfg, rd, i = job.tc, job.cfg, job.rd, job.i
     t = time.perf_counter()  # before the expert's model exists: an imported base is scored by a model of its own
-    before = reference_heldout(rd, job.trunk, tc.eval_tokens, job.dev, job.prec) if job.rnd == tc.rounds else {}
-    clock = {"setup": t - t_start, "base_heldout": time.perf_counter() - t}  # where the wall time goes, in seconds
+    before = reference_validation_loss(rd, job.trunk, tc.eval_tokens, job.dev, job.prec) if job.rnd == tc.rounds else {}
+    clock = {"setup": t - t_start, "base_validation": time.perf_counter() - t}  # where the wall time goes, in seconds
     ckpt_dir = rd.checkpoint_dir(i)
     if restart:
         ckpt_io.remove(ckpt_dir)
@@ -168,10 +168,10 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     resume_from, keep = pc.RoundStart.plan(job, ckpt_meta, state, ckpt_dir, steps, shared)
     until = round_end(steps, tc.rounds, job.rnd)
     tail = pc.statistics(cfg, tc, steps) if until == steps else None  # the last round gathers the router statistics
-    curve = lambda: heldout_losses(rd.validation_dir, model, tc.curve_tokens, ffn.route, job.dev, job.prec)  # noqa: E731
+    curve = lambda: validation_losses(rd.validation_dir, model, tc.curve_tokens, ffn.route, job.dev, job.prec)  # noqa: E731
     res = run_loop(model, named, job.data, tc, dev=job.dev, precision=job.prec, route=ffn.route, stream=i,
                    ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, recompute=rec, progress=progress,
-                   label=_label(i, job.rnd, tc.rounds), heldout=curve, lr_scale=shared.lr_scales(model), until=until,
+                   label=_label(i, job.rnd, tc.rounds), validation=curve, lr_scale=shared.lr_scales(model), until=until,
                    keep=keep, resume_from=resume_from, start_state=start_state, micro=micro, tail=tail,
                    mask=load_mask(rd.shard(i), len(job.data)))
     if job.rnd < tc.rounds:
@@ -211,11 +211,11 @@ def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, 
     """The last round's module: its validation score, router statistics, record, tensors and loss curve."""
     tc, cfg, rd, i = job.tc, job.cfg, job.rd, job.i
     t = time.perf_counter()
-    last = res.heldout_history[-1] if res.heldout_history else None
+    last = res.validation_history[-1] if res.validation_history else None
     if last is not None and last[0] == res.steps and tc.curve_tokens >= tc.eval_tokens:
-        heldout = last[2]  # the curve's last point scored the same tokens a moment ago
+        validation = last[2]  # the curve's last point scored the same tokens a moment ago
     else:
-        heldout = heldout_losses(rd.validation_dir, model, tc.eval_tokens, ffn.route, job.dev, job.prec)
+        validation = validation_losses(rd.validation_dir, model, tc.eval_tokens, ffn.route, job.dev, job.prec)
     t1 = time.perf_counter()
     if tail is not None:  # the training steps' own FFN inputs; the shard loss is theirs too
         stats, shard_loss = tail.stats, smooth(res.history, res.steps - tail.first_step)
@@ -223,17 +223,17 @@ def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, 
         stats = RouterStats(cfg.n_layers, cfg.dim)
         shard_loss, _ = evaluate(model, job.data, stats_tokens(asdict(tc)), ffn.route, job.dev, job.prec,
                                  hook=stats.hook)
-    clock.update(heldout=t1 - t, stats=time.perf_counter() - t1)
+    clock.update(validation=t1 - t, stats=time.perf_counter() - t1)
     meta = {
         **result_meta(res, kind="expert", preset=job.preset, cfg=cfg, tc=tc, info=job.info.json, dev=job.dev,
-                      precision=job.prec, recompute=rec, heldout=heldout, t_start=t_start),
+                      precision=job.prec, recompute=rec, validation=validation, t_start=t_start),
         "index": i,
         "micro_batch": micro,
         "trunk_sha256": job.trunk.sha256,
         "shard": i,
         "shard_domains": job.info.shard_domains(i),
         "shard_loss": shard_loss,
-        "trunk_heldout_loss": before,
+        "trunk_validation_loss": before,
         "router_stats_count": stats.n,
         "router_stats_from": "pass" if tail is None else f"training steps {tail.first_step + 1}-{res.steps}",
         "wall_breakdown_s": {**{k: round(v, 2) for k, v in clock.items()}, "train": round(res.train_s, 2),
@@ -249,7 +249,7 @@ def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, 
             moments_path(rd, i).unlink(missing_ok=True)
 
     meta = write_module(rd, i, {**ffn.tensors(model), **shared.tensors(model), **means}, meta, beside=moments)
-    loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, heldout=heldout, curve=res.heldout_history,
+    loss_curve(rd.plots / f"loss_{module_name(i)}.png", res.history, validation=validation, curve=res.validation_history,
                reference=before or None, title=f"{module_name(i)} ({job.preset}, {res.tokens_seen:,} tokens)")
     return meta
 
@@ -268,7 +268,7 @@ def _round(rd: RunDir, trunk: ModuleMeta, tc, i: int) -> int:
         raise MfggufError(f"{rd.root} is synced after its last round; its experts are final: assemble it"
                           + (f" (an expert that sat out the syncs, not {i}, may train later with --shared none)"
                              if synced else ""))
-    rnd = trunk.trunk_round + 1
+    rnd = trunk.syncs + 1
     if rnd > tc.rounds:
         raise MfggufError(f"the trunk has been through {rnd - 1} sync(s), so expert {i} would train round {rnd},"
                           f" but --rounds is {tc.rounds}; pass the --rounds the run was started with")
@@ -284,14 +284,14 @@ def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCop
 
     No router statistics (the next round changes them); the checkpoint stays for the next round.
     """
-    last = res.heldout_history[-1] if res.heldout_history else None
-    heldout = last[2] if last is not None and last[0] == res.steps else {}  # a round's end is not scored
+    last = res.validation_history[-1] if res.validation_history else None
+    validation = last[2] if last is not None and last[0] == res.steps else {}  # a round's end is not scored
     i, tc = job.i, job.tc
     meta = {
         **result_meta(res, kind="expert", preset=job.preset, cfg=job.cfg, tc=tc, info=job.info.json, dev=job.dev,
-                      precision=job.prec, recompute=rec, heldout=heldout, t_start=t_start),
+                      precision=job.prec, recompute=rec, validation=validation, t_start=t_start),
         "index": i, "trunk_sha256": job.trunk.sha256, "shard": i, "shard_domains": job.info.shard_domains(i),
-        "trunk_heldout_loss": job.trunk.json.get("heldout_loss", {}), "router_stats_count": 0,
+        "trunk_validation_loss": job.trunk.json.get("validation_loss", {}), "router_stats_count": 0,
         **shared.record(), "round": job.rnd, "rounds": tc.rounds,
         **pc.BranchStart.record(job),
     }

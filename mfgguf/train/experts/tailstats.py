@@ -140,11 +140,11 @@ def read_moments(rd: RunDir, i: int, module_sha256: str, n_layers: int, dim: int
 def _read_moments(path: Path, module_sha256: str, n_layers: int, dim: int) -> RouterStats | None:
     rows, cols = torch.triu_indices(dim, dim)
     with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("module_sha256") != module_sha256 or set(f.keys()) != {upper_name(l) for l in range(n_layers)}:
+        header = f.metadata() or {}  # the safetensors file's own: the module it describes, the tokens it covers
+        if header.get("module_sha256") != module_sha256 or set(f.keys()) != {upper_name(l) for l in range(n_layers)}:
             return None
         out = RouterStats(n_layers, dim, second_moment=True)
-        n = int(meta["count"])
+        n = int(header["count"])
         out.count = [n] * n_layers
         for l in range(n_layers):
             upper = f.get_tensor(upper_name(l)).double()  # (C(C+1)/2,)

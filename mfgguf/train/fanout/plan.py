@@ -74,7 +74,7 @@ def run_plan(rd: RunDir, ids: list[int], trunk: dict, rounds: int, opts: JobOpti
 
     ec = expert_config(trunk, opts.train)
     cfg, tc = ec.cfg, ec.tc
-    first = int(trunk.get("round", 0)) + 1
+    first = int(trunk.get("syncs", 0)) + 1
     todo = () if trunk.get("final") else (
         tuple((i, first) for i in ids if i not in trained)
         + tuple((i, r) for r in range(first + 1, rounds + 1) for i in ids))

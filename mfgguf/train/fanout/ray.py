@@ -5,7 +5,7 @@ so Ray places no more on a node than fits, and retries a task whose worker proce
 (`max_retries`). A task runs `train_expert` in the worker itself:
   - shared: RUN is on a filesystem the worker sees (same path, same trunk hash): it trains there,
     checkpoints included, so a retried task resumes from the dead one's last checkpoint;
-  - copy:   nothing is shared: the driver puts the trunk, tokenizer, run files, held-out split,
+  - copy:   nothing is shared: the driver puts the trunk, tokenizer, run files, validation split,
             the expert's shard (and, between sync rounds, its checkpoint) in Ray's object store;
             the worker rebuilds a RUN under its temp dir, keyed by the trunk's hash and the job's
             options (a retry on the same node finds its checkpoint there), and sends back the module file, its metadata,
@@ -28,7 +28,8 @@ from pathlib import Path
 
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions
-from mfgguf.run import RunDir, atomic_path, module_name, read_manifest, sha256_file, update_manifest, write_json
+from mfgguf.run import RunDir, atomic_path, manifest, module_name, sha256_file, update_manifest, write_json
+from mfgguf.run.records import ModuleMeta
 from mfgguf.train.fanout.jobs import Job, status_path
 from mfgguf.train.engine.status import ENV as STATUS_ENV
 from mfgguf.train.engine.status import read_status
@@ -83,7 +84,7 @@ class RayBackend:
 
     def run(self, jobs: list[Job], opts: JobOptions, view) -> None:
         ray, rd = self.ray, self.rd
-        trunk_sha = read_manifest(rd)["modules"]["trunk"]["sha256"]
+        trunk_sha = manifest(rd).sha256("trunk")
         common = ray.put(_files(rd, _common_paths(rd))) if self.transfer != "shared" else None
         refs = {}
         for job in jobs:
@@ -175,7 +176,8 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
         from mfgguf.train.experts.expert import train_expert
 
         o = JobOptions.from_dict(opts)
-        meta = train_expert(rd.root, i, options=o.train, device=o.device, precision=o.precision, progress=False)
+        trained = ModuleMeta.of(train_expert(rd.root, i, options=o.train, device=o.device, precision=o.precision,
+                                             progress=False))
     finally:
         stop.set()
         os.environ.pop(STATUS_ENV, None)
@@ -184,10 +186,11 @@ def _job(root: str, i: int, opts: dict, transfer: str, trunk_sha: str, common, o
            "where": f"{socket.gethostname()} pid {os.getpid()}"}
     if not shared:
         name = module_name(i)
-        out["meta"] = json.loads(rd.module_meta(i).read_text())
+        record = ModuleMeta.from_json(json.loads(rd.module_meta(i).read_text()))
+        out["meta"] = record.to_json()
         moments = [m] if (m := moments_path(rd, i)).is_file() else []  # the last round's, for the final sync
         out["files"] = _files(rd, [rd.module_file(i), rd.plots / f"loss_{name}.png", *moments, *_tree(rd.checkpoint_dir(i))])
-        assert out["meta"]["sha256"] == meta["sha256"]
+        assert record.sha256 == trained.sha256
         shutil.rmtree(rd.checkpoint_dir(i), ignore_errors=True)  # shipped: the driver keeps it from now on
     return out
 
@@ -264,14 +267,14 @@ def _materialize(key: str, common: dict[str, bytes], own: dict[str, bytes], i: i
 
 def _receive(rd: RunDir, i: int, out: dict) -> None:
     """Write a copy-mode job's results into RUN: module (hash checked), metadata, plot, checkpoint."""
-    files, meta = out["files"], out["meta"]
+    files, meta = out["files"], ModuleMeta.from_json(out["meta"])
     mod_rel = str(rd.module_file(i).relative_to(rd.root))
     ckpt = rd.checkpoint_dir(i)
     with atomic_path(rd.module_file(i)) as tmp:
         tmp.write_bytes(files[mod_rel])
-        if sha256_file(tmp) != meta["sha256"]:
+        if sha256_file(tmp) != meta.sha256:
             raise MfggufError(f"{module_name(i)} arrived damaged (sha256 differs from its metadata); re-run train-experts")
-    write_json(rd.module_meta(i), meta)
+    write_json(rd.module_meta(i), meta.to_json())
     update_manifest(rd, i, meta)
     if ckpt.is_dir():
         shutil.rmtree(ckpt)  # replaced by the job's (between rounds) or gone (after the last round), as locally

@@ -113,7 +113,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     rounds = int(job.train.rounds or _rounds_in_run(rd, ids) or 1)
     opts = replace(job, train=replace(job.train, rounds=rounds))
     _drop_finished_checkpoints(rd, ids, trunk)
-    plan = run_plan(rd, ids, trunk, rounds, opts, [i for i in ids if _trained(rd, i, trunk, int(trunk.get("round", 0)) + 1)])
+    plan = run_plan(rd, ids, trunk, rounds, opts, [i for i in ids if _trained(rd, i, trunk, int(trunk.get("syncs", 0)) + 1)])
     check_shards(rd, plan)
     n_workers, threads = plan_workers(trunk.get("preset", DEFAULT_PRESET), workers) if ray is None else (len(ids), 1)
     need = estimate(plan, n_workers)
@@ -184,7 +184,7 @@ def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend
         trunk = _trunk_meta(rd)
         if trunk.get("final"):
             break
-        r = int(trunk.get("round", 0)) + 1
+        r = int(trunk.get("syncs", 0)) + 1
         jobs = [Job(i, r, log=str(rd.root / "logs" / f"{module_name(i)}.log")) for i in ids
                 if not _trained(rd, i, trunk, r)]
         if jobs:

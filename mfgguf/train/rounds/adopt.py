@@ -11,7 +11,7 @@ final trunk, and pools its moments into G. Its held-out losses stay those of its
 its record says so. `mfgguf sync --stats-from pass` keeps the pass.
 
 Example:
-    >>> m = read_moments(rd, 1, read_module_meta(rd, 1)["sha256"], cfg.n_layers, cfg.dim)
+    >>> m = read_moments(rd, 1, read_module(rd, 1).sha256, cfg.n_layers, cfg.dim)
     >>> adopt(rd, 1, m, pooled)["router_stats_on"]
     'own trunk copy, the last round's training steps'
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from mfgguf.run import SHARED_PREFIX, RunDir, read_module_meta, write_module
+from mfgguf.run import SHARED_PREFIX, RunDir, read_module, write_module
 from mfgguf.train.engine.weights import read_safetensors
 from mfgguf.train.experts.expert import load_trunk_meta
 from mfgguf.train.experts.stats import RouterStats
@@ -32,13 +32,13 @@ def adopt(rd: RunDir, i: int, moments: RouterStats, pooled: RouterStats) -> dict
     """Expert i as a module of the final trunk with the statistics its last round recorded; `moments` into `pooled`."""
     t0 = time.perf_counter()
     trunk = load_trunk_meta(rd)
-    meta = read_module_meta(rd, i)
+    meta = read_module(rd, i)
     tensors = {k: t for k, t in read_safetensors(rd.module_file(i)) if not k.startswith(SHARED_PREFIX)}
     pooled.add(moments)
     out = write_module(rd, i, tensors, {
-        **meta, "trunk_sha256": trunk["sha256"], "shared_merged": True, "router_stats_on": ON,
-        "heldout_on": "own trunk copy", "restat_tokens": 0,
+        **meta.to_json(), "trunk_sha256": trunk["sha256"], "shared_merged": True, "router_stats_on": ON,
+        "validation_on": "own trunk copy", "restat_tokens": 0,
         "restat_s": time.perf_counter() - t0,
-        "premerge": {k: meta.get(k) for k in ("heldout_loss", "heldout_loss_mean", "shard_loss", "trunk_sha256")},
+        "premerge": meta.premerge(),
     })
     return out

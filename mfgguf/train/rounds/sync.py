@@ -37,8 +37,9 @@ from mfgguf.gguf.fileio import pwrite_all
 from mfgguf.modules.merge import merge_plan, merged_chunks
 from mfgguf.errors import MfggufError, retired
 from mfgguf.machine import startup_s
-from mfgguf.run import (RunDir, atomic_path, link_or_copy, module_meta_for, module_name, read_json, read_manifest,
-                   read_module_meta, recorded_experts, router_stats_current, trained_copies, update_manifest, write_json)
+from mfgguf.run import (RunDir, SyncPlan, atomic_path, link_or_copy, module_meta_for, module_name, read_manifest,
+                        read_module, recorded_experts, router_stats_current, sync_plan, update_manifest, write_json)
+from mfgguf.run.records import ModuleMeta
 
 SYNC_FORMAT = "mfgguf-sync"
 OUTER_FILE = "outer.safetensors"  # the momentum of a sync with --outer-momentum, which mfgguf removed
@@ -74,9 +75,9 @@ def sync(run: Path, *, merge: str = "mean", restat: bool = True,
     t0 = time.perf_counter()
     plan_file = rd.pending_sync()
     if plan_file is None:
-        trunk = read_module_meta(rd, 0) if rd.module_meta(0).is_file() else {}
+        trunk = read_module(rd, 0) if rd.module_meta(0).is_file() else ModuleMeta()
         ids = synced_experts(rd, trunk, experts)
-        if trunk.get("final"):  # the last merge is published: only statistics passes can be left
+        if trunk.final:  # the last merge is published: only statistics passes can be left
             restats = restat and [i for i in ids if needs_restat(rd, trunk, i)]
             if not restats and (not restat or router_stats_current(rd, ids)):
                 raise MfggufError(f"{rd.root} is already synced after its last round; assemble it with"
@@ -84,22 +85,20 @@ def sync(run: Path, *, merge: str = "mean", restat: bool = True,
             plan_file = sorted(rd.rounds.glob("sync_*/sync.json"))[-1]
         else:
             plan_file = _stage(rd, info, ids, merge, device, progress)
-    plan = read_json(plan_file, "the sync plan")
-    ids = plan.get("expert_ids") or list(range(1, plan["experts"] + 1))
+    plan = sync_plan(plan_file)
     _publish(rd, plan_file.parent, plan)
-    plan["state"] = "published"
-    write_json(plan_file, plan)
+    write_json(plan_file, {**plan.to_json(), "state": "published"})
     restated, adopted = [], []
-    if plan["final"] and restat:
-        restated, adopted = _final_statistics(rd, ids, stats_from, device, progress, t0)
-    trunk = read_module_meta(rd, 0)
-    plan["wall_s"] = round(float(plan.get("wall_s") or 0.0) + time.perf_counter() - t0, 2)  # a re-run adds its own
-    plan["startup_s"] = round(float(plan.get("startup_s") or 0.0) + startup_s(t0), 2)  # and its process's start
-    write_json(plan_file, plan)  # the wall-clock-matched baseline's budget counts every sync
-    return {"round": plan["round"], "rounds": plan["rounds"], "final": plan["final"], "merge": plan["merge"],
-            "merged_tensors": plan["merged_tensors"], "trunk_sha256": trunk["sha256"],
-            "heldout_loss": trunk.get("heldout_loss", {}), "before_heldout_loss": plan["before_heldout_loss"],
-            "experts": plan["experts"], "restated": restated, "adopted": adopted, "wall_s": time.perf_counter() - t0,
+    if plan.final and restat:
+        restated, adopted = _final_statistics(rd, plan.ids, stats_from, device, progress, t0)
+    trunk = read_module(rd, 0)
+    write_json(plan_file, {**plan.to_json(), "state": "published",  # the wall-clock-matched baseline counts every sync
+                           "wall_s": round(plan.wall_s + time.perf_counter() - t0, 2),  # a re-run adds its own
+                           "startup_s": round(plan.startup_s + startup_s(t0), 2)})  # and its process's start
+    return {"round": plan.round, "rounds": plan.rounds, "final": plan.final, "merge": plan.merge,
+            "merged_tensors": plan.merged_tensors, "trunk_sha256": trunk.sha256,
+            "validation_loss": trunk.validation_loss, "before_validation_loss": plan.before_validation_loss,
+            "experts": plan.experts, "restated": restated, "adopted": adopted, "wall_s": time.perf_counter() - t0,
             "dir": str(plan_file.parent)}
 
 
@@ -114,12 +113,12 @@ def _final_statistics(rd: RunDir, ids: list[int], stats_from: str, device: str, 
     from mfgguf.train.rounds.restat import needs_restat, restat as restat_one
 
     restated, adopted = [], []
-    final = read_module_meta(rd, 0)
-    cfg = final["config"]
+    final = read_module(rd, 0)
+    cfg = final.config
     acc = RouterStats(cfg["n_layers"], cfg["dim"], second_moment=True)  # the router's G, from the same passes
     for i in ids:
         moments = (stats_from == "train" and needs_restat(rd, final, i)
-                   and read_moments(rd, i, read_module_meta(rd, i)["sha256"], cfg["n_layers"], cfg["dim"]))
+                   and read_moments(rd, i, read_module(rd, i).sha256, cfg["n_layers"], cfg["dim"]))
         if moments:
             _say(progress, f"router statistics of {module_name(i)}: its last round's training steps")
             adopt(rd, i, moments, acc)
@@ -163,7 +162,7 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, prog
     from mfgguf.train.experts.expert import load_trunk_meta
     n = len(ids)
     trunk = load_trunk_meta(rd)
-    k = int(trunk.get("round", 0))
+    k = int(trunk.get("syncs", 0))
     metas = {}
     missing = [i for i in ids if not rd.module_meta(i).is_file()]
     if missing:
@@ -171,16 +170,16 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, prog
                           f" run `mfgguf train-expert {rd.root} --expert {missing[0]}` first, or leave it out of"
                           f" every sync with --experts")
     for i in ids:
-        m = read_module_meta(rd, i)
-        if m.get("trunk_sha256") != trunk["sha256"] or int(m.get("round", 1)) != k + 1:
+        m = read_module(rd, i)
+        if m.trunk_sha256 != trunk["sha256"] or m.round != k + 1:
             raise MfggufError(f"{module_name(i)} has not trained round {k + 1} against the current trunk;"
                               f" run `mfgguf train-expert {rd.root} --expert {i}` first")
         metas[i] = m
-    rounds = {int(m.get("rounds", 1)) for m in metas.values()}
+    rounds = {m.rounds for m in metas.values()}
     if len(rounds) > 1:
         raise MfggufError(f"the experts were trained with different --rounds ({sorted(rounds)}); retrain them with one value")
     R = rounds.pop()
-    if not any(trained_copies(m) for m in metas.values()):
+    if not any(m.shared_tensors for m in metas.values()):
         raise MfggufError("the experts share no trunk tensors, so there is nothing to sync; assemble the run directly,"
                           " or train the experts with --shared norms|attn|all")
     final = k + 1 == R
@@ -210,16 +209,16 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, prog
 
     held, before_held = _scores(rd, trunk, list(metas.values()), new_trunk, scored=k + 2 >= R, device=device)
     tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
-             "round": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
-             "trained_heldout_loss": trunk.get("trained_heldout_loss", trunk.get("heldout_loss")),
-             "heldout_loss": held, "heldout_loss_mean": mean(held) if held else None,
+             "syncs": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
+             "trained_validation_loss": trunk.get("trained_validation_loss", trunk.get("validation_loss")),
+             "validation_loss": held, "validation_loss_mean": mean(held) if held else None,
              "sync": {"merge": merge, "merged_tensors": list(what), "experts": n,
                       "expert_ids": ids}}
     tfull = module_meta_for(new_trunk, 0, tmeta, {name: list(s) for name, s in shapes.items()})
     metas_after = {"trunk": tfull}
     plan = {"format": SYNC_FORMAT, "state": "staged", "round": k + 1, "rounds": R, "final": final, "merge": merge,
             "merged_tensors": len(what), "experts": n, "expert_ids": ids,
-            "before_heldout_loss": before_held, "modules": metas_after}
+            "before_validation_loss": before_held, "modules": metas_after}
     write_json(d / "sync.json", plan)
     return d / "sync.json"
 
@@ -230,15 +229,15 @@ def _scores(rd: RunDir, trunk: dict, metas: list[dict], new_trunk: Path, *, scor
     The last round's experts compare with the trunk they start from, and the final trunk is reported; a
     middle round's trunk decides nothing, and neither does the trunk before it, which only the summary line
     would print beside the merged one (docs/benchmarks.md, the recipe's wall)."""
-    from mfgguf.train.experts.base_score import reference_heldout
+    from mfgguf.train.experts.base_score import reference_validation_loss
     from mfgguf.train.engine.loop import resolve_device
-    from mfgguf.train.rounds.restat import heldout_trunk, trunk_scoring
+    from mfgguf.train.rounds.restat import trunk_validation_loss, trunk_scoring
 
     tokens, precision = trunk_scoring(trunk, metas)
-    held = heldout_trunk(rd, new_trunk, trunk, device, (tokens, precision)) if scored else {}
+    held = trunk_validation_loss(rd, new_trunk, trunk, device, (tokens, precision)) if scored else {}
     # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
-    before = (reference_heldout(rd, trunk, tokens, resolve_device(device), precision)
-              if scored and (trunk.get("heldout_loss") or not trunk.get("round")) else {})
+    before = (reference_validation_loss(rd, trunk, tokens, resolve_device(device), precision)
+              if scored and (trunk.get("validation_loss") or not trunk.get("syncs")) else {})
     return held, before
 
 
@@ -264,21 +263,20 @@ def _merged_trunk(tmod, mods: list, what: dict[str, list[int]], out: Path, merge
 # ---- publishing: idempotent steps, so a killed sync completes when re-run ------------------------
 
 
-def _publish(rd: RunDir, d: Path, plan: dict) -> None:
-    for meta in plan["modules"].values():
-        index = int(meta["index"])
-        staged = d / "after" / meta["file"]
+def _publish(rd: RunDir, d: Path, plan: SyncPlan) -> None:
+    for m in plan.modules.values():
+        staged = d / "after" / m.file
         if staged.is_file():
-            os.replace(staged, rd.module_file(index))
-        write_json(rd.module_meta(index), meta)
-        update_manifest(rd, index, meta)
+            os.replace(staged, rd.module_file(m.index))
+        write_json(rd.module_meta(m.index), m.to_json())
+        update_manifest(rd, m.index, m)
 
 
 def check_no_outer(rd: RunDir) -> None:
     """Refuse a RUN whose syncs took DiLoCo's outer step: a plain merge now would change its recipe halfway."""
-    synced = [(read_module_meta(rd, 0).get("sync") or {}) if rd.module_meta(0).is_file() else {}]
+    synced = [(read_module(rd, 0).sync or {}) if rd.module_meta(0).is_file() else {}]
     if (staged := rd.pending_sync()) is not None:  # a sync the old version staged and did not publish
-        synced.append(read_json(staged, "the sync plan"))
+        synced.append(sync_plan(staged).to_json())
     if (rd.rounds / OUTER_FILE).is_file() or any(s.get("outer_lr", 1.0) != 1.0 or s.get("outer_momentum", 0.0)
                                                  for s in synced):
         raise retired(f"{rd.root} was synced", "--outer-lr / --outer-momentum",

@@ -31,6 +31,7 @@ import torch
 from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir, atomic_path, file_digests, link_or_copy, read_json, write_json
+from mfgguf.run.records import ModuleMeta
 from mfgguf.train.experts import shared as sh
 
 BRANCH_FORMAT = "mfgguf-branch"
@@ -92,7 +93,7 @@ def branch_meta(path: Path) -> dict:
                           " retrain the trunk with `mfgguf train-trunk RUN --schedule wsd --restart`") from None
 
 
-def publish(rd: RunDir, ckpt_dir: Path, trunk_meta: dict) -> dict:
+def publish(rd: RunDir, ckpt_dir: Path, trunk_meta: ModuleMeta | dict) -> dict:
     """Put the branch point kept in `ckpt_dir` beside the trunk just written; return its JSON.
 
     A hard link (free), renamed into place: the checkpoint's copy stays until the checkpoint
@@ -108,7 +109,7 @@ def publish(rd: RunDir, ckpt_dir: Path, trunk_meta: dict) -> dict:
     link_or_copy(src, tmp)
     os.replace(tmp, st)
     meta = {**branch_meta(st), "file": st.name, **file_digests(st), "bytes": st.stat().st_size,
-            "trunk_sha256": trunk_meta["sha256"]}
+            "trunk_sha256": ModuleMeta.of(trunk_meta).sha256}
     write_json(js, meta)
     return meta
 
@@ -119,27 +120,28 @@ def clear(rd: RunDir) -> None:
         f.unlink(missing_ok=True)
 
 
-def read_branch(rd: RunDir, trunk_meta: dict) -> dict | None:
+def read_branch(rd: RunDir, trunk_meta: ModuleMeta | dict) -> dict | None:
     """The branch point of RUN's trunk (its JSON, with "path"), or None when the trunk was not trained with wsd.
 
     A wsd trunk whose branch point is missing, damaged or another trunk's is a one-line error: its experts
     would otherwise silently start from the cooled-down trunk.
     """
-    if (trunk_meta.get("train") or {}).get("schedule", "cosine") != "wsd":
+    trunk = ModuleMeta.of(trunk_meta)
+    if trunk.schedule != "wsd":
         return None
     st, js = branch_files(rd)
     retrain = f"retrain the trunk with `mfgguf train-trunk {rd.root} --schedule wsd --restart`"
     if not st.is_file() or not js.is_file():
         raise MfggufError(f"the wsd trunk's branch point {st} is missing; {retrain}, or train the experts with"
                           " --schedule cosine")
-    meta = read_json(js, "the branch point's metadata")
-    if meta.get("format") != BRANCH_FORMAT or meta.get("version") != BRANCH_VERSION:
+    branch = ModuleMeta.from_json(read_json(js, "the branch point's metadata"))
+    if branch.format != BRANCH_FORMAT or branch.version != BRANCH_VERSION:
         raise MfggufError(f"{js} was written by an incompatible mfgguf; {retrain}")
-    if meta.get("trunk_sha256") != trunk_meta.get("sha256"):
+    if branch.trunk_sha256 != trunk.sha256:
         raise MfggufError(f"the branch point {st} belongs to another trunk than {rd.module_file(0)}; {retrain}")
-    if st.stat().st_size != meta.get("bytes"):
+    if st.stat().st_size != branch.bytes:
         raise MfggufError(f"{st} does not match its recorded size (modified or damaged); {retrain}")
-    return {**meta, "path": str(st)}
+    return {**branch.to_json(), "path": str(st)}
 
 
 def load_branch_state(branch: dict, names) -> dict[str, dict[str, torch.Tensor]]:

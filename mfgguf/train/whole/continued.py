@@ -38,7 +38,7 @@ from mfgguf.modules.lora_adapter import ADAPTER_FILE, write_lora_adapter
 from mfgguf.model import Transformer
 from mfgguf.run import RunDir, data_view, read_module, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
-from mfgguf.train.engine.loop import heldout_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
+from mfgguf.train.engine.loop import validation_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
 from mfgguf.train.whole.trunk import plan_activations
 from mfgguf.train.engine.weights import trunk_alone
 from mfgguf.train.whole.adapter import adapter_tensors
@@ -125,13 +125,13 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
         adapter = write_lora_adapter(view.root / ADAPTER_FILE, family(cfg.family).gguf_arch, adapter_tensors(model),
                                      name=f"mfgguf-lora-{'-'.join(map(str, shards))}")
         model = _merged(model, cfg)
-    held = heldout_losses(view.validation_dir, model, tc.eval_tokens, route, dev, prec)
+    held = validation_losses(view.validation_dir, model, tc.eval_tokens, route, dev, prec)
     tensors = {k: v.detach().float().contiguous() for k, v in model.trunk_tensors().items()}
     meta = {**{k: trunk[k] for k in ("kind", "source", "base", "preset", "config")},
             "train": {**tc.__dict__}, "precision": prec, "steps": res.steps, "tokens_seen": res.tokens_seen,
             "final_loss": res.final_loss, "train_s": res.train_s, "tokens_per_s": fresh / max(res.train_s, 1e-9),
             "resumed_from_step": res.resumed_from, "ckpt_s": round(res.ckpt_s, 2), "epochs": res.epochs,
-            "heldout_loss": held, "heldout_loss_mean": mean(held), "history": res.history,
+            "validation_loss": held, "validation_loss_mean": mean(held), "history": res.history,
             # resumed: the killed processes' training seconds too, so the wall is the training's, not its last process's
             "wall_s": time.perf_counter() - t_start + res.train_s_before, "resumed_train_s": res.train_s_before,
             "startup_s": startup_s(t_start),  # this process's start before t_start (imports), which wall_s misses

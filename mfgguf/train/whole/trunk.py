@@ -6,7 +6,7 @@ dense model instead of growing FFNs from random weights next to a frozen trunk).
 
 The dense baselines of `mfgguf eval` are the same call on a copy of the RUN with a wider anchor:
 `train-trunk COPY --preset small --anchor-ff 1024 --tokens ...` (mfgguf/eval/baselines/scratch.py).
-Every `eval_every` steps the held-out loss is recorded (`heldout_history`): the training curve.
+Every `eval_every` steps the held-out loss is recorded (`validation_history`): the training curve.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from mfgguf.run import RunDir, module_name, write_module, write_module_streamed
 from mfgguf.train.whole import branch as br
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import cooldown_start, schedule_steps
-from mfgguf.train.engine.loop import (check_token_range, heldout_losses, limit_heap_retention, load_tokens, resolve_device,
+from mfgguf.train.engine.loop import (check_token_range, validation_losses, limit_heap_retention, load_tokens, resolve_device,
                    resolve_precision, result_meta, run_loop)
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
@@ -153,7 +153,7 @@ def train_trunk(run: Path, *, preset: str = DEFAULT_PRESET, options: TrainOption
     domain included).
 
     Example:
-        >>> train_trunk(Path("RUN"), preset="tiny", options=TrainOptions(tokens=40_000))["heldout_loss_mean"]
+        >>> train_trunk(Path("RUN"), preset="tiny", options=TrainOptions(tokens=40_000))["validation_loss_mean"]
     """
     t_start = time.perf_counter()
     options.check("trunk", "train-trunk")
@@ -192,22 +192,20 @@ def train_trunk(run: Path, *, preset: str = DEFAULT_PRESET, options: TrainOption
     model.to(dev)
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}  # not the (unused) router row
     ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
-    curve = lambda: heldout_losses(rd.validation_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
+    curve = lambda: validation_losses(rd.validation_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
     res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=ckpt_dir,
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", heldout=curve,
+                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", validation=curve,
                    branch_path=_branch_path(tc, ckpt_dir), mask=load_mask(rd.train_tokens, len(data)))
 
-    heldout = heldout_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
-    if not heldout:
+    validation = validation_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
+    if not validation:
         raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
-    meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
-                       recompute=rec, heldout=heldout, t_start=t_start)
-    meta["flops_per_token"] = trunk_step_flops(cfg).total  # mfgguf/flops.py conventions
-    meta["train_flops"] = meta["flops_per_token"] * res.tokens_seen
-    meta.update(schedule_meta(tc, cfg.ctx_len))
+    meta = {**result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                          recompute=rec, validation=validation, t_start=t_start),
+            **_flops(cfg, res.tokens_seen), **schedule_meta(tc, cfg.ctx_len)}
     meta = write_module(rd, 0, model.trunk_tensors(), meta)
     _publish_branch(rd, tc, ckpt_dir, meta)
-    loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout, curve=res.heldout_history,
+    loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, validation=validation, curve=res.validation_history,
                title=f"trunk ({preset}, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
@@ -237,7 +235,7 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
     """train_trunk's second half for a layer-streamed run (streamed.py): same meta, same module file."""
     from mfgguf.train.engine.offload import ParamStore, trunk_units
     from mfgguf.train.engine.streamed import StreamedTrunk, plan_micro, streamed_bytes
-    from mfgguf.train.engine.streamed_loop import streamed_heldout, streamed_loop
+    from mfgguf.train.engine.streamed_loop import streamed_validation_losses, streamed_loop
 
     micro_of = tc.batch_size  # the user's batch: one micro-batch when it fits
     tc = replace(tc, batch_size=tc.batch_size * accum)
@@ -253,20 +251,18 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
     ckpt_meta = json.loads(json.dumps(ckpt_meta))  # as state.json will hold it (tuples -> lists)
     try:
         res = streamed_loop(trunk, data, tc, stream=0, ckpt_meta=ckpt_meta, progress=progress, label="trunk (streamed)",
-                            heldout=lambda: streamed_heldout(trunk, rd.validation_dir, tc.curve_tokens, group),
+                            validation=lambda: streamed_validation_losses(trunk, rd.validation_dir, tc.curve_tokens, group),
                             branch_path=_branch_path(tc, ckpt_dir), mask=load_mask(rd.train_tokens, len(data)))
-        heldout = streamed_heldout(trunk, rd.validation_dir, tc.eval_tokens, group)
-        if not heldout:
+        validation = streamed_validation_losses(trunk, rd.validation_dir, tc.eval_tokens, group)
+        if not validation:
             raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
-        meta = result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
-                           recompute=True, heldout=heldout, t_start=t_start)
-        meta["flops_per_token"] = trunk_step_flops(cfg).total
-        meta["train_flops"] = meta["flops_per_token"] * res.tokens_seen
-        meta.update(schedule_meta(tc, cfg.ctx_len))
-        meta["streamed"] = {"memory_budget": budget, "accum": accum, "micro_batch": micro, "spill_activations": spill,
-                            "estimated_peak_bytes": streamed_bytes(cfg, units, tc.batch_size, micro, spill),
-                            "disk_bytes": store.disk_bytes(), "read_bytes_per_step": res.io_per_step[0],
-                            "written_bytes_per_step": res.io_per_step[1]}
+        streamed = {"memory_budget": budget, "accum": accum, "micro_batch": micro, "spill_activations": spill,
+                    "estimated_peak_bytes": streamed_bytes(cfg, units, tc.batch_size, micro, spill),
+                    "disk_bytes": store.disk_bytes(), "read_bytes_per_step": res.io_per_step[0],
+                    "written_bytes_per_step": res.io_per_step[1]}
+        meta = {**result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
+                              recompute=True, validation=validation, t_start=t_start),
+                **_flops(cfg, res.tokens_seen), **schedule_meta(tc, cfg.ctx_len), "streamed": streamed}
         names = trunk_name_map(cfg.n_layers, cfg.family) | (seed_name_map(cfg.n_layers) if cfg.seed_expert else {})
         where = {names[s.name]: (u, s) for u in units for s in u.slots}
         meta = write_module_streamed(rd, 0, {g: s.shape for g, (u, s) in where.items()},
@@ -275,13 +271,19 @@ def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, pre
         _publish_branch(rd, tc, ckpt_dir, meta)
     finally:
         store.close()
-    loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, heldout=heldout, curve=res.heldout_history,
+    loss_curve(rd.plots / f"loss_{module_name(0)}.png", res.history, validation=validation, curve=res.validation_history,
                title=f"trunk ({preset}, streamed, {cfg.n_layers}x{cfg.dim}, {res.tokens_seen:,} tokens)")
     ckpt_io.remove(ckpt_dir)
     return meta
 
 
 # ---- wsd: the branch point beside the cooled-down trunk (branch.py) ---------------------------------
+
+
+def _flops(cfg, tokens_seen: int) -> dict:
+    """The record's FLOPs of training (mfgguf/flops.py conventions)."""
+    per_token = trunk_step_flops(cfg).total
+    return {"flops_per_token": per_token, "train_flops": per_token * tokens_seen}
 
 
 def _branch_path(tc, ckpt_dir: Path) -> Path | None:

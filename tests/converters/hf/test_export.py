@@ -24,9 +24,9 @@ from tests.converters import llama_logits, llama_tokenize, synthetic_run, text_s
 from tests.converters.hf import TOL, assembled, family_run, hf_ids, hf_logits, max_rel
 
 N = 64  # tokens compared: the tiny preset's context
-CASES = {  # layout: (RUN fixture, assemble flags, transformers class)
+CASES = {  # the file's kind, by architecture (mixtral: llama with experts, the folded layout): (RUN fixture, flags, class)
     "granitemoe": ("llama_run", ("--top-k", "2"), "GraniteMoeSharedForCausalLM"),
-    "mixtral": ("llama_run", ("--layout", "mixtral", "--top-k", "2"), "MixtralForCausalLM"),
+    "mixtral": ("llama_run", ("--layout", "folded", "--top-k", "2"), "MixtralForCausalLM"),
     "qwen2moe": ("qwen2_run", ("--router", "random", "--top-k", "2"), "Qwen2MoeForCausalLM"),
     "qwen3moe": ("qwen3_run", ("--router", "random", "--top-k", "2"), "Qwen3MoeForCausalLM"),
 }
@@ -130,8 +130,8 @@ def test_qwen2_trunk_in_the_mixtral_layout_is_refused(qwen2_run, tmp_path):
     """llama with Q/K/V biases: no transformers class computes it, and the line says which layout exports."""
     from mfgguf.errors import MfggufError
 
-    g = assembled(qwen2_run, tmp_path / "m.gguf", "--layout", "mixtral", "--router", "random")
-    with pytest.raises(MfggufError, match="assemble it with --layout granitemoe"):
+    g = assembled(qwen2_run, tmp_path / "m.gguf", "--layout", "folded", "--router", "random")
+    with pytest.raises(MfggufError, match="assemble it with --layout shared-expert"):
         export_hf(g, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 
@@ -144,7 +144,7 @@ def llama3_run(tmp_path_factory, tokenizer_json) -> Path:  # noqa: F811
     return family_run(tmp_path_factory.mktemp("llama3"), tokenizer_json, save_hf_llama3, n_experts=1)
 
 
-@pytest.mark.parametrize("layout,cls", [("granitemoe", "GraniteMoeSharedForCausalLM"), ("mixtral", "MixtralForCausalLM")])
+@pytest.mark.parametrize("layout,cls", [("shared-expert", "GraniteMoeSharedForCausalLM"), ("folded", "MixtralForCausalLM")])
 def test_a_llama3_based_moe_exports_its_rope_scaling_and_computes_llama_cpps_logits(llama3_run, tmp_path, layout, cls):
     """The file's rope_freqs factors become the config's llama3 rope parameters (those the base was made with), and
     transformers' logits are llama.cpp's within TOL; without the scaling they would not be."""

@@ -62,7 +62,7 @@ def test_unsupported_architecture(tmp_path):
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
-    refused(tmp_path, "is a phi2 file; export-hf writes granitemoe, qwen2moe, qwen3moe, and the mixtral layout",
+    refused(tmp_path, "is a phi2 file; export-hf writes granitemoe, qwen2moe, qwen3moe, and the folded layout",
             tmp_path / "phi.gguf")
 
 

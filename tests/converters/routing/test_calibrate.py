@@ -36,14 +36,14 @@ def _audit(event, args):  # records every path Python opens while a test sets _O
 sys.addaudithook(_audit)
 
 
-def test_calibration_never_reads_heldout_and_writes_what_llama_runs(f32_moe, tmp_path):
+def test_calibration_never_reads_the_test_split_and_writes_what_llama_runs(f32_moe, tmp_path):
     global _OPENED
     run, gguf = f32_moe
     run = copy_run(run, tmp_path / "run")
-    heldout = RunDir(run).heldout_dir
-    assert any(heldout.glob("*.npy"))
-    away = tmp_path / "heldout-moved-away"
-    shutil.move(heldout, away)  # not there at all: calibration cannot need it
+    test = RunDir(run).test_dir
+    assert any(test.glob("*.npy"))
+    away = tmp_path / "test-moved-away"
+    shutil.move(test, away)  # not there at all: calibration cannot need it
     out = tmp_path / "cal.gguf"
     _OPENED = []
     try:
@@ -51,8 +51,8 @@ def test_calibration_never_reads_heldout_and_writes_what_llama_runs(f32_moe, tmp
     finally:
         opened, _OPENED = _OPENED, None
     assert any(p.endswith("train.npy") for p in opened)  # the hook sees the files calibration reads
-    assert not [p for p in opened if "heldout" in p], opened
-    assert not heldout.exists() and any(away.glob("*.npy"))
+    assert not [p for p in opened if "test" in p], opened
+    assert not test.exists() and any(away.glob("*.npy"))
 
     # every candidate was scored, the settings the file had among them; the best one was chosen
     c = r["chosen"]
@@ -155,7 +155,7 @@ def test_mixtral_layout_and_dense_model(f32_moe, tmp_path):
     """The llama-arch (mixtral) layout calibrates the same way; a dense file is refused in one line."""
     run, _ = f32_moe
     mix, dense = tmp_path / "mix.gguf", tmp_path / "dense.gguf"
-    assemble(run, mix, quant="f32", layout="mixtral", progress=False)
+    assemble(run, mix, quant="f32", layout="folded", progress=False)
     r = calibrate(mix, run, tmp_path / "mix-cal.gguf", grid=CalibrationGrid(top_k=(2,), temperature=(1.0,)),
                   tokens=2 * CTX, ctx=CTX, threads=2, progress=False)
     kv = read_kv(tmp_path / "mix-cal.gguf")

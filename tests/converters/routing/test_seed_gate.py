@@ -70,9 +70,9 @@ def test_seed_is_slot_zero_and_its_row_is_the_gate_times_the_rows_sum(gated_run,
     assert rel_diff(got, ref) <= 1e-3, rel_diff(got, ref)
     # and the gate routes something: the file differs from the plain MoE's function
     assert rel_diff(got, llama_logits(plain, ids, 64)) > 1e-4
-    # the mixtral layout folds the anchor into the seed's slot too: the same function as a `llama` file
+    # the folded layout folds the anchor into the seed's slot too: the same function as a `llama` file
     folded = tmp_path / "folded.gguf"
-    assemble(gated_run, folded, quant="f32", router="ridge", layout="mixtral", seed_gate=0.5, progress=False)
+    assemble(gated_run, folded, quant="f32", router="ridge", layout="folded", seed_gate=0.5, progress=False)
     assert gguf_provenance(folded)["arch"] == "llama"
     assert rel_diff(llama_logits(folded, ids, 64), ref) <= 1e-3
 
@@ -83,8 +83,8 @@ def test_a_folded_layout_refuses_a_merged_anchor(gated_run, tmp_path):
     run = copy_run(gated_run, tmp_path / "run")
     train_expert(run, 1, options=TrainOptions(tokens=1024, shared="all"), progress=False, precision="fp32")
     pool_router_stats(run, progress=False)
-    with pytest.raises(MfggufError, match="--merge none or --layout granitemoe"):
-        assemble(run, tmp_path / "x.gguf", quant="f32", layout="mixtral", seed_gate=0.5, progress=False)
+    with pytest.raises(MfggufError, match="--merge none or --layout shared-expert"):
+        assemble(run, tmp_path / "x.gguf", quant="f32", layout="folded", seed_gate=0.5, progress=False)
     assert not (tmp_path / "x.gguf").exists()
     assemble(run, tmp_path / "g.gguf", quant="f32", seed_gate=0.5, progress=False)
 

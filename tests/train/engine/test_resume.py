@@ -69,9 +69,9 @@ def test_sigkill_then_resume_is_bit_identical(trained_run, tmp_path, index, shar
     assert resumed["compiled"] == whole["compiled"] == (compile == "on")
     assert resumed["history"] == whole["history"]
     # the held-out curve survives the checkpoint too: points from before the kill, identical values
-    assert resumed["heldout_history"] == whole["heldout_history"]
+    assert resumed["validation_history"] == whole["validation_history"]
     if index == 0:
-        assert [h[0] for h in whole["heldout_history"]][:3] == [4, 8, 12] and whole["heldout_history"][-1][0] == 117
+        assert [h[0] for h in whole["validation_history"]][:3] == [4, 8, 12] and whole["validation_history"][-1][0] == 117
     ta, tb = load_file(rda.module_file(index)), load_file(RunDir(b).module_file(index))
     assert ta.keys() == tb.keys()
     assert sum(k.startswith("shared.") for k in ta) == (13 if shared else 0)  # tiny: 2 layers x 6 + output_norm

@@ -56,10 +56,10 @@ def test_streamed_training_is_the_in_memory_training(prepared_run, tmp_path, cas
                          preset=preset, options=TrainOptions(tokens=tokens, adam_eps=1e-6, seed_expert=case == "tiny-seed" or None))
     assert len(ma["history"]) == len(mb["history"]) >= 3
     np.testing.assert_allclose([h[2] for h in mb["history"]], [h[2] for h in ma["history"]], rtol=1e-5)
-    assert [h[:2] for h in mb["heldout_history"]] == [h[:2] for h in ma["heldout_history"]]
-    for (_, _, da), (_, _, db) in zip(ma["heldout_history"], mb["heldout_history"]):
+    assert [h[:2] for h in mb["validation_history"]] == [h[:2] for h in ma["validation_history"]]
+    for (_, _, da), (_, _, db) in zip(ma["validation_history"], mb["validation_history"]):
         np.testing.assert_allclose(list(db.values()), list(da.values()), rtol=1e-5)
-    np.testing.assert_allclose(list(mb["heldout_loss"].values()), list(ma["heldout_loss"].values()), rtol=1e-5)
+    np.testing.assert_allclose(list(mb["validation_loss"].values()), list(ma["validation_loss"].values()), rtol=1e-5)
     ta, tb = load_file(RunDir(a).module_file(0)), load_file(RunDir(b).module_file(0))
     assert ta.keys() == tb.keys()
     for k in ta:
@@ -77,7 +77,7 @@ def test_streamed_bf16_tracks_in_memory(prepared_run, tmp_path):
     _, _, ma, mb = _pair(prepared_run, tmp_path, {}, {"accum": 1}, preset="tiny",
                          options=TrainOptions(tokens=8 * 64 * 6))
     np.testing.assert_allclose([h[2] for h in mb["history"]], [h[2] for h in ma["history"]], rtol=1e-3)
-    assert abs(mb["heldout_loss_mean"] - ma["heldout_loss_mean"]) < 1e-3
+    assert abs(mb["validation_loss_mean"] - ma["validation_loss_mean"]) < 1e-3
 
 
 def test_sigkill_then_resume_streamed_is_bit_identical(prepared_run, tmp_path):
@@ -107,7 +107,7 @@ def test_sigkill_then_resume_streamed_is_bit_identical(prepared_run, tmp_path):
     whole = train_trunk(b, preset="tiny", options=opts, stream=True, accum=1, progress=False)
     assert resumed["resumed_from_step"] >= 5 and whole["resumed_from_step"] == 0
     assert resumed["history"] == whole["history"]
-    assert resumed["heldout_history"] == whole["heldout_history"]
+    assert resumed["validation_history"] == whole["validation_history"]
     assert file_digests(RunDir(a).module_file(0)) == file_digests(RunDir(b).module_file(0))
 
 

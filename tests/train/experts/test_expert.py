@@ -74,13 +74,13 @@ def test_expert_modules_meta_and_router_stats(trained_run):
     for i in range(1, TINY_EXPERTS + 1):
         meta = json.loads(rd.module_meta(i).read_text())
         assert meta["kind"] == "expert" and meta["index"] == i == meta["shard"]
-        assert meta["trunk_sha256"] == trunk["sha256"] and meta["trunk_heldout_loss"] == trunk["heldout_loss"]
+        assert meta["trunk_sha256"] == trunk["sha256"] and meta["trunk_validation_loss"] == trunk["validation_loss"]
         assert meta["shard_domains"] == info["shards"][i - 1]["domains"]
         assert meta["router_stats_count"] == 4 * meta["train"]["eval_tokens"]
         assert meta["epochs"] == round(meta["tokens_seen"] / len(load_tokens(rd.shard(i), "shard")), 3) > 0
         # The expert lowers the held-out loss of the domain it was trained on, below the trunk alone.
         (own,) = meta["shard_domains"]
-        assert meta["heldout_loss"][own] < trunk["heldout_loss"][own] - 0.01, (i, own)
+        assert meta["validation_loss"][own] < trunk["validation_loss"][own] - 0.01, (i, own)
         t = load_file(rd.module_file(i))
         weights = {k for k in t if not k.startswith(STATS_PREFIX)}
         assert weights == {f"blk.{l}.ffn_{w}.weight" for l in range(cfg.n_layers) for w in ("gate", "up", "down")}
@@ -135,7 +135,7 @@ def test_anchor_init_starts_from_the_anchor_and_still_computes_the_trunk(trained
         assert torch.equal(e.gate.weight, layer.anchor.gate.weight[: cfg.expert_ff])
         assert torch.equal(e.up.weight, layer.anchor.up.weight[: cfg.expert_ff])
         assert not e.down.weight.any()
-    idx = torch.as_tensor(np.load(rd.heldout(rd.info()["domains"][0]))[:32].astype(np.int64))[None]
+    idx = torch.as_tensor(np.load(rd.test(rd.info()["domains"][0]))[:32].astype(np.int64))[None]
     with torch.no_grad():
         assert torch.equal(model(idx, route="single"), model(idx, route="anchor"))
 
@@ -147,9 +147,9 @@ def test_final_score_is_the_curves_last_point_when_it_scored_the_same_tokens(tra
     run = copy_run(trained_run, tmp_path / "run")
     meta = train_expert(run, 1, options=TrainOptions(tokens=4096, eval_tokens=1024, curve_tokens=1024), progress=False,
                         restart=True)
-    assert meta["heldout_loss"] == meta["heldout_history"][-1][2]
+    assert meta["validation_loss"] == meta["validation_history"][-1][2]
     clock = meta["wall_breakdown_s"]
-    assert clock["heldout"] < 0.05 and clock["train"] > 0 and clock["stats"] < 0.05  # gathered by the last steps
+    assert clock["validation"] < 0.05 and clock["train"] > 0 and clock["stats"] < 0.05  # gathered by the last steps
     assert meta["router_stats_count"] == 4 * 1024  # stats_tokens 0: 4 x eval_tokens
     other = train_expert(run, 1, options=TrainOptions(tokens=4096, eval_tokens=1024, curve_tokens=1024,
                                                       stats_tokens=2048), progress=False, restart=True)

@@ -75,7 +75,7 @@ def test_shared_attn_module_file_and_own_domain_gain(attn_run, trained_run):
     assert not moments_path(rd, 1).exists()  # nor an FFN-only expert's from before
     # Training attention too buys more on the expert's own domain than the FFN alone, at the same tokens.
     (own,) = meta["shard_domains"]
-    assert meta["heldout_loss"][own] < none["heldout_loss"][own] - 0.01, (meta["heldout_loss"], none["heldout_loss"])
+    assert meta["validation_loss"][own] < none["validation_loss"][own] - 0.01, (meta["validation_loss"], none["validation_loss"])
 
 
 def test_only_the_expert_and_its_shared_copies_train(trained_run):

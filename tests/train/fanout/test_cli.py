@@ -55,7 +55,7 @@ def test_corrupted_checkpoint_then_restart(run_copy):
     r = CliRunner().invoke(app, ["train-expert", str(run_copy), "--expert", "1", "--tokens", "2048",
                                  "--restart", "--no-progress"])
     assert r.exit_code == 0, r.output
-    assert r.stdout.startswith("expert_001: final loss") and "held-out loss" in r.stdout
+    assert r.stdout.startswith("expert_001: final loss") and "validation loss" in r.stdout
     assert json.loads(rd.module_meta(1).read_text())["tokens_seen"] == 2048
     assert not ck.exists()
 

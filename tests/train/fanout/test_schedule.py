@@ -136,7 +136,7 @@ def test_rounds_run_every_round_and_sync(two_rounds):
     run, s = two_rounds
     assert s["syncs"] == 2 and len(s["jobs"]) == 2 * N
     trunk = read_module_meta(RunDir(run), 0)
-    assert trunk["final"] and trunk["round"] == 2
+    assert trunk["final"] and trunk["syncs"] == 2
     assert all(read_module_meta(RunDir(run), i).get("shared_merged") for i in range(1, N + 1))
     assert router_stats_current(RunDir(run))  # pooled by the final sync's statistics passes
     r = CliRunner().invoke(app, ["train-experts", str(run), "--no-progress"])

@@ -98,7 +98,7 @@ def test_a_round_writes_ffn_and_copies_and_keeps_its_checkpoint(round1):
         m = _meta(round1, i)
         steps = m["train"]["tokens"] // (m["train"]["batch_size"] * m["config"]["ctx_len"])
         assert (m["round"], m["rounds"], m["steps"]) == (1, R, round_end(steps, R, 1)) and m["steps"] < steps
-        assert m["heldout_loss"] == {}  # nothing is decided on a round's end: it is not scored
+        assert m["validation_loss"] == {}  # nothing is decided on a round's end: it is not scored
         t = load_file(rd.module_file(i))
         assert any(k.startswith(SHARED_PREFIX) for k in t) and not any(k.startswith(STATS_PREFIX) for k in t)
         state = json.loads((rd.checkpoint_dir(i) / "state.json").read_text())
@@ -116,7 +116,7 @@ def test_sync_writes_the_token_weighted_mean_and_experts_continue_from_it(round1
     assert code == 0, out
     assert out.startswith("sync 1/2:") and "experts continue with round 2" in out
     t, m = load_file(rd.module_file(0)), _meta(run, 0)
-    assert (m["round"], m["final"], m["synced_from"]) == (1, False, old_sha)
+    assert (m["syncs"], m["final"], m["synced_from"]) == (1, False, old_sha)
     assert m["sha256"] == sha256_file(rd.module_file(0))
     merged = set(m["sync"]["merged_tensors"])
     assert merged == {k[len(SHARED_PREFIX):] for k in copies[1] if k.startswith(SHARED_PREFIX)}
@@ -140,13 +140,13 @@ def test_sync_writes_the_token_weighted_mean_and_experts_continue_from_it(round1
 def test_final_sync_recomputes_statistics_on_the_merged_model(finished, round1, tmp_path):
     rd = RunDir(finished)
     trunk = _meta(finished, 0)
-    assert (trunk["round"], trunk["rounds"], trunk["final"]) == (2, 2, True)
+    assert (trunk["syncs"], trunk["rounds"], trunk["final"]) == (2, 2, True)
     for i in EXPERTS:
         m, t = _meta(finished, i), load_file(rd.module_file(i))
         assert m["shared_merged"] and m["trunk_sha256"] == trunk["sha256"] and m["round"] == 2
         assert m["router_stats_on"] == "merged trunk" and m["router_stats_count"] > 0
         assert not any(k.startswith(SHARED_PREFIX) for k in t)  # the copies live in the trunk now
-        assert m["heldout_loss"] != m["premerge"]["heldout_loss"]
+        assert m["validation_loss"] != m["premerge"]["validation_loss"]
         before = load_file(rd.rounds / "sync_02" / "before" / rd.module_file(i).name)
         for l in range(m["config"]["n_layers"]):  # merged inputs move the statistics
             k = f"{STATS_PREFIX}blk.{l}.mean"
@@ -182,8 +182,8 @@ def test_final_sync_takes_the_last_rounds_statistics_without_a_pass(last_round, 
     for i in EXPERTS:
         m, t, passed = _meta(run, i), load_file(rd.module_file(i)), load_file(fin.module_file(i))
         assert m["shared_merged"] and m["trunk_sha256"] == trunk["sha256"] and m["restat_tokens"] == 0
-        assert m["router_stats_on"] == ON and m["heldout_on"] == "own trunk copy"
-        assert m["heldout_loss"] == m["premerge"]["heldout_loss"]  # not re-scored, and it says so
+        assert m["router_stats_on"] == ON and m["validation_on"] == "own trunk copy"
+        assert m["validation_loss"] == m["premerge"]["validation_loss"]  # not re-scored, and it says so
         assert set(t) == set(passed)  # FFNs and means; the copies live in the trunk now
         for k, v in t.items():
             want = before[i][k] if k.startswith(STATS_PREFIX) else passed[k]

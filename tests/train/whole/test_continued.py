@@ -89,7 +89,7 @@ def test_train_base_writes_a_trunk_llama_cpp_runs(base_run, tmp_path, mode):
     assert r.exit_code == 0, r.output
     from mfgguf.runtime.perplexity import perplexity
 
-    held = next(iter(RunDir(out).heldout_tokens(512).values()))
+    held = next(iter(RunDir(out).test_tokens(512).values()))
     assert np.isfinite(perplexity(gguf, held, ctx=64)["ppl"])
 
 
@@ -211,9 +211,9 @@ def test_eval_on_an_imported_base_trains_the_practitioners_baselines(base_run, t
     # the MoE validation chose, on the grid points' own measure: the same validation tokens, the same precision
     g, grid_meta = rep["moe_on_grid_scale"], read_module_meta(RunDir(plans[0]["run"]), 0)
     assert g["model"] == rep["best"] and g["eval_tokens"] == grid_meta["train"]["eval_tokens"]
-    assert g["loss"].keys() == grid_meta["heldout_loss"].keys() and g["trained_domains"] == sorted(own)
+    assert g["loss"].keys() == grid_meta["validation_loss"].keys() and g["trained_domains"] == sorted(own)
     assert g["mean_trained"] == pytest.approx(sum(g["loss"][d] for d in own) / len(own))
-    assert g["grid"] == {m: v["heldout_loss_trained_domains"] for m, v in rep["base_baselines"]["grid"].items()}
+    assert g["grid"] == {m: v["validation_loss_trained_domains"] for m, v in rep["base_baselines"]["grid"].items()}
     assert "## The MoE on the LR grids' measure" in (run / "eval" / "report.md").read_text()
     plans = plans[:2]
     expert_flops = module_flops(read_module_meta(RunDir(run), 1))
@@ -260,12 +260,12 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
     assert r.exit_code == 0, r.output
     rd = RunDir(run)
     assert not rd.tokenizer.is_file() and rd.valid_dir.is_dir() and rd.validation_dir == rd.valid_dir
-    assert set(rd.info()["valid"]) == set(rd.info()["heldout"])  # every domain has both splits
+    assert set(rd.info()["valid"]) == set(rd.info()["test"])  # every domain has both splits
     test = tmp_path / "test-split"
-    shutil.move(rd.heldout_dir, test)  # from here until eval's scoring, nothing may read the test split:
-    rd.heldout_dir.mkdir()  # a decoy in its place fails whatever opens it
-    for d in rd.info()["heldout"]:
-        rd.heldout(d).write_bytes(b"not the test split")
+    shutil.move(rd.test_dir, test)  # from here until eval's scoring, nothing may read the test split:
+    rd.test_dir.mkdir()  # a decoy in its place fails whatever opens it
+    for d in rd.info()["test"]:
+        rd.test(d).write_bytes(b"not the test split")
     for k in range(2):
         for i in (1, 2):
             r = cli("train-expert", run, "--expert", i, "--tokens", 8192, "--eval-tokens", 512, "--shared", "attn",
@@ -277,7 +277,7 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
 
     metas = {i: read_module_meta(rd, i) for i in range(3)}
     plans, grid = plan_and_train(rd, metas, tmp_path / "baselines", ("flop", "wallclock"))
-    assert set(grid) == {"full"} and len(grid["full"]["heldout_loss_trained_domains"]) == 3
+    assert set(grid) == {"full"} and len(grid["full"]["validation_loss_trained_domains"]) == 3
     # every baseline starts from the imported base, not from the trunk the syncs merged the experts' attention into
     first = json.loads((rd.rounds / "sync_01" / "before" / "trunk.json").read_text())["sha256"]
     assert first != metas[0]["sha256"] and rd.first_trunk[0].parent.name == "before"
@@ -297,24 +297,24 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
     import math
 
     speed = max(read_module_meta(RunDir(tmp_path / "baselines" / f"grid-full-lr{lr}"), 0)["tokens_per_s"]
-                for lr in grid["full"]["heldout_loss_trained_domains"])
+                for lr in grid["full"]["validation_loss_trained_domains"])
     step = metas[1]["train"]["batch_size"] * metas[0]["config"]["ctx_len"]
     assert wall.tokens == max(step, math.floor(speed * wall.budget / step) * step)
     assert all(metas[i]["restat_tokens"] > 0 for i in (1, 2))  # the final sync's passes, counted in module_flops
     # a later seed spends its training on the LR chosen before: a one-point grid, that very run reused here
     chosen = grid["full"]["chosen_lr"]
     again, one = plan_and_train(rd, metas, tmp_path / "baselines", ("flop",), lrs={"full": (chosen,)})
-    assert list(one["full"]["heldout_loss_trained_domains"]) == [f"{chosen:g}"] and one["full"]["chosen_lr"] == chosen
+    assert list(one["full"]["validation_loss_trained_domains"]) == [f"{chosen:g}"] and one["full"]["chosen_lr"] == chosen
     assert again[0].run == flop.run and again[0].tokens == flop.tokens
 
-    shutil.rmtree(rd.heldout_dir)
-    shutil.move(test, rd.heldout_dir)
+    shutil.rmtree(rd.test_dir)
+    shutil.move(test, rd.test_dir)
     r = cli("eval", run, "--routers", "ridge,uniform", "--top-k", "1", "--quants", "", "--baselines", "flop",
             "--max-tokens", 1024, "--ctx", 64, "--out", tmp_path / "baselines", "--full-lrs", f"{chosen:g}")
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "baselines" / "report.json").read_text())
-    assert rep["splits"]["validation"] == "valid" and rep["splits"]["test"] == "heldout"
-    assert list(rep["base_baselines"]["grid"]["full"]["heldout_loss_trained_domains"]) == [f"{chosen:g}"]
+    assert rep["splits"]["validation"] == "valid" and rep["splits"]["test"] == "test"
+    assert list(rep["base_baselines"]["grid"]["full"]["validation_loss_trained_domains"]) == [f"{chosen:g}"]
     assert "trunk as trained (before sync)" in rep["results"]
     assert rep["best"] == min(rep["validation"], key=lambda k: rep["validation"][k]["ppl"])
     assert "(validation)" in (tmp_path / "baselines" / "report.md").read_text()

@@ -42,7 +42,7 @@ def adapted(base_run, tmp_path_factory):  # noqa: F811
 def test_base_plus_adapter_is_the_merged_model(adapted, base_run):  # noqa: F811
     d, out = adapted
     assert read_module_meta(RunDir(out), 0)["continued"]["adapter"] == "lora.gguf"
-    tokens = next(iter(RunDir(base_run).heldout_tokens(48).values()))[:48]
+    tokens = next(iter(RunDir(base_run).test_tokens(48).values()))[:48]
     merged = _logits(d / "merged.gguf", tokens)
     with_adapter = _logits(d / "base.gguf", tokens, lora=out / "lora.gguf")
     base = _logits(d / "base.gguf", tokens)

@@ -43,15 +43,15 @@ def test_straight_through_gate_same_forward_and_a_router_gradient_under_top1(f32
     assert grads[True][1].norm() > 1e-4
 
 
-def test_tuned_file_differs_in_router_rows_only_and_never_reads_heldout(f32_moe, tmp_path):
+def test_tuned_file_differs_in_router_rows_only_and_never_reads_the_test_split(f32_moe, tmp_path):
     run, gguf = f32_moe
     run = copy_run(run, tmp_path / "run")
-    heldout = RunDir(run).heldout_dir
-    away = tmp_path / "heldout-away"
-    shutil.move(heldout, away)  # not there: tuning cannot need it
+    test = RunDir(run).test_dir
+    away = tmp_path / "test-away"
+    shutil.move(test, away)  # not there: tuning cannot need it
     out = tmp_path / "tuned.gguf"
     r = tune_router(gguf, run, out, tuning=TUNE, threads=2, progress=False)
-    assert not heldout.exists()
+    assert not test.exists()
 
     names = [f"blk.{l}.ffn_gate_inp.weight" for l in range(2)]
     before, after = read_f32(gguf, names), read_f32(out, names)

@@ -205,11 +205,11 @@ def test_eval_counts_the_trunks_cooldown_and_names_each_baselines_schedule(wsd_r
     assert t["cooldown_flops"] == trunk["cooldown_tokens"] * trunk_step_flops(trunk["config"]).total > 0
     assert f["total"] == t["flops"] == trunk["train_flops"]  # the cooldown is in the totals the baselines get
 
-    assert pick_schedule({"cosine": {"heldout_loss_mean": 4.2}, "wsd": {"heldout_loss_mean": 4.1}})[0] == "wsd"
-    assert pick_schedule({"cosine": {"heldout_loss_mean": 4.0}, "wsd": {"heldout_loss_mean": 4.1}})[0] == "cosine"
+    assert pick_schedule({"cosine": {"validation_loss_mean": 4.2}, "wsd": {"validation_loss_mean": 4.1}})[0] == "wsd"
+    assert pick_schedule({"cosine": {"validation_loss_mean": 4.0}, "wsd": {"validation_loss_mean": 4.1}})[0] == "cosine"
     r = _report()
     r["flops"]["modules"] = {"trunk": t}
-    r["dense_schedules"] = {"dense, FLOP-matched": {"chosen": "wsd", "heldout_loss": {"cosine": 4.2, "wsd": 4.1}}}
+    r["dense_schedules"] = {"dense, FLOP-matched": {"chosen": "wsd", "validation_loss": {"cosine": 4.2, "wsd": 4.1}}}
     md = report_markdown(r)
     assert "| dense, FLOP-matched | wsd | 4.2000 | 4.1000 |" in md
     assert f"cooldown after its branch point ({trunk['cooldown_tokens']:,} tokens" in md

@@ -21,8 +21,8 @@ from mfgguf.flops import trunk_step_flops
 from mfgguf.run import RunDir, read_module_meta
 from mfgguf.train.experts.expert import build_expert_model, train_expert
 from mfgguf.options import TrainOptions
-from mfgguf.train.engine.loop import heldout_losses
-from mfgguf.train.rounds.restat import heldout_trunk
+from mfgguf.train.engine.loop import validation_losses
+from mfgguf.train.rounds.restat import trunk_validation_loss
 from mfgguf.train.whole.trunk import train_trunk
 
 from tests.conftest import TINY_EXPERTS, copy_run
@@ -63,8 +63,8 @@ def test_expert_step_zero_is_the_trunk_alone(seeded_run):
     meta = read_module_meta(rd, 0)
     cfg = ModelConfig.from_dict(meta["config"])
     model = build_expert_model(rd, cfg, 0, torch.device("cpu"), bf16_trunk=False, init="auto")
-    got = heldout_losses(rd.validation_dir, model, 2048, "single", torch.device("cpu"), "fp32")
-    want = heldout_trunk(rd, rd.module_file(0), {**meta, "precision": "fp32", "train": {"eval_tokens": 2048}})
+    got = validation_losses(rd.validation_dir, model, 2048, "single", torch.device("cpu"), "fp32")
+    want = trunk_validation_loss(rd, rd.module_file(0), {**meta, "precision": "fp32", "train": {"eval_tokens": 2048}})
     for d in want:
         assert got[d] == pytest.approx(want[d], rel=1e-6)
     random_init = build_expert_model(rd, cfg, 0, torch.device("cpu"), bf16_trunk=False, init="random")

@@ -27,9 +27,9 @@ def test_trunk_module_and_metadata(trained_run):
     assert meta["kind"] == "trunk" and meta["preset"] == "tiny" and meta["partition"] == "label"
     assert meta["config"]["vocab_size"] == info["vocab_size"] and meta["config"]["n_experts"] == info["n_experts"]
     assert meta["train"]["tokens"] == 40_000 and meta["tokens_seen"] == meta["steps"] * 8 * 64
-    assert set(meta["heldout_loss"]) == set(info["domains"])
-    assert all(math.isfinite(v) for v in meta["heldout_loss"].values())
-    assert meta["heldout_loss_mean"] == pytest.approx(np.mean(list(meta["heldout_loss"].values())))
+    assert set(meta["validation_loss"]) == set(info["domains"])
+    assert all(math.isfinite(v) for v in meta["validation_loss"].values())
+    assert meta["validation_loss_mean"] == pytest.approx(np.mean(list(meta["validation_loss"].values())))
     # It learned: the smoothed final loss is well below the first step's (~ln 512 = 6.2).
     assert meta["history"][0][2] > 5.5 and meta["final_loss"] < meta["history"][0][2] - 0.7
     assert meta["sha256"] == sha256_file(rd.module_file(0)) == read_manifest(rd)["modules"]["trunk"]["sha256"]
@@ -37,7 +37,7 @@ def test_trunk_module_and_metadata(trained_run):
     assert not rd.checkpoint_dir(0).exists()  # removed once the module is written
 
 
-def test_saved_trunk_reproduces_its_heldout_loss(trained_run):
+def test_saved_trunk_reproduces_its_validation_loss(trained_run):
     rd = RunDir(trained_run)
     meta = json.loads(rd.module_meta(0).read_text())
     cfg = ModelConfig.from_dict(meta["config"])
@@ -45,10 +45,10 @@ def test_saved_trunk_reproduces_its_heldout_loss(trained_run):
     assert {k: tuple(v.shape) for k, v in tensors.items()} == trunk_shapes(cfg)
     model = Transformer(cfg)
     model.load_trunk(tensors)
-    dom = sorted(meta["heldout_loss"])[0]
+    dom = sorted(meta["validation_loss"])[0]
     toks = np.load(rd.validation_dir / f"{dom}.npy", allow_pickle=False)  # the split the trunk records its loss on
     loss, n = evaluate(model, toks, meta["train"]["eval_tokens"], "anchor", torch.device("cpu"), meta["precision"])
-    assert n > 0 and loss == pytest.approx(meta["heldout_loss"][dom], abs=1e-4)
+    assert n > 0 and loss == pytest.approx(meta["validation_loss"][dom], abs=1e-4)
 
 
 def test_fp32_and_dense_baseline_override(prepared_run, tmp_path):
