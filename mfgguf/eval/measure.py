@@ -74,7 +74,7 @@ def _main(path: str, run: str, domains: str, cap: str, ctx: str, decode: str, sp
     for d, t in toks.items():  # one load of the model per adapter
         by_adapter.setdefault(adapter_of.get(d), {})[d] = t
     eos = rd.run_info().eos_id if split == "test" else None  # test keeps each document's figures (eval/spread.py)
-    masks = split_masks(rd.heldout_dir if split == "test" else rd.validation_dir, toks)  # conversations: their answers
+    masks = split_masks(rd.test_dir if split == "test" else rd.validation_dir, toks)  # conversations: their answers
     parts = [perplexity_by_domain(Path(path), group, ctx=int(ctx) or None, lora=Path(a) if a else None, eos=eos,
                                   masks=masks)
              for a, group in by_adapter.items()]
