@@ -105,3 +105,20 @@ def test_the_figure_is_on_its_page_and_in_its_source(entry):
     else:
         got = _source_value(entry, source)
     assert abs(got - value) <= tolerance, f"{entry['source']} gives {got}, the page prints {text}"
+
+
+# a measured figure of the README: a ratio, a share, a time, a size (a number and its unit, outside code blocks)
+README_FIGURE = re.compile(r"(?<![\w.])[-+~]?\d[\d,]*(?:\.\d+)?(?:x\b|%| min \d+ s\b| s\b| MB\b| GB\b| GiB\b| tokens/s\b|B\b)")
+DESIGN = {"8 GB"}  # the laptop the tool is for: a target, not a measurement
+
+
+def test_every_figure_the_readme_prints_is_listed():
+    text = _flat(re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S))
+    listed = [e["figure"] for e in ENTRIES if e["page"] == "README.md"]
+    for m in README_FIGURE.finditer(text):
+        if m.group() in DESIGN:
+            continue
+        assert any(m.start() >= i and m.end() <= i + len(f) for f in listed
+                   for i in (k.start() for k in re.finditer(re.escape(f), text))), (
+            f"README.md prints {m.group()!r} ({text[max(0, m.start() - 40): m.end() + 20]!r}) with no entry in"
+            " docs/results/figures.jsonl: add one naming its results file")
