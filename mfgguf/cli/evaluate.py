@@ -107,7 +107,7 @@ def eval_cmd(
                      benchmark_tasks=benchmarks.tasks or None, questions=questions,
                      budget_flops=_budget(budget_flops))
     if cfg.budget_flops:
-        from mfgguf.eval.baselines_only import evaluate_baselines
+        from mfgguf.eval.baselines.budgeted import evaluate_baselines
 
         r = evaluate_baselines(run, out, cfg, force=force)
         typer.echo(f"report: {Path(out) if out else Path(run) / 'eval'}/report.json (the baselines alone)")

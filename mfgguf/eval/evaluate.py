@@ -76,7 +76,7 @@ class EvalConfig:
     #                                                        where not given)
     questions: bool = True  # also score the RUN's question sets (RUN/questions/, `mfgguf questions`) as benchmarks
     budget_flops: dict[int, float] | None = None  # {shard: FLOPs}: an imported base's baselines alone, at these FLOPs
-    #                                               instead of trained experts' (eval/baselines_only.py)
+    #                                               instead of trained experts' (eval/baselines/budgeted.py)
 
 
 def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *, force: bool = False,

@@ -73,7 +73,7 @@ def task_count(name: str, tasks: dict | None, in_file: int) -> int | None:
 
 def general_models(models: dict, scored: set[str]) -> dict[str, dict]:
     """{model name: {"path", "adapters"?}} of the models benchmarked, the base first (where `models` holds it: a
-    baselines-only eval, eval/baselines_only.py, does not)."""
+    baselines-only eval, eval/baselines/budgeted.py, does not)."""
     base = next((n for n in BASE_MODELS if n in models), None)
     out = {base: {"path": models[base]["path"]}} if base else {}
     for name, m in models.items():

@@ -11,14 +11,14 @@ from mfgguf.cli.app import app
 from mfgguf.config import get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.eval.baselines import imported
-from mfgguf.eval.baselines_only import evaluate_baselines
+from mfgguf.eval.baselines.budgeted import evaluate_baselines
 from mfgguf.eval.evaluate import EvalConfig
 from mfgguf.flops import continued_step_flops
 from mfgguf.run import RunDir
 
 
 def test_the_cli_passes_the_budget_to_the_baselines_alone_and_refuses_a_malformed_one(monkeypatch, tmp_path):
-    import mfgguf.eval.baselines_only as only
+    import mfgguf.eval.baselines.budgeted as only
 
     monkeypatch.setattr(only, "evaluate_baselines", lambda run, out, cfg, force=False: (_ for _ in ()).throw(
         MfggufError(f"budget {cfg.budget_flops} baselines {cfg.baselines}")))

@@ -153,7 +153,7 @@ def first_trunk_view(rd: RunDir, out: Path) -> RunDir | None:
 
 def expert_flops(meta: dict) -> float:
     """An expert's training FLOPs, the budget its baselines match: its record's (mfgguf/flops.py), or the FLOPs a
-    planned expert carries (`planned_flops`: `mfgguf eval --budget-flops`, eval/baselines_only.py)."""
+    planned expert carries (`planned_flops`: `mfgguf eval --budget-flops`, eval/baselines/budgeted.py)."""
     return float(meta["planned_flops"]) if "planned_flops" in meta else module_flops(meta)
 
 
