@@ -28,28 +28,29 @@ def p1(epochs: int, acc: float) -> dict:
             "recipe": {"base": "smollm2", "domains": ["man", "python"]}}
 
 
-def bench(acc: float, base: float, half: float, moe: float | None = None) -> dict:
-    """A benchmark's figures: accuracy, its paired difference to the base (interval +- half), and to the MoE."""
-    pts = 100 * (acc - base)
-    out = {"accuracy": acc, "tasks": 40, "points": pts, "low": pts - half, "high": pts + half, "mcnemar_p": 0.05}
-    if moe is not None:
-        d = 100 * (moe - acc)
-        out["moe_minus"] = {"points": d, "low": d - half, "high": d + half, "mcnemar_p": 0.05}
-    return out
+def bench(right: int, tasks: int = 40, sha: str = "q1") -> dict:
+    """A benchmark's figures as a phase-2 line keeps them: the first `right` of `tasks` tasks right (so two models'
+    right tasks nest), the ids as one range."""
+    return {"accuracy": right / tasks, "tasks": tasks, "data_sha256": sha, "task_ids": [[0, tasks - 1]],
+            "right": "1" * right + "0" * (tasks - right)}
 
 
-# seed -> method -> questions-train-test accuracy; the base at 0.40 in both seeds
-ACC = {1: {"moe": 0.70, "flop": 0.62, "lora": 0.45, "lora-domain": 0.66, "base": 0.40},
-       2: {"moe": 0.74, "flop": 0.60, "lora": 0.39, "lora-domain": 0.75, "base": 0.40}}
+# seed -> method -> questions-train-test tasks right of 40; the base at 16 (40%) in both seeds
+RIGHT = {1: {"moe": 28, "flop": 25, "lora": 18, "lora-domain": 26, "base": 16},
+         2: {"moe": 30, "flop": 24, "lora": 15, "lora-domain": 30, "base": 16}}
 
 
-def p2(seed: int) -> dict:
-    a = ACC[seed]
-    methods = {m: {"label": m, "flops": 1e14, "ppl_test_trained": 3.0 + (m == "base"), "ppl_test_untrained": 9.0,
-                   "questions-train-test": bench(v, a["base"], 8.0, None if m in ("moe", "base") else a["moe"]),
-                   "questions-test": bench(0.5, 0.5, 12.0)} for m, v in a.items()}
-    return {"phase": 2, "run": f"p2-e4-s{seed}", "epochs": 4, "seed": seed, "methods": methods, "machines": [EPYC],
-            "recipe": {"base": "smollm2", "domains": ["man", "python"]}}
+def model(right: int, base: bool = False) -> dict:
+    return {"label": "x", "flops": 0.0 if base else 1e14, "ppl_test_trained": 3.0 + base, "ppl_test_untrained": 9.0,
+            "questions-train-test": bench(right), "questions-test": bench(20)}
+
+
+def p2(seed: int, method: str) -> dict:
+    """A phase-2 line of one method's run: the moe run holds the MoE and the base."""
+    r = RIGHT[seed]
+    models = {"moe": model(r["moe"]), "base": model(r["base"], True)} if method == "moe" else {method: model(r[method])}
+    return {"phase": 2, "run": f"p2-e4-s{seed}-{method}", "method": method, "epochs": 4, "seed": seed,
+            "models": models, "machines": [EPYC], "recipe": {"base": "smollm2", "domains": ["man", "python"]}}
 
 
 def test_the_choice_rule_takes_the_best_validation_accuracy_ties_to_fewer_epochs():
@@ -80,18 +81,28 @@ def test_dry_run_prints_the_plan_with_each_runs_cost_and_runs_nothing(tmp_path):
     lines = text.splitlines()
     assert lines[0].startswith("# CPU: ") and "training FLOP/s" in lines[0]
     shard = int(lines[1].split("man ")[1].split(" tokens")[0].replace(",", ""))  # estimated from the cap
-    for name in ("p1-e1", "p1-e2", "p1-e4", "p1-e8", "p2-e8-s1", "p2-e8-s2"):
+    p2names = [f"p2-e8-s{s}-{m}" for s in (1, 2) for m in ("moe", "flop", "lora", "lora-domain")]
+    for name in ("p1-e1", "p1-e2", "p1-e4", "p1-e8", *p2names):
         assert any(l.startswith(f"# {name}: phase ") and " h" in l for l in lines), name
     experts = [l for l in lines if l.startswith("mfgguf train-expert ")]
-    # phase 1's four runs and the second seed's experts; the first seed's phase 2 reuses phase 1's
-    assert len(experts) == 2 * 5 and {l.split("--expert ")[1].split()[0] for l in experts} == {"4", "5"}
+    # phase 1's four runs and each seed's moe run (phase 1's run at 8 epochs is not on disk to reuse); no baseline's
+    assert len(experts) == 2 * 6 and {l.split("--expert ")[1].split()[0] for l in experts} == {"4", "5"}
     assert f"--tokens {8 * shard}" in next(l for l in experts if "/p1-e8 " in l)
-    assert all("--seed 2" in l for l in experts if "/p2-" in l)
+    assert all("--seed 2" in l for l in experts if "/p2-e8-s2-moe " in l)
+    assert not any("/p2-" in l and "-moe " not in l for l in experts)
     assert sum(l.startswith("mfgguf import-base ") for l in lines) == 1
     assert sum("base.gguf --hellaswag" in l for l in lines) == 1  # the base scored once
     assert any(l.startswith("mfgguf perplexity ") and "train-valid.txt" in l and "--paired-with" in l for l in lines)
     evals = [l for l in lines if l.startswith("mfgguf eval ")]
-    assert len(evals) == 2 and all("--baselines flop,lora,lora-domain" in l and "--top-k 1" in l for l in evals)
+    assert len(evals) == 8 and all(m in evals[i] for i, m in enumerate(("-moe ", "-flop ", "-lora ", "-lora-domain ")))
+    assert all("--baselines none" in l and "--top-k 1" in l for l in evals if "-moe " in l)
+    # each baseline alone, at the MoE's training FLOPs: each shard's tokens x 8 epochs x an expert token's FLOPs
+    per_token = float(lines[0].split(", ")[-1].split(" MFLOP")[0]) * 1e6
+    for m in ("flop", "lora", "lora-domain"):
+        line = next(l for l in evals if f"-s1-{m} " in l)
+        assert f"--baselines {m} --budget-flops " in line and "--routers" not in line
+        budget = dict(x.split(":") for x in line.split("--budget-flops ")[1].split()[0].split(","))
+        assert set(budget) == {"4", "5"} and float(budget["4"]) == pytest.approx(8 * shard * per_token, rel=1e-3)
     assert "--hellaswag" not in evals[0]  # optional: no file, no HellaSwag
     with_h = subprocess.run([*args, "--hellaswag", str(tmp_path / "h.txt")], capture_output=True, text=True,
                             check=True).stdout
@@ -112,42 +123,73 @@ def test_phase_2_before_phase_1_is_priced_at_the_most_epochs_and_not_refused_yet
     a = ks.parse(["--out", str(tmp_path / "ks.jsonl"), "--dry-run"])
     runs, notes = ks.plan(a, [], tmp_path / "template", ks.SPEEDS["AVX2-only"])
     p2runs = [r for r in runs if r.phase == 2]
-    assert [r.name for r in p2runs] == ["p2-e8-s1", "p2-e8-s2"] and all(r.provisional for r in p2runs)
-    assert p2runs[1].seconds > p2runs[0].seconds  # the second seed trains its experts, the first reuses phase 1's
-    rows = [p1(1, 0.45), p1(2, 0.60), p1(4, 0.60), p1(8, 0.55)]
+    assert [r.name for r in p2runs] == [f"p2-e8-s{s}-{m}" for s in (1, 2) for m in ("moe", "flop", "lora",
+                                                                                  "lora-domain")]
+    assert all(r.provisional for r in p2runs)
+    rows = [p1(1, 0.45), p1(2, 0.60), p1(4, 0.60), p1(8, 0.55), p2(1, "flop")]
     runs, _ = ks.plan(a, rows, tmp_path / "template", ks.SPEEDS["AVX2-only"])
-    assert [r.name for r in runs] == ["p2-e2-s1", "p2-e2-s2"] and not any(r.provisional for r in runs)
+    assert [r.name for r in runs] == [f"p2-e2-s{s}-{m}" for s in (1, 2) for m in ("moe", "flop", "lora",
+                                                                                "lora-domain")]
+    assert not any(r.provisional for r in runs)
+    rows[-1] = {**p2(1, "flop"), "run": "p2-e2-s1-flop", "epochs": 2}  # a run in the lines is not run again
+    runs, _ = ks.plan(a, rows, tmp_path / "template", ks.SPEEDS["AVX2-only"])
+    assert "p2-e2-s1-flop" not in [r.name for r in runs] and len(runs) == 7
 
 
-def test_summary_means_paired_intervals_and_verdicts_beyond_the_seeds_spread(tmp_path):
+def test_every_phase_2_run_fits_a_sitting_on_the_avx2_cpu_at_the_recipes_cap_up_to_8_epochs(tmp_path):
+    a = ks.parse(["--out", str(tmp_path / "ks.jsonl"), "--max-chars-per-domain", "200000", "--hellaswag",
+                  str(tmp_path / "h.txt")])
+    sp, per_token = ks.SPEEDS["AVX2-only"], ks.expert_flops_per_token(a, tmp_path / "template")
+    sz = ks.sizes(a, tmp_path / "template")
+    for e in (1, 2, 4, 8):
+        costs = {m: ks.phase2_cost(a, sp, per_token, sz, e, m) for m in ("moe", "flop", "lora", "lora-domain")}
+        assert all(c < 3 * 3600 for c in costs.values()), (e, costs)
+    # the MoE's own training alone, what each baseline's matches, is well inside a sitting at 8 epochs
+    flops, train = ks.training_s(a, sp, per_token, sz["shard"], 8)
+    assert train < 2 * 3600 and costs["flop"] > flops / sp.flops
+    runs, notes = ks.plan(a, [], tmp_path / "template", sp)
+    assert all(r.seconds < 3 * 3600 for r in runs) and not any("over the limit" in n for n in notes)
+    # where a run cannot fit, the plan says by how much and the HellaSwag tasks that would fit it
+    a.sitting_hours = 1.8
+    runs, notes = ks.plan(a, [], tmp_path / "template", sp)
+    over = [n for n in notes if "over the limit" in n]
+    assert over and all("--hellaswag-tasks" in n or "cannot fit" in n for n in over)
+
+
+def test_summary_pairs_each_method_with_its_seeds_base_across_runs(tmp_path):
     out = tmp_path / "ks.jsonl"
-    rows = [p1(1, 0.45), p1(2, 0.60), p1(4, 0.60), p1(8, 0.55), p2(1), p2(2)]
+    rows = [p1(1, 0.45), p1(2, 0.60), p1(4, 0.60), p1(8, 0.55),
+            *[p2(s, m) for s in (1, 2) for m in ("moe", "flop", "lora", "lora-domain")]]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = json.loads(subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--summarise"],
                                     capture_output=True, text=True, check=True).stdout.splitlines()[-1])
-    assert res["rows"] == 6 and res["chosen"] == 2
+    assert res["rows"] == 12 and res["chosen"] == 2
     s = ks.summarize(ks.load_rows(out))
+    assert s["phase2"]["seeds"] == [1, 2] and s["phase2"]["epochs"] == 4
     m = s["phase2"]["methods"]
     tt = {k: v["questions-train-test"] for k, v in m.items()}
-    assert tt["moe"]["accuracy"]["mean"] == pytest.approx(0.72) and tt["moe"]["points"]["mean"] == pytest.approx(32)
-    assert tt["moe"]["intervals"] == [[pytest.approx(22), pytest.approx(38)], [pytest.approx(26), pytest.approx(42)]]
-    # the MoE +30/+34 (spread 4, intervals above zero): a gain; flop +22/+20: a gain; lora +5/-1: spread 6 > mean 2
-    assert tt["moe"]["verdict"] == "gain" and tt["flop"]["verdict"] == "gain"
-    assert tt["lora"]["verdict"] == "within the noise"
-    # lora-domain +26/+35: mean 30.5 beyond the spread 9 and both intervals above zero
-    assert tt["lora-domain"]["verdict"] == "gain"
-    # MoE - method: flop +8/+14 (spread 6 < mean 11; intervals +-8: the first touches zero): within the noise
-    assert tt["flop"]["vs_moe"]["points"]["mean"] == pytest.approx(11)
-    assert tt["flop"]["vs_moe"]["verdict"] == "within the noise"
-    assert tt["lora"]["vs_moe"]["verdict"] == "MoE ahead"  # +25/+35: spread 10, intervals above zero
-    assert tt["lora-domain"]["vs_moe"]["verdict"] == "within the noise"  # +4/-1
-    assert m["moe"]["questions-test"]["verdict"] == "within the noise"  # no difference at all
+    # paired over the same 40 tasks, each method's run against its seed's base from the moe run
+    assert tt["moe"]["accuracy"]["mean"] == pytest.approx(0.725) and tt["moe"]["points"]["mean"] == pytest.approx(32.5)
+    assert tt["flop"]["points"]["min"] == pytest.approx(20) and tt["flop"]["points"]["max"] == pytest.approx(22.5)
+    assert all(lo > 0 for lo, _ in tt["moe"]["intervals"]) and tt["moe"]["verdict"] == "gain"
+    assert tt["flop"]["verdict"] == "gain" and tt["lora"]["verdict"] == "within the noise"  # +5 / -2.5
+    assert tt["moe"]["mcnemar_p"][0] < 0.01
+    # the MoE against each method, paired across their two runs: lora +25/+37.5, lora-domain +5/0
+    assert tt["lora"]["vs_moe"]["points"]["mean"] == pytest.approx(31.25)
+    assert tt["lora"]["vs_moe"]["verdict"] == "MoE ahead" and tt["lora-domain"]["vs_moe"]["verdict"] == "within the noise"
+    assert m["moe"]["questions-test"]["verdict"] == "within the noise"  # every model alike there
     md = out.with_suffix(".md").read_text()
     assert "| 2 (chosen) | 12/20 | 60.0% |" in md and "CPU: AMD EPYC (AVX2-only, 2 cores)." in md
-    assert f"| {ks.NAMES['moe']} | 72.0 (70.0 to 74.0) | +32.0 (+30.0 to +34.0) |" in md
+    assert f"| {ks.NAMES['moe']} | 72.5 (70.0 to 75.0) | +32.5 (+30.0 to +35.0) |" in md
     assert out.with_suffix(".png").stat().st_size > 10_000
-    one = [p2(1)]
+    one = [p2(1, "moe"), p2(1, "lora")]
     assert ks.summarize(one)["phase2"]["methods"]["moe"]["questions-train-test"]["verdict"] == "one seed"
+    # another question file (a template made with other questions) is not paired: that benchmark is left out
+    other = p2(2, "flop")
+    other["models"]["flop"]["questions-train-test"]["data_sha256"] = "q2"
+    s2 = ks.summarize([*rows[4:], other])
+    assert "questions-train-test" not in s2["phase2"]["methods"]["flop"]
+    assert "questions-test" in s2["phase2"]["methods"]["flop"]
 
 
 def test_verdict_needs_two_seeds_a_mean_beyond_the_spread_and_every_interval_clear_of_zero():

@@ -89,6 +89,11 @@ def eval_cmd(
     questions: bool = typer.Option(True, "--questions/--no-questions", help="Score every final model on the RUN's"
                                    " closed-book questions too (RUN/questions/, made by `mfgguf questions`), where"
                                    " there are any."),
+    budget_flops: str = typer.Option("", "--budget-flops", help="SHARD:FLOPS,... (e.g. 4:2e14,5:2e14): on an imported"
+                                     " base, train and score only the --baselines (flop, lora, lora-domain) at these"
+                                     " training FLOPs, each shard's as if an expert had spent them on it, no expert"
+                                     " trained: no MoE is assembled, nor the base scored; each benchmark task's"
+                                     " verdict is kept in report.json to pair with another eval's models."),
     benchmarks: Benchmarks = Benchmarks(),
 ):
     cfg = EvalConfig(routers=tuple(r for r in routers.split(",") if r), top_ks=tuple(int(k) for k in top_k.split(",")),
@@ -99,7 +104,14 @@ def eval_cmd(
                      baseline_lrs=_grid(full=parse_floats(full_lrs, "--full-lrs"),
                                         lora=parse_floats(lora_lrs, "--lora-lrs")),
                      benchmarks={k: str(v) for k, v in benchmarks.files.items()} or None,
-                     benchmark_tasks=benchmarks.tasks or None, questions=questions)
+                     benchmark_tasks=benchmarks.tasks or None, questions=questions,
+                     budget_flops=_budget(budget_flops))
+    if cfg.budget_flops:
+        from mfgguf.eval.baselines.budgeted import evaluate_baselines
+
+        r = evaluate_baselines(run, out, cfg, force=force)
+        typer.echo(f"report: {Path(out) if out else Path(run) / 'eval'}/report.json (the baselines alone)")
+        return r
     r = evaluate(run, out, cfg, force=force)
     out = Path(out) if out else Path(run) / "eval"
     from rich.console import Console
@@ -116,3 +128,17 @@ def _grid(**lrs: tuple[float, ...]) -> dict[str, tuple[float, ...]] | None:
     if bad:
         raise MfggufError(f"{bad} is not a learning rate; give peak LRs between 0 and 1, e.g. 1e-4,3e-4")
     return {mode: v for mode, v in lrs.items() if v} or None
+
+
+def _budget(text: str) -> dict[int, float] | None:
+    """--budget-flops SHARD:FLOPS,... as {shard: FLOPs}; None where empty; anything else refused in one line."""
+    out = {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        shard, _, flops = item.partition(":")
+        try:
+            out[int(shard)] = float(flops)
+        except ValueError:
+            raise MfggufError(f"--budget-flops {item!r}: give SHARD:FLOPS pairs, e.g. 4:2e14,5:2e14") from None
+        if out[int(shard)] <= 0:
+            raise MfggufError(f"--budget-flops {item!r}: a budget is a positive number of FLOPs")
+    return out or None

@@ -75,6 +75,8 @@ class EvalConfig:
     benchmark_tasks: dict[str, int | None] | None = None  # tasks of each benchmark (eval/general.py's EVAL_TASKS
     #                                                        where not given)
     questions: bool = True  # also score the RUN's question sets (RUN/questions/, `mfgguf questions`) as benchmarks
+    budget_flops: dict[int, float] | None = None  # {shard: FLOPs}: an imported base's baselines alone, at these FLOPs
+    #                                               instead of trained experts' (eval/baselines/budgeted.py)
 
 
 def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *, force: bool = False,
@@ -91,8 +93,8 @@ def evaluate(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(),
     ev = _open(Path(run), out, cfg, force)
     t_start = time.perf_counter()
     models = _assembled_models(ev)
-    baselines = _train_baselines(ev)
-    models.update(_baseline_models(ev, baselines))
+    baselines = train_baselines(ev)
+    models.update(baseline_models(ev, baselines))
     validation = _choose_on_validation(ev, models)
     best = min(validation, key=lambda k: validation[k]["overall"]["ppl"])
     scored = finalists(models, validation)
@@ -194,7 +196,7 @@ def check_windows(rd: RunDir, ctx: int | None = None, cap: int | None = None) ->
                               " --test-frac / --valid-frac")
 
 
-def _train_baselines(ev: Evaluation) -> Outcome:
+def train_baselines(ev: Evaluation) -> Outcome:
     """The baselines of the trunk's side (from scratch, or an imported base trained further), trained or reused."""
     cfg = ev.cfg
     job = Job(ev.rd, ev.metas, ev.out, which=cfg.baselines if cfg.dense else (), force=ev.force,
@@ -229,7 +231,7 @@ def _moe_gguf(ev: Evaluation, quant: str, router: str, top_k: int, seed_gate: fl
     return ev.gguf(f"moe-{router}{gate}-top{top_k}-{quant}", quant=quant, router=router, top_k=top_k, seed_gate=seed_gate)
 
 
-def _baseline_models(ev: Evaluation, baselines: Outcome) -> dict[str, dict]:
+def baseline_models(ev: Evaluation, baselines: Outcome) -> dict[str, dict]:
     """Each trained baseline's trunk alone, assembled when it (or, for the per-domain LoRAs, an adapter served on it)
     was trained since: a base GGUF older than its adapters may be of another trunk than the one they trained from."""
     q = ev.cfg.base_quant
@@ -256,7 +258,7 @@ def _measure_all(ev: Evaluation, models: dict) -> dict[str, dict]:
     results = {}
     for name, m in models.items():
         _say(f"measure {name}")
-        results[name] = _measure(ev, m["path"], m.get("domains", ev.domains), adapters=m.get("adapters"))
+        results[name] = measure_model(ev, m["path"], m.get("domains", ev.domains), adapters=m.get("adapters"))
     return results
 
 
@@ -266,7 +268,7 @@ def _choose_on_validation(ev: Evaluation, models: dict) -> dict[str, dict]:
     validation = {}
     for k in [k for k, m in models.items() if m["kind"] == "moe"]:
         _say(f"measure {k} on validation")
-        validation[k] = _measure(ev, models[k]["path"], ev.domains, split="validation")
+        validation[k] = measure_model(ev, models[k]["path"], ev.domains, split="validation")
     return validation
 
 
@@ -277,7 +279,7 @@ def _quantized(ev: Evaluation, models: dict, results: dict, best: str) -> dict[s
     for q in ev.cfg.quants:
         path = _moe_gguf(ev, q, router, k, c)
         _say(f"measure {best} {q}")
-        rows[q] = results[f"{best} {q}"] = _measure(ev, path, ev.domains)
+        rows[q] = results[f"{best} {q}"] = measure_model(ev, path, ev.domains)
         models[f"{best} {q}"] = {"path": path, "kind": "quant"}
     return rows
 
@@ -374,7 +376,7 @@ def _best_expert_per_domain(metas: dict, domains: list[str]) -> dict[str, int]:
     return best
 
 
-def _measure(ev: Evaluation, path: Path, domains: list[str], split: str = "test",
+def measure_model(ev: Evaluation, path: Path, domains: list[str], split: str = "test",
              adapters: dict[str, str] | None = None) -> dict:
     """One GGUF's figures on `split`, or the ones an earlier eval stored for the same file and settings (measured.py)."""
     cfg = ev.cfg
@@ -393,4 +395,4 @@ def _say(msg: str) -> None:
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
 
 
-__all__ = ["EvalConfig", "Evaluation", "evaluate", "finalists"]
+__all__ = ["EvalConfig", "Evaluation", "baseline_models", "evaluate", "finalists", "measure_model", "train_baselines"]

@@ -72,9 +72,10 @@ def task_count(name: str, tasks: dict | None, in_file: int) -> int | None:
 
 
 def general_models(models: dict, scored: set[str]) -> dict[str, dict]:
-    """{model name: {"path", "adapters"?}} of the models benchmarked, the base first."""
-    base = next(n for n in BASE_MODELS if n in models)
-    out = {base: {"path": models[base]["path"]}}
+    """{model name: {"path", "adapters"?}} of the models benchmarked, the base first (where `models` holds it: a
+    baselines-only eval, eval/baselines/budgeted.py, does not)."""
+    base = next((n for n in BASE_MODELS if n in models), None)
+    out = {base: {"path": models[base]["path"]}} if base else {}
     for name, m in models.items():
         if (m["kind"] == "moe" and name in scored) or m["kind"] == "dense":
             spec = {"path": m["path"]}
@@ -89,14 +90,15 @@ def general_models(models: dict, scored: set[str]) -> dict[str, dict]:
 
 def score_general(ev, models: dict, scored: set[str], say=print) -> dict:
     """{benchmark: {"tasks", "base", "models": {name: record summary}, "paired": {name: vs the base}}} for
-    eval's benchmarks (`ev.cfg.benchmarks`), every model of `general_models` scored or read back from OUT/measured/."""
+    eval's benchmarks (`ev.cfg.benchmarks`), every model of `general_models` scored or read back from OUT/measured/
+    (without the base: "base" None, nothing paired; each record's verdicts pair it across evals)."""
     from mfgguf.run import sha256_file
     from mfgguf.runtime.choice.benchmark import CTX, benchmark
     from mfgguf.runtime.choice.tasks import read_tasks
 
     cfg, out = ev.cfg, {}
     targets = general_models(models, scored)
-    base = next(iter(targets))
+    base = next((n for n in BASE_MODELS if n in targets), None)
     for name, data in (cfg.benchmarks or {}).items():
         n = task_count(name, cfg.benchmark_tasks, len(read_tasks(layout(name), Path(data))))
         sha = sha256_file(Path(data))
@@ -109,10 +111,11 @@ def score_general(ev, models: dict, scored: set[str], say=print) -> dict:
             records[label] = kept(ev.out, spec["path"], settings, lambda p=spec["path"], a=adapters: benchmark(
                 p, layout(name), Path(data), tasks=n, adapters=a, engine="auto"), force=ev.force,
                 what="routed" if adapters else "")
-        out[name] = {"tasks": records[base]["tasks"], "tasks_in_file": records[base]["tasks_in_file"],
+        first = records[base or next(iter(records))]
+        out[name] = {"tasks": first["tasks"], "tasks_in_file": first["tasks_in_file"],
                      "data": str(data), "data_sha256": sha, "base": base,
                      "models": {k: _summary(r) for k, r in records.items()},
-                     "paired": {k: paired(r, records[base]) for k, r in records.items() if k != base},
+                     "paired": {k: paired(r, records[base]) for k, r in records.items() if base and k != base},
                      "verdicts": {k: {"task_ids": r["task_ids"], "right": r["right"]} for k, r in records.items()}}
     return out
 

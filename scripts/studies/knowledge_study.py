@@ -15,11 +15,14 @@ suffix), and --summarise writes FILE's .md and .png beside it.
      epochs; where the largest of --epochs is the choice and above the one before it (still climbing), --extend
      (16) runs too and joins the choice. Epochs count windows of the shard: exact once the trainer's sampler walks
      every window once an epoch (until then it draws windows at random, and E epochs are E shards' tokens).
-  2. Phase 2, the methods at the chosen epochs: WORK/p2-e<E>-s<S> for S in --seeds; the first seed's starts as a
-     hard-linked copy of phase 1's run at E (the same experts, trained at that seed), later seeds train theirs. Then
-     `mfgguf eval --seed S`: continued pretraining, one LoRA and a LoRA per domain at the experts' training FLOPs
-     (eval's imported-base baselines), every model scored on the questions about the training documents
-     (train-test.txt) and about the test documents (test.txt), test perplexity, and HellaSwag with --hellaswag.
+  2. Phase 2, the methods at the chosen epochs, one run a method and seed so that each fits a sitting:
+     WORK/p2-e<E>-s<S>-<method> for S in --seeds and method in moe, then each of --baselines (continued
+     pretraining, one LoRA, a LoRA per domain), each from nothing but the template: the moe run trains the experts
+     (the first seed's reuse phase 1's run at E where it is still on disk) and scores the MoE and the base; a
+     baseline's run trains that baseline alone at the FLOPs the MoE's experts spend (`mfgguf eval --budget-flops`)
+     and scores it. Every model on the questions about the training documents (train-test.txt) and about the test
+     documents (test.txt), test perplexity, and HellaSwag with --hellaswag; each line keeps its models' per-task
+     verdicts and the summary pairs them across runs (scripts/studies/knowledge_phase2.py).
 A run already in FILE is not run again and each stage is skipped where its output exists. Every line records the
 CPUs that worked on its run (model name and class: AVX2-only, AVX-512 BF16, AMX). Before anything runs, each run is
 priced on this CPU (train_s: the training FLOPs at this class's measured rate; scoring: llama.cpp's per model) and a
@@ -43,65 +46,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
+import knowledge_phase2 as kp  # noqa: E402  (phase 2: its runs' cost, commands, lines and summary)
 import protocol_study as ps  # noqa: E402  (its verb runner, template copy, CPU record and eval figures)
+from knowledge_cost import (QUESTION_DOMAINS, SPEEDS, STUDY_DOMAINS, Speed, cpu_class,  # noqa: E402,F401
+                            expert_flops_per_token, methods, phase1_cost, phase2_cost, read_json, sizes,
+                            training_s)
+from knowledge_summary import (NAMES, SETS, load_rows, pick_epochs, spread, summarize,  # noqa: E402,F401
+                               verdict, write_summary)
 
-STUDY_DOMAINS = ps.STUDY_DOMAINS
-QUESTION_DOMAINS = ("man", "python")  # the study domains `mfgguf questions` asks about (data/questions.py)
 BASELINES = "flop,lora,lora-domain"
-SETS = ("questions-train-test", "questions-test", "hellaswag")  # eval's benchmark names, what phase 2 scores
-NAMES = {"moe": "MoE top-1 (ridge)", "flop": "continued pretraining, FLOP-matched",
-         "lora": "one LoRA r16, FLOP-matched",
-         "lora-domain": "a LoRA per domain", "base": "the base"}
-CHARS_PER_TOKEN = 3.3  # SmolLM2's tokenizer on the study corpus's man and python text (a capped prepare here)
-# questions a set, by tokens, where the template is not made yet: a training-half set about 0.42 a thousand
-# training tokens of the two domains, the test set about 1.4 a thousand of their test tokens (prepare + questions
-# at a 400,000-character cap: 70 and 50)
-Q_PER_KTOKEN, QTEST_PER_KTOKEN = 0.42, 1.4
-
-
-@dataclass(frozen=True)
-class Speed:
-    """What a class of CPU does, on 2 cores: the expert step's FLOP/s at SmolLM2's shape (the baselines' steps
-    priced the same), seconds a HellaSwag task of an f16 SmolLM2 (llama-perplexity; a question task is about half:
-    a shorter context and endings), llama.cpp's tokens/s scoring perplexity, and seconds to assemble and load one
-    model."""
-    flops: float
-    hellaswag_s: float
-    score_tokens_s: float
-    model_s: float
-
-
-# AVX2-only EPYC: the expert step at 103-105 tokens/s in fp32 (docs/benchmarks.md), a HellaSwag task about 3x the
-# AVX-512 one, assembling about 2 min; AVX-512 BF16 EPYC: the protocol study's rate and task; AMX: no expert step
-# measured at this shape, priced as AVX-512 BF16 (the demo ran as fast on both)
-SPEEDS = {"AVX2-only": Speed(7.3e10, 0.6, 270.0, 120.0), "AVX-512 BF16": Speed(3.5e11, 0.2, 800.0, 40.0),
-          "AMX": Speed(3.5e11, 0.2, 800.0, 40.0)}
-PROCESS_S, SYNC_S, LAST_SYNC_S, TEMPLATE_S = 13.0, 16.0, 120.0, 90.0
-ROUTED_FACTOR = ps.ROUTED_FACTOR  # the per-domain LoRAs scored through their adapters: this many models' time
-
-
-def cpu_class(c: dict) -> str:
-    """AMX, AVX-512 BF16 or AVX2-only: which of SPEEDS prices a run on the CPU `c` (mfgguf.machine.cpu())."""
-    flags = set(c.get("flags", ()))
-    return "AMX" if "amx_tile" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else "AVX2-only"
-
-
-def read_json(path: Path) -> dict | None:
-    """A RUN's record (or a report), read under the current names where an earlier mfgguf wrote it (run/legacy.py)."""
-    from mfgguf.run.legacy import OLD_RUN_KEYS, renamed
-
-    return renamed(json.loads(path.read_text()), OLD_RUN_KEYS if path.name == "run.json" else None) \
-        if path.is_file() else None
-
-
-def load_rows(path: Path) -> list[dict]:
-    """The study's lines, the last one of each run."""
-    rows = {}
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        if line.strip():
-            r = json.loads(line)
-            rows[r["run"]] = r
-    return list(rows.values())
 
 
 def recipe(a) -> dict:
@@ -138,89 +91,6 @@ def choose_epochs(rows: list[dict], epochs: list[int], extend: int | None) -> tu
     return pick_epochs({e: acc[e] for e in [*epochs, *([extend] if extend in acc else [])]}), False
 
 
-def pick_epochs(acc: dict[int, float]) -> int:
-    """The epochs of the highest accuracy, the fewest among equals (max keeps the first it meets)."""
-    return max(sorted(acc), key=lambda e: acc[e])
-
-
-# ---- the cost of a run -------------------------------------------------------------------------------------
-
-
-def expert_flops_per_token(a, template: Path) -> float:
-    """An expert step's FLOPs a token (mfgguf/flops.py): the template's trunk once imported, else the base's shape."""
-    from mfgguf.config import shared_tensor_names
-    from mfgguf.flops import expert_step_flops
-
-    cfg, _ = ps.plan_config(a, template)
-    if cfg is None:  # SmolLM2's shape, so a plan is priced where the base cannot be read
-        from mfgguf.base.importer import trunk_config
-        from mfgguf.base.source import BaseShape
-
-        cfg = trunk_config(BaseShape(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ff=1536, vocab_size=49152,
-                                     rope_theta=1e5, norm_eps=1e-5, ctx_len=8192, tied=True), expert_ff=a.expert_ff)
-    return expert_step_flops(cfg, shared_tensor_names(cfg, a.shared)).total
-
-
-def sizes(a, template: Path) -> dict:
-    """{"shard", "test", "valid": {domain: tokens}, "questions": {set: count}, "measured": bool}: the template's,
-    else estimated from the character cap."""
-    info = read_json(template / "run.json")
-    if info is not None:
-        own = {next(iter(s["domains"])): int(s["tokens"]) for s in info["shards"] if len(s["domains"]) == 1}
-        shard = {d: own[d] for d in a.domains}
-        test = {d: int(v["tokens"]) for d, v in info["test"].items()}
-        valid = {d: int(v["tokens"]) for d, v in (info.get("valid") or {}).items()}
-    else:
-        c = a.max_chars_per_domain / CHARS_PER_TOKEN
-        shard = {d: int(c * (1 - a.test_frac) * (1 - a.valid_frac)) for d in a.domains}
-        test = {d: int(c * a.test_frac) for d in STUDY_DOMAINS}
-        valid = {d: int(c * (1 - a.test_frac) * a.valid_frac) for d in STUDY_DOMAINS}
-    summ = read_json(template / "questions" / "summary.json")
-    if summ is not None:
-        questions = {s: sum(sum(k.values()) for k in v.values()) for s, v in summ["sets"].items()}
-    else:
-        asked = [d for d in a.domains if d in QUESTION_DOMAINS]
-        questions = {"train-valid": int(Q_PER_KTOKEN * sum(shard[d] for d in asked) / 1000),
-                     "train-test": int(Q_PER_KTOKEN * sum(shard[d] for d in asked) / 1000),
-                     "test": int(QTEST_PER_KTOKEN * sum(test[d] for d in asked) / 1000)}
-    return {"shard": shard, "test": test, "valid": valid, "questions": questions, "measured": info is not None}
-
-
-def training_s(a, sp: Speed, per_token: float, shard: dict, epochs: int) -> tuple[float, float]:
-    """(the MoE's training FLOPs, its seconds: every expert in turn, its processes and syncs)."""
-    flops = sum(epochs * shard[d] for d in a.domains) * per_token
-    syncs = (a.rounds - 1) * SYNC_S + LAST_SYNC_S if a.shared != "none" else 0.0
-    return flops, flops / sp.flops + len(a.domains) * a.rounds * PROCESS_S + syncs
-
-
-def phase1_cost(a, sp: Speed, per_token: float, sz: dict, epochs: int, first: bool) -> float:
-    """A phase-1 run: its experts, assembling the MoE, the validation questions; the first also makes the template
-    and scores the base."""
-    _, train = training_s(a, sp, per_token, sz["shard"], epochs)
-    score = sp.model_s + sz["questions"]["train-valid"] * sp.hellaswag_s / 2
-    return train + score + (TEMPLATE_S + score if first else 0.0)
-
-
-def phase2_cost(a, sp: Speed, per_token: float, sz: dict, epochs: int, train_moe: bool) -> float:
-    """A phase-2 run: the MoE's experts (a later seed's), eval's baselines at the MoE's FLOPs (each LR of their
-    grids), and every model scored: test and validation perplexity, both question sets, HellaSwag."""
-    from mfgguf.eval.baselines.imported import GRID
-
-    flops, train = training_s(a, sp, per_token, sz["shard"], epochs)
-    base = a.baselines.split(",")
-    grid = {"full": len(a.full_lrs.split(",")) if a.full_lrs else len(GRID["full"]),
-            "lora": len(a.lora_lrs.split(",")) if a.lora_lrs else len(GRID["lora"])}
-    runs = grid["full"] * ("flop" in base) + grid["lora"] * bool({"lora", "lora-domain"} & set(base))
-    procs = runs + len(a.domains) * ("lora-domain" in base)
-    baselines = (runs + ("lora-domain" in base)) * flops / sp.flops + procs * PROCESS_S
-    models = 2 + ("flop" in base) + ("lora" in base) + ROUTED_FACTOR * ("lora-domain" in base)  # + base + MoE
-    tokens = sum(min(a.max_tokens, t) for t in sz["test"].values())
-    tasks = (sz["questions"]["train-test"] + sz["questions"]["test"]) / 2 + (a.hellaswag_tasks if a.hellaswag else 0)
-    valid = sum(min(a.max_tokens, t) for t in sz["valid"].values()) / sp.score_tokens_s  # the MoE's router choice
-    score = models * (sp.model_s + tokens / sp.score_tokens_s + tasks * sp.hellaswag_s) + valid
-    return (train if train_moe else 0.0) + baselines + score
-
-
 # ---- the plan -------------------------------------------------------------------------------------------------
 
 
@@ -233,6 +103,7 @@ class Run:
     seconds: float
     note: str = ""
     provisional: bool = False  # phase 2 priced before phase 1 has chosen its epochs: not refused yet
+    method: str = ""  # phase 2's: moe, flop, lora, lora-domain
 
 
 def plan(a, rows: list[dict], template: Path, sp: Speed) -> tuple[list[Run], list[str]]:
@@ -252,18 +123,36 @@ def plan(a, rows: list[dict], template: Path, sp: Speed) -> tuple[list[Run], lis
     elif chosen is None and a.extend:
         notes.append(f"p1-e{a.extend} runs only if {max(a.epochs)} epochs is still climbing: about"
                      f" {phase1_cost(a, sp, per_token, sz, a.extend, False) / 3600:.2f} h, and phase 2 at"
-                     f" {a.extend} epochs about {phase2_cost(a, sp, per_token, sz, a.extend, True) / 3600:.2f} h"
-                     " a seed")
+                     f" {a.extend} epochs its longest run about"
+                     f" {max(phase2_cost(a, sp, per_token, sz, a.extend, m) for m in methods(a)) / 3600:.2f} h")
     e2 = chosen if chosen is not None else max(a.epochs)
     if chosen is None:
         notes.append(f"phase 2 priced at {e2} epochs, the most phase 1 can choose without the extension; refused"
                      " only once phase 1 has chosen")
     for s in a.seeds:
-        if not any(r.get("phase") == 2 and r["seed"] == s for r in rows):
-            reuse = s == a.seeds[0]
-            runs.append(Run(f"p2-e{e2}-s{s}", 2, e2, s, phase2_cost(a, sp, per_token, sz, e2, not reuse),
-                            "experts of p1-e%d, eval only" % e2 if reuse else "", provisional=chosen is None))
+        for m in methods(a):
+            if f"p2-e{e2}-s{s}-{m}" not in done:
+                note = f"priced training; reuses p1-e{e2}'s experts where still on disk" if m == "moe" and \
+                    s == a.seeds[0] else "the MoE and the base" if m == "moe" else "at the MoE's training FLOPs"
+                runs.append(Run(f"p2-e{e2}-s{s}-{m}", 2, e2, s, phase2_cost(a, sp, per_token, sz, e2, m), note,
+                                provisional=chosen is None, method=m))
+    notes += cuts(a, sp, per_token, sz, [r for r in runs if r.phase == 2])
     return runs, notes
+
+
+def cuts(a, sp: Speed, per_token: float, sz: dict, runs: list[Run]) -> list[str]:
+    """A note for each phase-2 run over --sitting-hours: by how much, and the HellaSwag tasks that would fit it."""
+    from argparse import Namespace
+
+    out, limit = [], a.sitting_hours * 3600
+    for r in (r for r in runs if r.seconds > limit):
+        bare = phase2_cost(Namespace(**{**vars(a), "hellaswag": None}), sp, per_token, sz, r.epochs, r.method)
+        per_task = (r.seconds - bare) / a.hellaswag_tasks if a.hellaswag and a.hellaswag_tasks else 0.0
+        fit = int((limit - bare) / per_task) if per_task and bare < limit else 0
+        out.append(f"{r.name} is {(r.seconds - limit) / 3600:.2f} h over the limit; "
+                   + (f"--hellaswag-tasks {fit} would fit it" if fit else "fewer HellaSwag tasks cannot fit it:"
+                      " lower --max-chars-per-domain or --epochs"))
+    return out
 
 
 def print_plan(a, runs: list[Run], notes: list[str], sp_name: str, template: Path) -> None:
@@ -278,8 +167,8 @@ def print_plan(a, runs: list[Run], notes: list[str], sp_name: str, template: Pat
           + "; questions: " + ", ".join(f"{k} {v}" for k, v in sz["questions"].items()))
     for r in runs:
         tok = sum(r.epochs * t for t in sz["shard"].values())
-        print(f"# {r.name}: phase {r.phase}, {r.epochs} epoch{'s' * (r.epochs > 1)} ({tok:,} expert tokens),"
-              f" seed {r.seed}: about"
+        print(f"# {r.name}: phase {r.phase}{', ' + r.method if r.method else ''}, {r.epochs}"
+              f" epoch{'s' * (r.epochs > 1)} ({tok:,} expert tokens), seed {r.seed}: about"
               f" {r.seconds / 3600:.2f} h" + (f" ({r.note})" if r.note else "")
               + (" OVER THE LIMIT here: refused if phase 1 chooses these epochs"
                  if r.provisional and r.seconds > a.sitting_hours * 3600 else ""))
@@ -365,13 +254,14 @@ def do_run(a, r, rows: list[dict], dry: bool) -> dict | None:
     """One run's stages (each only where its output is missing), then its line (None with `dry`)."""
     template, run = a.work / "template", a.work / r.name
     ids, shard = ps.shard_ids(template, a.domains), sizes(a, template)["shard"]
-    src = a.work / f"p1-e{r.epochs}" if r.phase == 2 and r.seed == a.seeds[0] else template
+    p1 = a.work / f"p1-e{r.epochs}"  # the first seed's MoE reuses phase 1's experts where still on disk
+    src = p1 if r.method == "moe" and r.seed == a.seeds[0] and (p1 / "modules").is_dir() else template
     if dry and not run.is_dir():
         print(f"# {r.name}: hard-linked copy of {src.name}")
     elif not dry:
         ps.copy_template(src, run)
         ps.note_machine(run)
-    if r.phase == 1 or r.seed != a.seeds[0]:
+    if r.phase == 1 or r.method == "moe":
         train_experts(a, run, ids, shard, r.epochs, r.seed, dry)
     if r.phase == 1:
         base = a.work / "base"
@@ -384,15 +274,12 @@ def do_run(a, r, rows: list[dict], dry: bool) -> dict | None:
         score_valid_questions(a, run, run / "moe.gguf", run / "valid-questions.json", base / "valid-questions.json",
                               dry, ("--top-k", 1, "--router", "ridge", "--experts", ",".join(map(str, ids.values()))))
     else:
-        rep = read_json(run / "eval" / "report.json")
-        if rep is None or a.hellaswag and "hellaswag" not in (rep.get("general") or {}):
-            lrs = [x for opt, v in (("--full-lrs", a.full_lrs), ("--lora-lrs", a.lora_lrs)) if v for x in (opt, v)]
-            bench = ("--hellaswag", a.hellaswag, "--hellaswag-tasks", a.hellaswag_tasks) if a.hellaswag else ()
-            ps.mfgguf("eval", run, "--routers", "ridge", "--top-k", "1", "--quants", "", "--max-tokens", a.max_tokens,
-                      "--baselines", a.baselines, "--seed", r.seed, *lrs, *bench, log=a.work / "study.log", dry=dry)
+        tokens = {d: epoch_tokens(template, r.epochs, shard[d]) for d in ids}
+        kp.eval_command(a, r, run, ids, tokens, expert_flops_per_token(a, template), ps.mfgguf, dry)
     if dry:
         return None
-    row = phase1_row(a, r, run, ids, shard) if r.phase == 1 else phase2_row(a, r, run, ids)
+    row = phase1_row(a, r, run, ids, shard) if r.phase == 1 else \
+        kp.phase2_row(a, r, run, ids, {"machines": machines(run), "recipe": recipe(a)})
     if a.prune:
         for f in [*run.glob("*.gguf"), *(run / "eval").rglob("*.gguf"), *(run / "eval").rglob("*.safetensors")]:
             f.unlink()
@@ -436,196 +323,6 @@ def phase1_row(a, r, run: Path, ids: dict[str, int], shard: dict[str, int]) -> d
             "wall_s": sum(float(m.get("wall_s") or 0.0) for m in metas.values()),
             "machines": machines(run), "recipe": recipe(a),
             "headline": {"valid_questions": round(mine["accuracy"], 4), "points": round(p["points"], 2)}}
-
-
-def phase2_row(a, r, run: Path, ids: dict[str, int]) -> dict:
-    """A phase-2 line from eval's report: per method (the MoE, each baseline, the base) its training FLOPs, test
-    perplexity (trained domains, the others), and each benchmark's accuracy, paired against the base and the MoE."""
-    from mfgguf.eval.general import BASE_MODELS
-    from mfgguf.eval.measure import mixed
-    from mfgguf.runtime.choice.paired import paired
-
-    rep = read_json(run / "eval" / "report.json")
-    res, flops, trained = rep["results"], rep["flops"]["models"], list(ids)
-    labels = {"moe": next(n for n, m in rep["models"].items() if m["kind"] == "moe" and n in res and m["top_k"] == 1)}
-    labels |= {m["baseline"]: n for n, m in rep["models"].items() if m["kind"] == "dense" and n in res}
-    labels["base"] = next(n for n in BASE_MODELS if n in res)
-    plans = {p["key"]: p for p in (rep.get("base_baselines") or {}).get("plans") or []}
-    methods = {}
-    for m, label in labels.items():
-        doms = res[label]["domains"]
-        rest = {d: v for d, v in doms.items() if d not in trained}
-        methods[m] = {"label": label, "flops": 0.0 if m == "base" else
-                      flops["moe (trunk + every expert)" if m == "moe" else label]["flops"],
-                      "ppl_test_trained": mixed({d: doms[d] for d in trained})["ppl"],
-                      "ppl_test_untrained": mixed(rest)["ppl"] if rest else None,
-                      "ppl_test": {d: v["ppl"] for d, v in doms.items()}, **ps.general_figures(rep, label),
-                      **({"lr": plans[m]["lr"]} if m in plans else {})}
-        for name, g in (rep.get("general") or {}).items():  # the MoE against this method, paired over the tasks
-            v = g.get("verdicts") or {}
-            if m != "moe" and label in v and labels["moe"] in v:
-                methods[m][name]["moe_minus"] = {k: x for k, x in paired(v[labels["moe"]], v[label]).items()
-                                                 if k in ("points", "low", "high", "mcnemar_p")}
-    return {"phase": 2, "run": r.name, "epochs": r.epochs, "seed": r.seed, "trained_domains": trained,
-            "methods": methods, "eval_wall_s": rep.get("wall_s"), "machines": machines(run), "recipe": recipe(a),
-            "questions": read_json(a.work / "template" / "questions" / "summary.json")["sets"],
-            "headline": {m: round(v.get("questions-train-test", {}).get("accuracy", float("nan")), 4)
-                         for m, v in methods.items()}}
-
-
-# ---- the summary ----------------------------------------------------------------------------------------------
-
-
-def spread(vals: list[float]) -> dict:
-    return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
-
-
-def verdict(points: list[float], intervals: list[list[float]], up: str = "gain", down: str = "loss") -> str:
-    """A paired difference over seeds: `up` / `down` only where its mean exceeds the seeds' spread (max - min) and
-    every seed's paired 95% interval is on that side of zero; "one seed" with fewer than two."""
-    if len(points) < 2:
-        return "one seed"
-    s = spread(points)
-    width = s["max"] - s["min"]
-    if s["mean"] > width and all(lo > 0 for lo, _ in intervals):
-        return up
-    if -s["mean"] > width and all(hi < 0 for _, hi in intervals):
-        return down
-    return "within the noise"
-
-
-def summarize(rows: list[dict]) -> dict:
-    """{"phase1": {epochs: figures}, "chosen", "phase2": {"epochs", "seeds", "methods": {m: {benchmark: {"accuracy",
-    "points", "intervals", "verdict", "vs_moe"?}, "ppl_test_trained", "ppl_test_untrained"}}}}."""
-    p1 = sorted((r for r in rows if r.get("phase") == 1), key=lambda r: r["epochs"])
-    phase1 = {r["epochs"]: {**r["valid_questions"], "valid_ppl": r["valid_ppl"], "valid_ppl_base": r["valid_ppl_base"]}
-              for r in p1}
-    # the rule over every phase-1 run, the extension included
-    chosen = pick_epochs({e: f["accuracy"] for e, f in phase1.items()}) if phase1 else None
-    p2 = [r for r in rows if r.get("phase") == 2]
-    out = {"phase1": phase1, "chosen": chosen}
-    if not p2:
-        return out
-    e2 = max({r["epochs"] for r in p2}, key=lambda e: sum(r["epochs"] == e for r in p2))  # the epochs most seeds ran
-    p2 = sorted((r for r in p2 if r["epochs"] == e2), key=lambda r: r["seed"])
-    methods = {}
-    for m in [m for m in NAMES if all(m in r["methods"] for r in p2)]:
-        vs = [r["methods"][m] for r in p2]
-        f = {"ppl_test_trained": spread([v["ppl_test_trained"] for v in vs])}
-        if all(v.get("ppl_test_untrained") is not None for v in vs):
-            f["ppl_test_untrained"] = spread([v["ppl_test_untrained"] for v in vs])
-        for b in SETS:
-            if not all(b in v for v in vs):
-                continue
-            g = [v[b] for v in vs]
-            pts, iv = [x["points"] for x in g], [[x["low"], x["high"]] for x in g]
-            f[b] = {"accuracy": spread([x["accuracy"] for x in g]), "tasks": g[0]["tasks"], "points": spread(pts),
-                    "intervals": iv, "verdict": verdict(pts, iv) if m != "base" else ""}
-            if all("moe_minus" in x for x in g):
-                mp = [x["moe_minus"]["points"] for x in g]
-                mi = [[x["moe_minus"]["low"], x["moe_minus"]["high"]] for x in g]
-                f[b]["vs_moe"] = {"points": spread(mp), "intervals": mi, "verdict": verdict(mp, mi, "MoE ahead",
-                                                                                             "MoE behind")}
-        methods[m] = f
-    out["phase2"] = {"epochs": e2, "seeds": [r["seed"] for r in p2], "methods": methods}
-    return out
-
-
-def _pm(s: dict, fmt: str = "{:+.1f}") -> str:
-    return f"{fmt.format(s['mean'])} ({fmt.format(s['min'])} to {fmt.format(s['max'])})" if s["n"] > 1 \
-        else fmt.format(s["mean"])
-
-
-def markdown(rows: list[dict], summ: dict) -> str:
-    cpus = sorted({f"{m['model']} ({m['class']}, {m['cores']} cores)" for r in rows for m in r.get("machines", [])})
-    r0 = rows[0]
-    L = ["# Knowledge study: closed-book questions about the training documents", "",
-         f"Base {r0['recipe']['base']}; trained domains {', '.join(r0['recipe']['domains'])}; recipe "
-         + ", ".join(f"{k} {v}" for k, v in r0["recipe"].items() if k not in ("base", "domains")) + ".",
-         f"CPU: {'; '.join(cpus) or 'not recorded'}.", "", "## Phase 1: epochs (validation questions, one seed)", "",
-         "| epochs | questions right | accuracy | - base, points | paired 95% interval | validation ppl (each"
-         " expert, its domain) |", "|---:|---:|---:|---:|---:|---|"]
-    for e, f in summ["phase1"].items():
-        ppl = ", ".join(f"{d} {v:.3f} (base {f['valid_ppl_base'][d]:.3f})" for d, v in f["valid_ppl"].items())
-        L.append(f"| {e}{' (chosen)' if e == summ['chosen'] else ''} | {f['correct']}/{f['tasks']} |"
-                 f" {100 * f['accuracy']:.1f}% | {f['points']:+.1f} | {f['low']:+.1f} to {f['high']:+.1f} | {ppl} |")
-    L += ["", "Choice: the highest validation-question accuracy, ties to fewer epochs."]
-    p2 = summ.get("phase2")
-    if p2:
-        L += ["", f"## Phase 2: methods at {p2['epochs']} epochs (seeds {', '.join(map(str, p2['seeds']))})", "",
-              "Accuracy: mean over seeds (min to max). The difference to the base is paired over the questions, each"
-              " seed's 95% interval listed; \"gain\" / \"loss\" only where the mean exceeds the seeds' spread and"
-              " every seed's interval excludes zero. The MoE's difference to each method is judged the same way."]
-        for b in SETS:
-            ms = {m: f[b] for m, f in p2["methods"].items() if b in f}
-            if not ms:
-                continue
-            L += ["", f"### {b} ({next(iter(ms.values()))['tasks']} tasks)", "",
-                  "| method | accuracy, % | - base, points | each seed's interval | verdict | MoE - method, points |"
-                  " MoE verdict |", "|---|---:|---:|---|---|---:|---|"]
-            for m, f in ms.items():
-                acc = {k: 100 * v for k, v in f["accuracy"].items() if k != "n"} | {"n": f["accuracy"]["n"]}
-                iv = "; ".join(f"{lo:+.1f} to {hi:+.1f}" for lo, hi in f["intervals"]) if m != "base" else ""
-                vm = f.get("vs_moe")
-                L.append(f"| {NAMES[m]} | {_pm(acc, '{:.1f}')} | {_pm(f['points']) if m != 'base' else ''} | {iv} |"
-                         f" {f['verdict']} | {_pm(vm['points']) if vm else ''} | {vm['verdict'] if vm else ''} |")
-        L += ["", "### Test perplexity", "", "| method | trained domains | untrained domains |", "|---|---:|---:|"]
-        for m, f in p2["methods"].items():
-            u = f.get("ppl_test_untrained")
-            L.append(f"| {NAMES[m]} | {_pm(f['ppl_test_trained'], '{:.3f}')} | {_pm(u, '{:.3f}') if u else ''} |")
-    L += ["", "![question accuracy against epochs and by method](knowledge-study.png)"]
-    return "\n".join(L) + "\n"
-
-
-def plot(summ: dict, path: Path) -> None:
-    """Left: validation-question accuracy against epochs (the base dotted). Right: each method's accuracy on the
-    questions about the training documents and about the test documents, mean over seeds, bars min to max."""
-    from mfgguf.plots import pyplot, save_figure
-
-    plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
-    p1 = summ["phase1"]
-    if p1:
-        es = sorted(p1)
-        left.plot(es, [100 * p1[e]["accuracy"] for e in es], marker="o", label="MoE, validation questions")
-        left.axhline(100 * p1[es[0]]["base_accuracy"], color="gray", lw=0.8, linestyle=":", label="the base")
-        if summ["chosen"] is not None:
-            left.axvline(summ["chosen"], color="green", lw=0.8, linestyle="--", label="chosen")
-        left.set_xscale("log", base=2)
-        left.set_xticks(es, [str(e) for e in es])
-        left.minorticks_off()
-    left.set(xlabel="epochs of each shard", ylabel="question accuracy, %", title="phase 1: epochs")
-    left.grid(alpha=0.3)
-    left.legend(fontsize=8)
-    p2 = summ.get("phase2")
-    if p2:
-        ms = list(p2["methods"])
-        for j, b in enumerate(("questions-train-test", "questions-test")):
-            xs = [i + (j - 0.5) * 0.38 for i in range(len(ms))]
-            vals = [p2["methods"][m].get(b, {}).get("accuracy") for m in ms]
-            ys = [100 * v["mean"] if v else 0.0 for v in vals]
-            err = [[100 * (v["mean"] - v["min"]) if v else 0 for v in vals],
-                   [100 * (v["max"] - v["mean"]) if v else 0 for v in vals]]
-            right.bar(xs, ys, width=0.38, yerr=err, capsize=3,
-                      label="about training documents" if j == 0 else "about test documents")
-        right.set_xticks(range(len(ms)), [NAMES[m] for m in ms], rotation=20, ha="right", fontsize=8)
-        right.set(ylabel="question accuracy, %", title=f"phase 2: methods at {p2['epochs']} epochs")
-        right.legend(fontsize=8)
-        right.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    save_figure(fig, path, plt)
-
-
-def write_summary(out: Path) -> dict:
-    rows = load_rows(out)
-    if not rows:
-        sys.exit(f"knowledge_study: {out} holds no finished run yet")
-    summ = summarize(rows)
-    md, png = out.with_suffix(".md"), out.with_suffix(".png")
-    md.write_text(markdown(rows, summ).replace("(knowledge-study.png)", f"({png.name})"))
-    plot(summ, png)
-    return {"rows": len(rows), "chosen": summ["chosen"], "table": str(md), "plot": str(png)}
-
 
 
 def parse(argv=None):

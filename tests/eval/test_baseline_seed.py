@@ -54,7 +54,7 @@ def test_the_config_seed_reaches_the_imported_side(monkeypatch, tmp_path):
 
     monkeypatch.setattr(ev_mod, "side_for", lambda trunk: Side())
     ev = ev_mod.Evaluation(RunDir(tmp_path), ev_mod.EvalConfig(seed=5), False, {0: {"source": "base"}}, None, {}, tmp_path)
-    ev_mod._train_baselines(ev)
+    ev_mod.train_baselines(ev)
     assert seen["job"].seed == 5
 
     monkeypatch.setattr(imported, "plan_and_train", lambda rd, metas, out, which, force, seed, lrs:

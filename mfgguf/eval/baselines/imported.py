@@ -80,8 +80,9 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     step = experts[min(experts)]["train"]["batch_size"] * cfg.ctx_len
     shards = sorted(int(m["shard"]) for m in experts.values())
     trained = sorted({d for m in experts.values() for d in m.get("shard_domains") or []})
-    flops = sum(module_flops(m) for m in experts.values())
-    critical_s = critical_path_s(rd, experts)
+    flops = sum(expert_flops(m) for m in experts.values())
+    # the experts' walls, read only where a wall-clock-matched baseline is asked (planned experts have none)
+    critical_s = critical_path_s(rd, experts) if any(k.budget == "seconds" for k in kinds) else 0.0
     first = first_trunk_sha256(rd)
 
     def train(name: str, mode: str, tokens: int, lr: float) -> dict:
@@ -150,6 +151,12 @@ def first_trunk_view(rd: RunDir, out: Path) -> RunDir | None:
     return view
 
 
+def expert_flops(meta: dict) -> float:
+    """An expert's training FLOPs, the budget its baselines match: its record's (mfgguf/flops.py), or the FLOPs a
+    planned expert carries (`planned_flops`: `mfgguf eval --budget-flops`, eval/baselines/budgeted.py)."""
+    return float(meta["planned_flops"]) if "planned_flops" in meta else module_flops(meta)
+
+
 def matched_tokens(flops: float, per_token: float, step: int) -> int:
     """The tokens, in whole optimizer steps of `step` tokens (at least one), that spend `flops` at `per_token` a token."""
     return max(step, round(flops / per_token / step) * step)
@@ -191,7 +198,7 @@ def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: boo
     adapters = []
     for i, m in sorted((i, m) for i, m in metas.items() if i > 0):
         step = int(m["train"]["batch_size"]) * cfg.ctx_len
-        tokens = matched_tokens(module_flops(m), per_step, step)
+        tokens = matched_tokens(expert_flops(m), per_step, step)
         shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
         train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=first,
                    force=force, needs=(ADAPTER_FILE,), seed=seed, weights=False)
@@ -269,5 +276,6 @@ def _say(msg: str) -> None:
     Console(stderr=True).print(f"[bold cyan]eval[/] {msg}", highlight=False)
 
 
-__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s", "expert_walls", "matched_tokens",
+__all__ = ["GRID", "IMPORTED", "BasePlan", "Imported", "plan_and_train", "critical_path_s", "expert_flops", "expert_walls",
+           "matched_tokens",
            "train_base", "train_domain_loras"]
