@@ -337,8 +337,8 @@ def parse(argv=None):
     ap.add_argument("--extend", type=int, default=16, help="the epochs phase 1 adds where its largest is still"
                     " climbing (0: none)")
     ap.add_argument("--seeds", type=ints, default=[1, 2], help="phase 2's seeds; phase 1 trains at the first")
-    ap.add_argument("--max-chars-per-domain", type=int, default=120000, help="prepare's cap: the shards' size (the"
-                    " smallest that gives each question set questions of both domains)")
+    ap.add_argument("--max-chars-per-domain", type=int, default=200000, help="prepare's cap: the shards' size (at"
+                    " 120,000 the sets held 15-17 questions; at 200,000 they hold 33-58 and 8 epochs fit a sitting)")
     ap.add_argument("--test-frac", type=float, default=0.2, help="prepare's test share (the test questions'"
                     " documents)")
     ap.add_argument("--valid-frac", type=float, default=0.25, help="prepare's validation share (0.1 left the untrained English domain under one perplexity window at the default cap)")
