@@ -151,7 +151,7 @@ def _open(run: Path, out: Path | None, cfg: EvalConfig, force: bool) -> Evaluati
     """The RUN's experts trained so far (an imported base may have some missing), their router statistics made
     current, the held-out data, and the output folder."""
     rd = RunDir(run)
-    n = rd.info()["n_experts"]
+    n = rd.run_info().n_experts
     trunk = read_module_meta(rd, 0)
     base = trunk.get("source") == "base"
     # on an imported base, the experts trained so far (a held-out domain may have none: the forgetting test)
@@ -205,7 +205,7 @@ def _train_baselines(ev: Evaluation) -> Outcome:
 def _assembled_models(ev: Evaluation) -> dict[str, dict]:
     """name -> {"path", "kind", ...; "domains" where it is scored on some only}: every MoE compared, the trunk
     alone (and as trained, before a sync merged it) and each domain's oracle."""
-    q, n = ev.cfg.base_quant, ev.rd.info()["n_experts"]
+    q, n = ev.cfg.base_quant, ev.rd.run_info().n_experts
     models = {f"moe {router} top-{k}": {"path": _moe_gguf(ev, q, router, k), "kind": "moe", "router": router, "top_k": k}
               for router in ev.cfg.routers for k in ev.cfg.top_ks if k <= n}
     for c in ev.cfg.seed_gates:  # the seed as routed expert 0 beside the experts: one more slot

@@ -106,9 +106,9 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     """
     job.train.check("expert", "train-experts")
     rd = RunDir(run)
-    info = rd.info()
+    n = rd.run_info().n_experts
     trunk = _trunk_meta(rd)
-    ids = parse_experts(experts, int(info["n_experts"])) if not isinstance(experts, list) else experts
+    ids = parse_experts(experts, n) if not isinstance(experts, list) else experts
     ids = list(dict.fromkeys(ids))  # each expert once
     rounds = int(job.train.rounds or _rounds_in_run(rd, ids) or 1)
     opts = replace(job, train=replace(job.train, rounds=rounds))
@@ -125,8 +125,8 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     t0 = time.perf_counter()
     run_progress = RunProgress(plan, t0)
     try:
-        all_jobs, syncs = _run_rounds(rd, ids, int(info["n_experts"]), rounds, backend, opts, progress, run_progress)
-        if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, int(info["n_experts"])) \
+        all_jobs, syncs = _run_rounds(rd, ids, n, rounds, backend, opts, progress, run_progress)
+        if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, n) \
                 and not router_stats_current(rd):
             from mfgguf.train.experts.pooled import pool_router_stats
 
