@@ -79,6 +79,7 @@ class ModuleMeta:
     continued: dict | None = None  # an imported base trained further (a baseline): mode, rank
     restat_tokens: int = 0  # forward-pass tokens a sync's restat spent on it beyond its training
     train_s: float | None = None  # seconds in training steps
+    tokens_per_s: float | None = None  # training tokens a second this process trained (its resumed steps left out)
     wall_s: float | None = None  # seconds its stage took
     json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
 
@@ -97,7 +98,8 @@ class ModuleMeta:
                    shared_tensors=list(g("shared_tensors") or []), shared_merged=bool(g("shared_merged")),
                    experts=dict(g("experts") or {}), validation_loss_mean=g("validation_loss_mean"),
                    final_loss=g("final_loss"), epochs=g("epochs"), precision=g("precision"), continued=g("continued"),
-                   restat_tokens=_int(d, "restat_tokens", 0), train_s=g("train_s"), wall_s=g("wall_s"), json=dict(d))
+                   restat_tokens=_int(d, "restat_tokens", 0), train_s=g("train_s"), tokens_per_s=g("tokens_per_s"),
+                   wall_s=g("wall_s"), json=dict(d))
 
     @classmethod
     def of(cls, meta: "ModuleMeta | dict") -> "ModuleMeta":
