@@ -21,7 +21,7 @@ from pathlib import Path
 from mfgguf.budget import MAX_FACTOR, plan_tokens
 from mfgguf.config import DEFAULT_PRESET, get_preset
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, module_record, read_module, router_stats_current, write_json, write_text
+from mfgguf.run import RunDir, RunInfo, module_record, read_module, router_stats_current, write_json, write_text
 from mfgguf.stages import StageResult, run_stage
 
 
@@ -83,7 +83,7 @@ def demo(out: Path = Path("demo-run"), cfg: DemoConfig = DemoConfig(), *, sample
         "prepare", "builtin", "--out", run.root, "--experts", cfg.experts, "--partition", cfg.partition,
         "--vocab-size", cfg.vocab_size, "--max-chars-per-domain", cfg.max_chars_per_domain,
     ])
-    n = run.info()["n_experts"]
+    n = run.run_info().n_experts
     p = get_preset(cfg.preset)
     eval_tokens = min(cfg.eval_tokens, p.trunk.eval_tokens)
     ev = ["--eval-tokens", eval_tokens]
@@ -162,9 +162,9 @@ def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_to
     if not cfg.minutes or run.module_meta(0).is_file():
         return None
     _banner("measure this CPU's training speed")
-    info = run.info()
+    info = run.run_info()
     res, text = run_stage("measure speed", [sys.executable, "-m", "mfgguf.train.engine.speed", cfg.preset, "--vocab-size",
-                                            str(info["vocab_size"]), *(["--seed-expert"] if cfg.seed_expert else [])],
+                                            str(info.vocab_size), *(["--seed-expert"] if cfg.seed_expert else [])],
                           capture=True)
     results.append(res)
     speed = json.loads(text)
@@ -172,8 +172,8 @@ def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_to
     rounds = cfg.rounds if cfg.shared != "none" else 1
     tp = plan_tokens(budget_s=60 * cfg.minutes, elapsed_s=elapsed_s + res.wall_s, trunk_tps=speed["tokens_per_s"],
                      expert_tps=expert_tps, trunk_tokens=trunk_tokens, expert_tokens=expert_tokens,
-                     n_experts=int(info["n_experts"]), rounds=rounds, eval_tokens=eval_tokens,
-                     n_domains=len(info.get("domains") or []) or 1, syncs=rounds if cfg.shared != "none" else 0)
+                     n_experts=info.n_experts, rounds=rounds, eval_tokens=eval_tokens,
+                     n_domains=len(info.domains) or 1, syncs=rounds if cfg.shared != "none" else 0)
     plan = {**tp.to_dict(), "minutes": cfg.minutes, "precision": speed["precision"],
             "trunk_tokens_per_s": round(speed["tokens_per_s"], 1), "expert_tokens_per_s": round(expert_tps, 1)}
     from rich.console import Console
@@ -186,7 +186,7 @@ def _fit_budget(out: Path, run: RunDir, cfg: DemoConfig, results: list, trunk_to
     return plan
 
 
-def _expert_over_trunk(cfg: DemoConfig, info: dict) -> float:
+def _expert_over_trunk(cfg: DemoConfig, info: RunInfo) -> float:
     """An expert's tokens/s over the trunk's: its step costs what its FLOPs say against the trunk's (equal with
     --shared all)."""
     from dataclasses import replace
@@ -194,7 +194,7 @@ def _expert_over_trunk(cfg: DemoConfig, info: dict) -> float:
     from mfgguf.config import shared_tensor_names
     from mfgguf.flops import expert_step_flops, trunk_step_flops
 
-    m = replace(get_preset(cfg.preset).model, vocab_size=int(info["vocab_size"]), seed_expert=cfg.seed_expert)
+    m = replace(get_preset(cfg.preset).model, vocab_size=int(info.vocab_size), seed_expert=cfg.seed_expert)
     return trunk_step_flops(m).total / expert_step_flops(m, shared_tensor_names(m, cfg.shared)).total
 
 
@@ -206,11 +206,11 @@ def _refit(out: Path, run: RunDir, cfg: DemoConfig, plan: dict, expert_tokens: i
 
     trunk = read_module(run, 0)
     tps = float(trunk.tokens_seen) / max(float(trunk.train_s or 0.0), 1e-9)
-    info = run.info()
+    info = run.run_info()
     rounds = cfg.rounds if cfg.shared != "none" else 1
     tp = refit_experts(budget_s=60 * cfg.minutes, elapsed_s=elapsed_s, expert_tps=tps * _expert_over_trunk(cfg, info),
-                       expert_tokens=expert_tokens, n_experts=int(info["n_experts"]), rounds=rounds,
-                       eval_tokens=eval_tokens, n_domains=len(info.get("domains") or []) or 1,
+                       expert_tokens=expert_tokens, n_experts=info.n_experts, rounds=rounds,
+                       eval_tokens=eval_tokens, n_domains=len(info.domains) or 1,
                        syncs=rounds if cfg.shared != "none" else 0)
     plan = {**plan, "expert_tokens": tp.expert_tokens, "predicted_s": tp.predicted_s,
             "refit": {"after_trunk_s": round(elapsed_s, 1), "trunk_tokens_per_s": round(tps, 1),

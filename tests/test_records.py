@@ -26,6 +26,15 @@ def test_run_info_reads_what_prepare_writes(tmp_path):
     info = rd.run_info()
     assert (info.n_experts, info.domains, info.shard_domains(2), info.shard_domains(3)) == (2, ["a", "b"], {"b": 7}, None)
     assert rd.info() == d and list(rd.info()) == list(d) and RunInfo.from_json(d).to_json() == d
+    # what prepare writes beyond it, and what a run.json without it reads as
+    assert (info.test, info.valid, info.sources, info.seed, info.train_docs) == ({}, {}, [], 0, None)
+    assert (info.test_frac, info.valid_frac, info.max_chars_per_domain) == (0.05, 0.0, None)
+    more = RunInfo.from_json({**d, "train_tokens": 90, "train_docs": 9, "test": {"a": {"docs": 1, "tokens": 4}},
+                              "valid": {"b": {"docs": 2, "tokens": 6}}, "sources": ["builtin"], "seed": 3,
+                              "test_frac": 0.1, "valid_frac": 0.2, "max_chars_per_domain": 1000})
+    assert (more.train_tokens, more.train_docs, more.test["a"]["tokens"], more.valid["b"]["docs"]) == (90, 9, 4, 2)
+    assert (more.sources, more.seed, more.test_frac, more.valid_frac, more.max_chars_per_domain) == \
+        (["builtin"], 3, 0.1, 0.2, 1000)
 
 
 def test_untrained_is_a_reason_not_a_message(tmp_path):

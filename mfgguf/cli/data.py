@@ -9,6 +9,7 @@ import typer
 
 from mfgguf.data.prepare import prepare
 from mfgguf.cli.app import command
+from mfgguf.run import RunInfo
 
 
 @command("prepare", prepare)
@@ -32,28 +33,27 @@ def prepare_cmd(
     info = prepare(sources, out, n_experts=experts, partition=partition, vocab_size=vocab_size,
                    test_frac=test_frac, valid_frac=valid_frac, overlap=overlap, seed=seed, max_chars_per_domain=max_chars_per_domain,
                    text_field=text_field, force=force, progress=progress)
-    _summary(info, out)
+    _summary(RunInfo.from_json(info), out)
     return info
 
 
-def _summary(info: dict, out: Path) -> None:
+def _summary(info: RunInfo, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    domains = info["domains"]
-    t = Table(title=f"{out}: {info['n_experts']} experts, partition={info['partition']}, vocab={info['vocab_size']}")
+    domains = info.domains
+    t = Table(title=f"{out}: {info.n_experts} experts, partition={info.partition}, vocab={info.vocab_size}")
     t.add_column("shard")
     t.add_column("docs", justify="right")
     t.add_column("tokens", justify="right")
     for d in domains:
         t.add_column(d, justify="right")
-    for s in info["shards"]:
+    for s in info.shards:
         t.add_row(f"expert {s['id']}", f"{s['docs']:,}", f"{s['tokens']:,}",
                   *(f"{s['domains'].get(d, 0):,}" for d in domains))
     t.add_section()
-    t.add_row("trunk (all)", f"{info['train_docs']:,}", f"{info['train_tokens']:,}", *("" for _ in domains))
-    for label, key in (("validation", "valid"), ("test", "test")):
-        held = info.get(key) or {}
+    t.add_row("trunk (all)", f"{info.train_docs:,}", f"{info.train_tokens:,}", *("" for _ in domains))
+    for label, held in (("validation", info.valid), ("test", info.test)):
         t.add_row(label, f"{sum(h['docs'] for h in held.values()):,}", f"{sum(h['tokens'] for h in held.values()):,}",
                   *(f"{held[d]['tokens']:,}" if d in held else "-" for d in domains))
     Console().print(t)

@@ -114,7 +114,7 @@ def train_base_cmd(
     from mfgguf.train.whole.continued import train_continued
 
     rd = RunDir(run)
-    ids = parse_experts(shards) or list(range(1, int(rd.info()["n_experts"]) + 1))  # 1,2,4 or 1-3 (train_continued checks them)
+    ids = parse_experts(shards) or list(range(1, rd.run_info().n_experts + 1))  # 1,2,4 or 1-3 (train_continued checks them)
     view = train_continued(rd, out, mode=mode, tokens=tokens, lr=lr, shards=ids, rank=rank, seed=seed, device=device,
                            precision=precision, compile=compile, progress=progress, force=force)
     from mfgguf.run import read_module

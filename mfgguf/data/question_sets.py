@@ -31,7 +31,7 @@ from mfgguf.data.partition import split_three
 from mfgguf.data.questions import document_facts, normal
 from mfgguf.data.sources import load_corpus
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, atomic_path, read_json, write_json
+from mfgguf.run import RunDir, RunInfo, atomic_path, write_json
 
 SETS = ("train-valid", "train-test", "test")
 SCORED = ("train-test", "test")  # what eval scores of them; train-valid is for choices
@@ -54,20 +54,19 @@ def make_questions(run: Path, sources: list[str] | None = None, *, text_field: s
     same domain and kind; text of other kinds gives none. PER_DOMAIN caps each set's questions of a domain; SEED
     (default: the RUN's) draws them. Returns summary.json."""
     rd = RunDir(run)
-    info = read_json(rd.run_json, "run.json of the RUN (made by `mfgguf prepare`)")
+    info = rd.run_info()
     if per_domain < 1:
         raise MfggufError(f"--per-domain {per_domain} asks nothing; pass 1 or more")
     out = rd.root / "questions"
     if not force and any((out / f"{s}.txt").exists() for s in SETS):
         raise MfggufError(f"{out} already holds questions; pass --force to make them again")
-    sources = list(sources or info.get("sources") or [])
-    docs, _ = load_corpus(sources, text_field=text_field, max_chars_per_domain=info.get("max_chars_per_domain"),
+    sources = list(sources or info.sources)
+    docs, _ = load_corpus(sources, text_field=text_field, max_chars_per_domain=info.max_chars_per_domain,
                           progress=progress)
     domains = [d.domain for d in docs]
-    train, valid, test = split_three(domains, float(info.get("test_frac", 0.05)),
-                                     float(info.get("valid_frac", 0.0)), int(info.get("seed", 0)))
+    train, valid, test = split_three(domains, info.test_frac, info.valid_frac, info.seed)
     _check_splits(rd, info, docs, train, valid, test, sources)
-    seed = int(info.get("seed", 0)) if seed is None else seed
+    seed = info.seed if seed is None else seed
     train, test = [int(i) for i in train], [int(i) for i in test]
     facts = {i: document_facts(docs[i].text) for i in [*train, *test]}
     halves = _halves(train, domains, facts, random.Random(f"halves {seed}"))
@@ -141,15 +140,15 @@ def _halves(train: list[int], domains: list[str], facts: dict, rng: random.Rando
     return first, second
 
 
-def _check_splits(rd: RunDir, info: dict, docs, train, valid, test, sources: list[str]) -> None:
+def _check_splits(rd: RunDir, info: RunInfo, docs, train, valid, test, sources: list[str]) -> None:
     """The splits drawn again are the RUN's: as many training documents, each split's text per domain the same."""
     def differs(what: str) -> MfggufError:
         return MfggufError(f"{', '.join(sources)} no longer give{'s' if len(sources) == 1 else ''} the documents"
                            f" {rd.root} was prepared from ({what}); pass the sources `prepare` read (and its"
                            " --text-field), or prepare the RUN again")
 
-    if "train_docs" in info and len(train) != int(info["train_docs"]):
-        raise differs(f"{len(train)} training documents, run.json has {info['train_docs']}")
+    if info.train_docs is not None and len(train) != int(info.train_docs):
+        raise differs(f"{len(train)} training documents, run.json has {info.train_docs}")
     for idx, folder, split in ((test, rd.test_dir, "test"), (valid, rd.valid_dir, "validation")):
         if split == "validation" and not folder.is_dir():
             continue

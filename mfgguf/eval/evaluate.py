@@ -47,7 +47,7 @@ from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
 from mfgguf.eval.spread import spreads
 from mfgguf.eval.training_flops import flops_section
-from mfgguf.run import RunDir, read_module, read_module_meta, router_stats_current, write_json, write_text
+from mfgguf.run import RunDir, read_module, router_stats_current, write_json, write_text
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
 
@@ -153,9 +153,9 @@ def _open(run: Path, out: Path | None, cfg: EvalConfig, force: bool) -> Evaluati
     """The RUN's experts trained so far (an imported base may have some missing), their router statistics made
     current, the held-out data, and the output folder."""
     rd = RunDir(run)
-    n = rd.info()["n_experts"]
-    trunk = read_module_meta(rd, 0)
-    base = trunk.get("source") == "base"
+    n = rd.run_info().n_experts
+    trunk = read_module(rd, 0)
+    base = trunk.source == "base"
     # on an imported base, the experts trained so far (a held-out domain may have none: the forgetting test)
     ids = [i for i in range(1, n + 1) if not base or rd.module_meta(i).is_file()]
     if not ids:
@@ -163,7 +163,8 @@ def _open(run: Path, out: Path | None, cfg: EvalConfig, force: bool) -> Evaluati
     subset = ids if len(ids) < n else None
     if subset:
         _say(f"experts {','.join(map(str, ids))} are trained: the MoE holds those")
-    metas = {0: trunk, **{i: read_module_meta(rd, i) for i in ids}}
+    # as dicts from here: the baselines, training_flops and report (shared with the study scripts) read them so
+    metas = {0: trunk.to_json(), **{i: read_module(rd, i).to_json() for i in ids}}
     if "ridge" in cfg.routers and not router_stats_current(rd, subset):
         from mfgguf.train.experts.pooled import pool_router_stats
 
@@ -207,7 +208,7 @@ def train_baselines(ev: Evaluation) -> Outcome:
 def _assembled_models(ev: Evaluation) -> dict[str, dict]:
     """name -> {"path", "kind", ...; "domains" where it is scored on some only}: every MoE compared, the trunk
     alone (and as trained, before a sync merged it) and each domain's oracle."""
-    q, n = ev.cfg.base_quant, ev.rd.info()["n_experts"]
+    q, n = ev.cfg.base_quant, ev.rd.run_info().n_experts
     models = {f"moe {router} top-{k}": {"path": _moe_gguf(ev, q, router, k), "kind": "moe", "router": router, "top_k": k}
               for router in ev.cfg.routers for k in ev.cfg.top_ks if k <= n}
     for c in ev.cfg.seed_gates:  # the seed as routed expert 0 beside the experts: one more slot

@@ -131,8 +131,7 @@ def routing_accuracy(rd: RunDir, domains: list[str], test: dict, gguf: Path) -> 
     from mfgguf.gguf.header import read_gguf_header
 
     model, _ = reference_model(rd.root, gguf)
-    info = rd.info()
-    main = {s["id"]: max(s["domains"], key=s["domains"].get) for s in info["shards"]}  # expert -> its main domain
+    main = {s["id"]: max(s["domains"], key=s["domains"].get) for s in rd.run_info().shards}  # expert -> its main domain
     ids = read_gguf_header(gguf).value("mfgguf.experts") or sorted(main)  # the file's experts, in slot order
     home = {int(i): main[int(i)] for i in ids}  # slot order: an assembled subset (1,2,4,5) is not slots 1..4
     n_layers, n_exp = model.cfg.n_layers, len(home)

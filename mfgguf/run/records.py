@@ -32,6 +32,11 @@ def _int(d: dict, key: str, default: int) -> int:
     return default if v is None else int(v)
 
 
+def _float(d: dict, key: str, default: float) -> float:
+    v = d.get(key)
+    return default if v is None else float(v)
+
+
 @dataclass(frozen=True)
 class ModuleMeta:
     """A module's JSON (modules/<name>.json, and the pooled statistics' modules/router_stats.json): what
@@ -74,6 +79,7 @@ class ModuleMeta:
     continued: dict | None = None  # an imported base trained further (a baseline): mode, rank
     restat_tokens: int = 0  # forward-pass tokens a sync's restat spent on it beyond its training
     train_s: float | None = None  # seconds in training steps
+    tokens_per_s: float | None = None  # training tokens a second this process trained (its resumed steps left out)
     wall_s: float | None = None  # seconds its stage took
     json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
 
@@ -92,7 +98,8 @@ class ModuleMeta:
                    shared_tensors=list(g("shared_tensors") or []), shared_merged=bool(g("shared_merged")),
                    experts=dict(g("experts") or {}), validation_loss_mean=g("validation_loss_mean"),
                    final_loss=g("final_loss"), epochs=g("epochs"), precision=g("precision"), continued=g("continued"),
-                   restat_tokens=_int(d, "restat_tokens", 0), train_s=g("train_s"), wall_s=g("wall_s"), json=dict(d))
+                   restat_tokens=_int(d, "restat_tokens", 0), train_s=g("train_s"), tokens_per_s=g("tokens_per_s"),
+                   wall_s=g("wall_s"), json=dict(d))
 
     @classmethod
     def of(cls, meta: "ModuleMeta | dict") -> "ModuleMeta":
@@ -154,6 +161,15 @@ class RunInfo:
     token_dtype: str | None = None  # uint16 or uint32
     domains: list = field(default_factory=list)
     shards: Any = None  # one entry per shard (id, docs, tokens, domains)
+    train_tokens: int | None = None  # tokens of data/train.npy, the trunk's
+    train_docs: int | None = None  # documents left for training after the splits (None: an earlier run.json lacks it)
+    test: dict = field(default_factory=dict)  # {domain: {docs, tokens}} of the test split (earlier: "heldout")
+    valid: dict = field(default_factory=dict)  # {domain: {docs, tokens}} of the validation split ({}: none)
+    sources: list = field(default_factory=list)  # the corpora `prepare` read, as it was given them
+    max_chars_per_domain: int | None = None  # `prepare --max-chars-per-domain` (None: no cap)
+    seed: int = 0  # `prepare --seed`: the splits and the partition
+    test_frac: float = 0.05  # share of each domain's documents in the test split (earlier: "heldout_frac")
+    valid_frac: float = 0.0  # share in the validation split (0: a run prepared before it existed)
     json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
 
     @classmethod
@@ -163,7 +179,10 @@ class RunInfo:
         return cls(format=g("format"), version=g("version"), n_experts=_int(d, "n_experts", 0),
                    partition=g("partition"), vocab_size=g("vocab_size"), eos_id=g("eos_id"),
                    token_dtype=g("token_dtype"), domains=list(g("domains") or []), shards=g("shards"),
-                   json=dict(d))
+                   train_tokens=g("train_tokens"), train_docs=g("train_docs"), test=g("test") or {},
+                   valid=g("valid") or {}, sources=list(g("sources") or []),
+                   max_chars_per_domain=g("max_chars_per_domain"), seed=_int(d, "seed", 0),
+                   test_frac=_float(d, "test_frac", 0.05), valid_frac=_float(d, "valid_frac", 0.0), json=dict(d))
 
     def to_json(self) -> dict:
         return dict(self.json)

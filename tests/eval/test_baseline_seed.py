@@ -14,7 +14,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.eval import evaluate as ev_mod
 from mfgguf.eval.baselines import imported
 from mfgguf.eval.baselines.baseline import Job, Outcome
-from mfgguf.run import RunDir
+from mfgguf.run import ModuleMeta, RunDir
 
 
 def test_eval_cli_seed_reaches_the_config(monkeypatch, tmp_path):
@@ -72,11 +72,11 @@ def test_train_base_passes_the_seed_and_retrains_for_another(monkeypatch, tmp_pa
     record = {"tokens_seen": 4096, "continued": {"mode": "lora", "lr": 1e-3, "shards": [1, 2],
                                                  "from_trunk_sha256": "abc", "seed": 7}}
     calls = []
-    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i, **kw: json.loads(json.dumps(record)))
+    monkeypatch.setattr(imported, "read_module", lambda rd, i, **kw: ModuleMeta.from_json(json.loads(json.dumps(record))))
     monkeypatch.setattr(imported, "run_stage", lambda name, args: calls.append([str(a) for a in args]))
     kw = dict(mode="lora", tokens=4096, lr=1e-3, shards=[1, 2], trunk_sha256="abc")
     rd = RunDir(tmp_path)
-    assert imported.train_base(rd, run, seed=7, **kw) == record and calls == []  # this very training: reused
+    assert imported.train_base(rd, run, seed=7, **kw).to_json() == record and calls == []  # this very training: reused
     imported.train_base(rd, run, seed=8, **kw)
     assert len(calls) == 1 and calls[0][-2:] == ["--seed", "8"]
     imported.train_base(rd, run, **kw)  # no seed: one trained with seed 7 is not what no seed trains
@@ -101,10 +101,10 @@ def test_train_base_reuses_a_training_whose_step_did_not_divide_the_tokens(monke
     record = {"tokens_seen": 282_624, "train": {"tokens": 283_648},
               "continued": {"mode": "full", "lr": 3e-4, "shards": [1, 2], "from_trunk_sha256": "abc", "seed": 1}}
     calls = []
-    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i, **kw: json.loads(json.dumps(record)))
+    monkeypatch.setattr(imported, "read_module", lambda rd, i, **kw: ModuleMeta.from_json(json.loads(json.dumps(record))))
     monkeypatch.setattr(imported, "run_stage", lambda name, args: calls.append([str(a) for a in args]))
     kw = dict(mode="full", lr=3e-4, shards=[1, 2], trunk_sha256="abc", seed=1)
-    assert imported.train_base(RunDir(tmp_path), run, tokens=283_648, **kw) == record and calls == []
+    assert imported.train_base(RunDir(tmp_path), run, tokens=283_648, **kw).to_json() == record and calls == []
     imported.train_base(RunDir(tmp_path), run, tokens=287_744, **kw)  # another budget: trained again
     assert len(calls) == 1
 
@@ -118,7 +118,7 @@ def test_a_dense_baseline_is_trained_with_the_seed_and_again_for_another(monkeyp
     (tmp_path / "dense-flop" / "modules" / "trunk.json").write_text("{}")
     record = {"config": {"anchor_ff": 64}, "tokens_seen": 8192, "train": {"schedule": "cosine", "seed": 1234}}
     calls = []
-    monkeypatch.setattr(scratch, "read_module_meta", lambda rd, i: record)
+    monkeypatch.setattr(scratch, "read_module", lambda rd, i: ModuleMeta.from_json(record))
     monkeypatch.setattr(scratch, "data_view", lambda rd, out: RunDir(out))
     monkeypatch.setattr(scratch, "run_stage", lambda name, args: calls.append([str(a) for a in args]))
     scratch.train_baseline(RunDir(tmp_path), trunk, plan, tmp_path)  # the trunk's seed, as recorded: reused
@@ -142,13 +142,13 @@ def test_a_domain_adapter_keeps_no_merged_trunk_and_is_reused_without_one(monkey
         (run / "modules" / "trunk.safetensors").write_bytes(b"weights")
         (run / "lora.gguf").write_bytes(b"GGUF")
 
-    monkeypatch.setattr(imported, "read_module_meta", lambda rd, i, **kw: json.loads(json.dumps(record)))
+    monkeypatch.setattr(imported, "read_module", lambda rd, i, **kw: ModuleMeta.from_json(json.loads(json.dumps(record))))
     monkeypatch.setattr(imported, "run_stage", fake_train_base)
     kw = dict(mode="lora", tokens=4096, lr=1e-3, shards=[3], trunk_sha256="abc", seed=1, needs=("lora.gguf",))
     imported.train_base(RunDir(tmp_path), run, weights=False, **kw)
     assert len(calls) == 1 and not (run / "modules" / "trunk.safetensors").exists()
     assert (run / "lora.gguf").is_file() and (run / "modules" / "trunk.json").is_file()
-    assert imported.train_base(RunDir(tmp_path), run, weights=False, **kw) == record and len(calls) == 1  # reused
+    assert imported.train_base(RunDir(tmp_path), run, weights=False, **kw).to_json() == record and len(calls) == 1  # reused
     imported.train_base(RunDir(tmp_path), run, **kw)  # the merged weights asked for: they are gone, so trained again
     assert len(calls) == 2
     (run / "lora.gguf").unlink()  # the adapter is what it is kept for: without it, trained again
@@ -163,7 +163,7 @@ def test_the_cluster_loras_alone_with_one_lr_train_no_grid(monkeypatch, tmp_path
 
     trained, cluster_loras = [], []
     monkeypatch.setattr(imported, "train_base", lambda rd, run, **kw: trained.append(run.name) or
-                        {"validation_loss": {"c": 1.0}, "tokens_seen": 4096, "tokens_per_s": 1.0})
+                        ModuleMeta.from_json({"validation_loss": {"c": 1.0}, "tokens_seen": 4096, "tokens_per_s": 1.0}))
     monkeypatch.setattr(imported, "train_domain_loras", lambda rd, metas, out, lr, force, seed:
                         cluster_loras.append(lr) or [])
     for name in ("critical_path_s", "first_trunk_sha256"):

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from mfgguf.run import RunDir, read_module, write_json
+from mfgguf.run import RunDir, RunInfo, read_module, write_json
 from mfgguf.run.files import file_digests
 
 OLD_RUN = {"format": "mfgguf-run", "version": 1, "n_experts": 1, "partition": "label", "domains": ["c"],
@@ -46,6 +46,9 @@ def test_an_old_runs_test_split_and_run_json_are_read_under_their_new_names(tmp_
     info = rd.info()
     assert info["test"] == OLD_RUN["heldout"] and info["test_frac"] == 0.05 and "heldout" not in info
     assert list(info)[-3:] == ["test", "test_frac", "seed"]  # renamed in place: the key order kept
+    typed = rd.run_info()
+    assert (typed.test, typed.test_frac, typed.valid, typed.valid_frac) == (OLD_RUN["heldout"], 0.05, {}, 0.0)
+    assert RunInfo.from_json({**OLD_RUN, "heldout_frac": 0.2}).test_frac == 0.2  # not the default's 0.05
 
 
 def test_an_old_runs_module_records_are_read_under_their_new_names(tmp_path):

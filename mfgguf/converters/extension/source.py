@@ -118,7 +118,7 @@ class Additions:
 
 def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
     rd = RunDir(run)
-    info = rd.info()
+    n = rd.run_info().n_experts
     rd.check_no_pending_sync()
     manifest = read_manifest(rd)
     tok, _ = run_tokenizer_kv(rd)
@@ -127,7 +127,7 @@ def read_additions(run: Path, ids: list[int] | None, src: Source) -> Additions:
         if k in tok and tok[k][1] != src.h.value(k):
             raise MfggufError(f"{run}'s tokenizer is not the one {src.path.name} was built with; extend takes experts"
                               " of RUNs that share the model's tokenizer and trunk")
-    ids = list(range(1, int(info["n_experts"]) + 1)) if ids is None else list(ids)
+    ids = list(range(1, n + 1)) if ids is None else list(ids)
     if len(set(ids)) != len(ids):
         raise MfggufError(f"expert {next(i for i in ids if ids.count(i) > 1)} is listed twice in --experts; list each once")
     have = set(src.h.value("mfgguf.module_sha256") or [])

@@ -28,7 +28,7 @@ from mfgguf import __version__
 from mfgguf.config import ModelConfig
 from mfgguf.base.runbase import imported
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, read_manifest
+from mfgguf.run import RunDir, RunInfo, read_manifest
 from mfgguf.converters.routing import seed_gate as sg
 from mfgguf.converters.routing import stats as routerstats
 from mfgguf.gguf import schema
@@ -97,7 +97,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     if router not in schema.ROUTERS:
         raise MfggufError(f"unknown router {router!r}; choose one of {', '.join(schema.ROUTERS)}")
     stats = needs_stats(router)  # the experts' means feed the router
-    info = run.info()
+    info = run.run_info()
     run.check_no_pending_sync()
     manifest = read_manifest(run)
     tok_kv, vocab = run_tokenizer_kv(run)
@@ -107,7 +107,7 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     layout = resolve_layout(family(cfg.family), layout)
     check_shapes("module trunk", trunk.entries, trunk_shapes(cfg), "retrain the trunk")
 
-    ids = list(range(1, info["n_experts"] + 1)) if experts is None else list(experts)
+    ids = list(range(1, info.n_experts + 1)) if experts is None else list(experts)
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise MfggufError(f"expert {dup[0]} is listed twice in --experts; list each expert once")
@@ -180,7 +180,7 @@ def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, 
     return mods
 
 
-def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], ids: list[int], pooled: Module | None, *,
+def _mfgguf_kv(cfg: ModelConfig, info: RunInfo, trunk: Module, mods: list[Module], ids: list[int], pooled: Module | None, *,
                lay: str, quant: str, router: str, top_k: int, comp: bool, merged: dict, merge: str,
                seed_gate: float | None = None) -> list[tuple[str, str, object]]:
     """The `mfgguf.*` keys: what the file was assembled from and how, and what `extend` recomputes the router from."""
@@ -192,7 +192,7 @@ def _mfgguf_kv(cfg: ModelConfig, info: dict, trunk: Module, mods: list[Module], 
         ("mfgguf.router", "STRING", router if N else "none"),
         ("mfgguf.top_k", "UINT32", top_k),
         ("mfgguf.preset", "STRING", str(trunk.meta.preset or "")),
-        ("mfgguf.partition", "STRING", str(info.get("partition", ""))),
+        ("mfgguf.partition", "STRING", str(info.partition or "")),
         ("mfgguf.anchor_ff", "UINT32", cfg.anchor_ff),
         ("mfgguf.expert_ff", "UINT32", cfg.expert_ff),
         ("mfgguf.trunk_sha256", "STRING", trunk.meta.sha256),

@@ -59,9 +59,9 @@ def expert_label(domains: dict | None, *, partition: str, part: tuple[int, int] 
 
 def labels_for(run, ids: list[int], metas: list, tokens: list[str] | None) -> list[str]:
     """The labels of experts `ids` of RUN (their records `metas`), as `expert_label` makes them."""
-    info = run.info()
-    partition = str(info.get("partition", ""))
-    shards = {int(s["id"]): s.get("domains") or {} for s in info.get("shards", [])}
+    info = run.run_info()
+    partition = str(info.partition or "")
+    shards = {int(s["id"]): s.get("domains") or {} for s in info.shards or []}
     alone = {}  # domain -> the shards that hold it alone, to number the parts of a split domain
     for i, d in sorted(shards.items()):
         if len(d) == 1:

@@ -41,7 +41,7 @@ from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
 from mfgguf.eval.domain_loras import DomainAdapter, domain_owners
 from mfgguf.flops import continued_step_flops, module_flops
-from mfgguf.run import RunDir, link_or_copy, read_json, read_module, read_module_meta, update_manifest
+from mfgguf.run import ModuleMeta, RunDir, link_or_copy, read_json, read_module, update_manifest
 from mfgguf.stages import run_stage
 
 GRID = {"full": (1e-4, 3e-4, 1e-3), "lora": (1e-3, 3e-3, 1e-2)}  # peak LRs tried for each kind of training
@@ -85,12 +85,12 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     critical_s = critical_path_s(rd, experts) if any(k.budget == "seconds" for k in kinds) else 0.0
     first = first_trunk_sha256(rd)
 
-    def train(name: str, mode: str, tokens: int, lr: float) -> dict:
+    def train(name: str, mode: str, tokens: int, lr: float) -> ModuleMeta:
         return train_base(rd, out / name, mode=mode, tokens=tokens, lr=lr, shards=shards,
                           trunk_sha256=first, force=force, seed=seed)
 
-    def held(m: dict) -> float:
-        return sum(m["validation_loss"][d] for d in trained) / len(trained)
+    def held(m: ModuleMeta) -> float:
+        return sum(m.validation_loss[d] for d in trained) / len(trained)
 
     def flop_tokens(mode: str) -> int:
         return matched_tokens(flops, continued_step_flops(cfg, mode).total, step)
@@ -120,12 +120,12 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
             budget = critical_s
             # every grid point runs the same step at another LR: the fastest is the one least slowed by whatever else
             # shared the machine, and the speed this kind of training has here
-            speed = max(float(m["tokens_per_s"]) for m in runs[mode].values())
+            speed = max(float(m.tokens_per_s) for m in runs[mode].values())
             tokens = max(step, math.floor(speed * budget / step) * step)
             m, name = train(f"base-{kind.key}", mode, tokens, lr), f"base-{kind.key}"
         else:  # the grid's best run is the FLOP-matched baseline itself
             budget, m, name = flops, runs[mode][lr], f"grid-{mode}-lr{lr:g}"
-        plans.append(BasePlan(kind.key, kind.label, mode, m["tokens_seen"], lr, budget, out / name))
+        plans.append(BasePlan(kind.key, kind.label, mode, m.tokens_seen, lr, budget, out / name))
     return plans, grid
 
 
@@ -147,7 +147,7 @@ def first_trunk_view(rd: RunDir, out: Path) -> RunDir | None:
         dst = view.modules / src.name
         dst.unlink(missing_ok=True)
         link_or_copy(src, dst)
-    update_manifest(view, 0, read_module_meta(view, 0))
+    update_manifest(view, 0, read_module(view, 0))
     return view
 
 
@@ -163,7 +163,7 @@ def matched_tokens(flops: float, per_token: float, step: int) -> int:
 
 
 def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shards: list[int], trunk_sha256: str,
-               force: bool = False, needs: tuple[str, ...] = (), seed: int | None = None, weights: bool = True) -> dict:
+               force: bool = False, needs: tuple[str, ...] = (), seed: int | None = None, weights: bool = True) -> ModuleMeta:
     """`mfgguf train-base` into `run`, unless `run` already holds this very training (and the files `needs` names);
     its module record either way. weights=False: only the record and `needs` are kept, and the trained trunk
     train-base writes is deleted (an adapter served unmerged never reads the merged weights)."""
@@ -173,18 +173,18 @@ def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shar
     # a record without its weights (a study pruned them) is trained again rather than read, unless they are not wanted
     files = (view.module_meta(0), *([view.module_file(0)] if weights else []), *(run / n for n in needs))
     if not force and all(f.is_file() for f in files):
-        m = read_module_meta(view, 0, weights_kept=weights)
+        m = read_module(view, 0, weights_kept=weights)
         # train-base trains whole steps of its own batch, which may not divide the tokens asked for: the record's
         # request is what must match (a record older than that field, its tokens seen)
-        asked = (m.get("train") or {}).get("tokens", m.get("tokens_seen"))
-        if tokens in (asked, m.get("tokens_seen")) and all(m["continued"].get(k) == v for k, v in want.items()):
+        asked = m.train.get("tokens", m.tokens_seen)
+        if tokens in (asked, m.tokens_seen) and all((m.continued or {}).get(k) == v for k, v in want.items()):
             return m
     run_stage(f"train-base {run.name}", ["train-base", rd.root, "-o", run, "--mode", mode, "--tokens", tokens, "--lr", lr,
                                          "--shards", ",".join(map(str, shards)), "--no-progress", "--force",
                                          *(["--seed", seed] if seed is not None else [])])
     if not weights:
         view.module_file(0).unlink(missing_ok=True)
-    return read_module_meta(view, 0, weights_kept=weights)
+    return read_module(view, 0, weights_kept=weights)
 
 
 def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: bool = False,
@@ -235,9 +235,9 @@ def _plan_json(p: BasePlan) -> dict:
 
 
 def _trained(p: BasePlan) -> Trained:
-    metas = ([read_module_meta(RunDir(a.run), 0, weights_kept=False) for a in p.adapters]
-             or [read_module_meta(RunDir(p.run), 0)])
-    spent, seen = sum(module_flops(m) for m in metas), sum(m["tokens_seen"] for m in metas)
+    metas = ([read_module(RunDir(a.run), 0, weights_kept=False) for a in p.adapters]
+             or [read_module(RunDir(p.run), 0)])
+    spent, seen = sum(module_flops(m) for m in metas), sum(m.tokens_seen for m in metas)
     row = {"kind": "dense", "baseline": p.key, "mode": p.mode, "tokens": p.tokens, "lr": p.lr}
     if p.adapters:  # the base's GGUF, each domain scored with its shard's adapter; every one a candidate of the stream
         row["adapters"] = {d: str(a.adapter) for d, a in domain_owners(list(p.adapters)).items()}

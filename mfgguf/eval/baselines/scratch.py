@@ -33,7 +33,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.eval.training_flops import run_flops, tokens_for_flops
 from mfgguf.flops import module_flops, trunk_step_flops
-from mfgguf.run import RunDir, data_view, read_module_meta
+from mfgguf.run import ModuleMeta, RunDir, data_view, read_module
 from mfgguf.stages import run_stage
 
 SCRATCH = (Kind("flop", "dense, FLOP-matched", budget="total", trains="active"),
@@ -63,17 +63,18 @@ class Scratch:
         for b in plan_baselines(job.metas, job.which):
             runs = {s: train_baseline(job.rd, job.metas[0], b, job.out, job.force, schedule=s, seed=job.seed)
                     for s in schedules}
-            chosen, m = pick_schedule({s: read_module_meta(d, 0) for s, d in runs.items()})
+            trained = {s: read_module(d, 0) for s, d in runs.items()}
+            chosen, m = pick_schedule(trained)
             outcome.sections["dense_schedules"][b.label] = {
-                "chosen": chosen, "validation_loss": {s: read_module_meta(d, 0)["validation_loss_mean"] for s, d in runs.items()}}
-            outcome.curves[b.label] = m
+                "chosen": chosen, "validation_loss": {s: t.validation_loss_mean for s, t in trained.items()}}
+            outcome.curves[b.label] = m.to_json()  # report.curves reads its validation history
             outcome.trained.append(Trained(
                 b.key, b.label, runs[chosen].root, runs[chosen].root.name,  # dense-<key>[-<schedule>]: the one kept
-                row={"kind": "dense", "baseline": b.key, "anchor_ff": b.anchor_ff, "tokens": m["tokens_seen"],
+                row={"kind": "dense", "baseline": b.key, "anchor_ff": b.anchor_ff, "tokens": m.tokens_seen,
                      "schedule": chosen},
-                flops={"tokens": m["tokens_seen"], "flops": module_flops(m), "budget_flops": b.budget_flops,
+                flops={"tokens": m.tokens_seen, "flops": module_flops(m), "budget_flops": b.budget_flops,
                        "anchor_ff": b.anchor_ff, "flops_per_token": b.flops_per_token,
-                       "schedule": m["train"].get("schedule", "cosine")}))
+                       "schedule": m.schedule}))
         return outcome
 
 
@@ -123,12 +124,12 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
     tc = trunk["train"]
     seed = tc["seed"] if seed is None else int(seed)
     if dense.module_meta(0).is_file() and not force:
-        m = read_module_meta(dense, 0)
-        if (m["config"]["anchor_ff"] == b.anchor_ff and m["tokens_seen"] == b.tokens
-                and m["train"].get("schedule", "cosine") == schedule and m["train"].get("seed") == seed):
+        m = read_module(dense, 0)
+        if (m.config["anchor_ff"] == b.anchor_ff and m.tokens_seen == b.tokens
+                and m.schedule == schedule and m.train.get("seed") == seed):
             return dense
-        _say(f"{b.label}: the plan changed (anchor_ff {m['config']['anchor_ff']} -> {b.anchor_ff},"
-             f" tokens {m['tokens_seen']:,} -> {b.tokens:,}, seed {m['train'].get('seed')} -> {seed}); retraining")
+        _say(f"{b.label}: the plan changed (anchor_ff {m.config['anchor_ff']} -> {b.anchor_ff},"
+             f" tokens {m.tokens_seen:,} -> {b.tokens:,}, seed {m.train.get('seed')} -> {seed}); retraining")
     dense = data_view(rd, dense.root)  # our own output, not user work: a stale baseline or an interrupted one goes
     same = {"--batch-size": tc["batch_size"], "--lr": tc["lr"], "--seed": seed, "--eval-tokens": tc["eval_tokens"],
             "--eval-every": tc.get("eval_every"), "--curve-tokens": tc.get("curve_tokens"),
@@ -145,9 +146,9 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
     return dense
 
 
-def pick_schedule(metas: dict[str, dict]) -> tuple[str, dict]:
-    """{schedule: a baseline's module meta trained with it} -> (the better schedule: lowest held-out loss, its meta)."""
-    best = min(metas, key=lambda s: metas[s]["validation_loss_mean"])
+def pick_schedule(metas: dict[str, ModuleMeta]) -> tuple[str, ModuleMeta]:
+    """{schedule: a baseline's module record trained with it} -> (the better schedule: lowest held-out loss, its record)."""
+    best = min(metas, key=lambda s: metas[s].validation_loss_mean)
     return best, metas[best]
 
 

@@ -5,7 +5,7 @@ trained further. `--baselines` is parsed before the RUN is read, so it accepts e
 each side then trains the ones that are its own.
 
 Example:
-    >>> side_for(read_module_meta(rd, 0)).kinds
+    >>> side_for(read_module(rd, 0)).kinds
     >>> parse_baselines("flop,lora")
 """
 
@@ -15,13 +15,14 @@ from mfgguf.errors import MfggufError
 from mfgguf.eval.baselines.baseline import Side, keys
 from mfgguf.eval.baselines.imported import Imported
 from mfgguf.eval.baselines.scratch import Scratch
+from mfgguf.run import ModuleMeta
 
 SIDES: dict[bool, Side] = {False: Scratch(), True: Imported()}  # by "is the trunk an imported base"
 
 
-def side_for(trunk: dict) -> Side:
-    """The side of the trunk whose module meta is `trunk`."""
-    return SIDES[trunk.get("source") == "base"]
+def side_for(trunk: ModuleMeta | dict) -> Side:
+    """The side of the trunk whose module record is `trunk` (a dict where eval still passes one)."""
+    return SIDES[ModuleMeta.of(trunk).source == "base"]
 
 
 def parse_baselines(spec: str) -> tuple[str, ...] | None:

@@ -33,6 +33,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.head_loss import LOGITS_CHUNK, head_cross_entropy
 from mfgguf.machine import startup_s
 from mfgguf.model import Transformer, rope_for
+from mfgguf.run import RunInfo
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import LoopResult, schedule_steps, train_steps
 from mfgguf.train.experts.tailstats import PREFIX as TAIL_PREFIX
@@ -228,13 +229,13 @@ def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig,
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95), eps=tc.adam_eps, fused=True)
 
 
-def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc: TrainConfig, info: dict, dev,
+def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc: TrainConfig, info: RunInfo, dev,
                 precision: str, recompute: bool, validation: dict, t_start: float) -> dict:
     """The metadata every module records about its training (trunk and experts alike)."""
     fresh_tokens = res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len  # this process's share
     return {
         "kind": kind, "preset": preset, "config": cfg.to_dict(), "train": asdict(tc),
-        "partition": info.get("partition"), "device": dev.type, "precision": precision, "recompute": recompute,
+        "partition": info.partition, "device": dev.type, "precision": precision, "recompute": recompute,
         "compiled": res.compiled,
         "steps": res.steps, "tokens_seen": res.tokens_seen, "epochs": res.epochs, "final_loss": res.final_loss,
         "validation_loss": validation, "validation_loss_mean": mean(validation) if validation else None,  # a round's end: none

@@ -225,7 +225,7 @@ def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, 
                                  hook=stats.hook)
     clock.update(validation=t1 - t, stats=time.perf_counter() - t1)
     meta = {
-        **result_meta(res, kind="expert", preset=job.preset, cfg=cfg, tc=tc, info=job.info.json, dev=job.dev,
+        **result_meta(res, kind="expert", preset=job.preset, cfg=cfg, tc=tc, info=job.info, dev=job.dev,
                       precision=job.prec, recompute=rec, validation=validation, t_start=t_start),
         "index": i,
         "micro_batch": micro,
@@ -288,7 +288,7 @@ def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCop
     validation = last[2] if last is not None and last[0] == res.steps else {}  # a round's end is not scored
     i, tc = job.i, job.tc
     meta = {
-        **result_meta(res, kind="expert", preset=job.preset, cfg=job.cfg, tc=tc, info=job.info.json, dev=job.dev,
+        **result_meta(res, kind="expert", preset=job.preset, cfg=job.cfg, tc=tc, info=job.info, dev=job.dev,
                       precision=job.prec, recompute=rec, validation=validation, t_start=t_start),
         "index": i, "trunk_sha256": job.trunk.sha256, "shard": i, "shard_domains": job.info.shard_domains(i),
         "trunk_validation_loss": job.trunk.json.get("validation_loss", {}), "router_stats_count": 0,

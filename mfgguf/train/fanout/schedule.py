@@ -34,8 +34,8 @@ from mfgguf.config import DEFAULT_PRESET
 from mfgguf.errors import MfggufError
 from mfgguf.machine import count_startup, mem_available
 from mfgguf.options import JobOptions, parse_experts
-from mfgguf.run import (RunDir, finished_against, module_name, read_module_meta, recorded_experts, router_stats_current,
-                   trained_copies, write_json)
+from mfgguf.run import (ModuleMeta, RunDir, module_name, read_module, recorded_experts, router_stats_current,
+                   write_json)
 from mfgguf.train.fanout.disk import check_disk, estimate, gb
 from mfgguf.train.fanout.jobs import Job
 from mfgguf.train.fanout.plan import check_shards, run_plan
@@ -106,16 +106,16 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     """
     job.train.check("expert", "train-experts")
     rd = RunDir(run)
-    info = rd.info()
+    n = rd.run_info().n_experts
     trunk = _trunk_meta(rd)
-    ids = parse_experts(experts, int(info["n_experts"])) if not isinstance(experts, list) else experts
+    ids = parse_experts(experts, n) if not isinstance(experts, list) else experts
     ids = list(dict.fromkeys(ids))  # each expert once
     rounds = int(job.train.rounds or _rounds_in_run(rd, ids) or 1)
     opts = replace(job, train=replace(job.train, rounds=rounds))
     _drop_finished_checkpoints(rd, ids, trunk)
-    plan = run_plan(rd, ids, trunk, rounds, opts, [i for i in ids if _trained(rd, i, trunk, int(trunk.get("syncs", 0)) + 1)])
+    plan = run_plan(rd, ids, trunk.to_json(), rounds, opts, [i for i in ids if _trained(rd, i, trunk, trunk.syncs + 1)])
     check_shards(rd, plan)
-    n_workers, threads = plan_workers(trunk.get("preset", DEFAULT_PRESET), workers) if ray is None else (len(ids), 1)
+    n_workers, threads = plan_workers(trunk.preset or DEFAULT_PRESET, workers) if ray is None else (len(ids), 1)
     need = estimate(plan, n_workers)
     disk = check_disk(rd.root, need, keep_free)
     if plan.todo:
@@ -125,8 +125,8 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     t0 = time.perf_counter()
     run_progress = RunProgress(plan, t0)
     try:
-        all_jobs, syncs = _run_rounds(rd, ids, int(info["n_experts"]), rounds, backend, opts, progress, run_progress)
-        if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, int(info["n_experts"])) \
+        all_jobs, syncs = _run_rounds(rd, ids, n, rounds, backend, opts, progress, run_progress)
+        if not any(j.state == "failed" for j in all_jobs) and _all_finished(rd, n) \
                 and not router_stats_current(rd):
             from mfgguf.train.experts.pooled import pool_router_stats
 
@@ -149,7 +149,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     return summary
 
 
-def _backend(rd: RunDir, trunk: dict, ray: str | None, plan: tuple[int, int], in_process: bool | None, transfer: str,
+def _backend(rd: RunDir, trunk: ModuleMeta, ray: str | None, plan: tuple[int, int], in_process: bool | None, transfer: str,
              retries: int):
     """The backend that runs the jobs: this process, local child processes (`plan`: jobs at once, threads
     each), or Ray tasks."""
@@ -166,7 +166,7 @@ def _backend(rd: RunDir, trunk: dict, ray: str | None, plan: tuple[int, int], in
     count_startup(False)  # as for local job processes: Ray's workers run the jobs
     from mfgguf.train.fanout.ray import RayBackend
 
-    return RayBackend(rd, ray, JOB_MB.get(trunk.get("preset", DEFAULT_PRESET), max(JOB_MB.values())), transfer=transfer,
+    return RayBackend(rd, ray, JOB_MB.get(trunk.preset or DEFAULT_PRESET, max(JOB_MB.values())), transfer=transfer,
                       retries=retries)
 
 
@@ -182,9 +182,9 @@ def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend
 
             sync(rd.root, progress=progress)
         trunk = _trunk_meta(rd)
-        if trunk.get("final"):
+        if trunk.final:
             break
-        r = int(trunk.get("syncs", 0)) + 1
+        r = trunk.syncs + 1
         jobs = [Job(i, r, log=str(rd.root / "logs" / f"{module_name(i)}.log")) for i in ids
                 if not _trained(rd, i, trunk, r)]
         if jobs:
@@ -215,18 +215,18 @@ def _run_rounds(rd: RunDir, ids: list[int], n_experts: int, rounds: int, backend
 # ---- what is done ------------------------------------------------------------------------------
 
 
-def _trunk_meta(rd: RunDir) -> dict:
+def _trunk_meta(rd: RunDir) -> ModuleMeta:
     if not rd.module_meta(0).is_file():
         raise MfggufError(f"{rd.root} has no trained trunk; run `mfgguf train-trunk {rd.root}` first")
-    return read_module_meta(rd, 0)
+    return read_module(rd, 0)
 
 
-def _trained(rd: RunDir, i: int, trunk: dict, r: int) -> bool:
+def _trained(rd: RunDir, i: int, trunk: ModuleMeta, r: int) -> bool:
     """Expert i has finished round r against the current trunk."""
     if not rd.module_meta(i).is_file():
         return False
-    m = read_module_meta(rd, i)
-    return m.get("trunk_sha256") == trunk["sha256"] and int(m.get("round", 1)) == r
+    m = read_module(rd, i)
+    return m.trunk_sha256 == trunk.sha256 and m.round == r
 
 
 def _all_finished(rd: RunDir, n: int) -> bool:
@@ -235,19 +235,19 @@ def _all_finished(rd: RunDir, n: int) -> bool:
     for i in range(1, n + 1):
         if not rd.module_meta(i).is_file():
             return False
-        if not finished_against(read_module_meta(rd, i), trunk["sha256"]):
+        if not read_module(rd, i).finished_against(trunk.sha256):
             return False
     return True
 
 
-def _drop_finished_checkpoints(rd: RunDir, ids: list[int], trunk: dict) -> None:
+def _drop_finished_checkpoints(rd: RunDir, ids: list[int], trunk: ModuleMeta) -> None:
     """A kill between a job's module file and its checkpoint's removal leaves the checkpoint of an expert that has
     finished: nothing would resume it, and at a large shape it holds more than the module."""
     from mfgguf.train.engine import checkpoint as ckpt_io
 
     for i in ids:
         d = rd.checkpoint_dir(i)
-        if d.is_dir() and rd.module_meta(i).is_file() and finished_against(read_module_meta(rd, i), trunk["sha256"]):
+        if d.is_dir() and rd.module_meta(i).is_file() and read_module(rd, i).finished_against(trunk.sha256):
             ckpt_io.remove(d)
 
 
@@ -255,14 +255,14 @@ def _rounds_in_run(rd: RunDir, ids: list[int]) -> int | None:
     """The --rounds the run's experts were started with, so a re-run need not repeat it."""
     for i in ids:
         if rd.module_meta(i).is_file():
-            return int(read_module_meta(rd, i).get("rounds", 1))
+            return read_module(rd, i).rounds
     return None
 
 
 def _needs_sync(rd: RunDir, ids: list[int]) -> bool:
     """A sync follows a round when the experts trained shared copies (R = 1 too: the final sync)."""
-    metas = [read_module_meta(rd, i) for i in ids if rd.module_meta(i).is_file()]
-    return any(trained_copies(m) for m in metas) and not any(m.get("shared_merged") for m in metas)
+    metas = [read_module(rd, i) for i in ids if rd.module_meta(i).is_file()]
+    return any(m.shared_tensors for m in metas) and not any(m.shared_merged for m in metas)
 
 
 def _say(progress: bool, msg: str) -> None:

@@ -37,7 +37,7 @@ from mfgguf.gguf.fileio import pwrite_all
 from mfgguf.modules.merge import merge_plan, merged_chunks
 from mfgguf.errors import MfggufError, retired
 from mfgguf.machine import startup_s
-from mfgguf.run import (RunDir, SyncPlan, atomic_path, link_or_copy, module_meta_for, module_name, read_manifest,
+from mfgguf.run import (RunDir, RunInfo, SyncPlan, atomic_path, link_or_copy, module_meta_for, module_name, read_manifest,
                         read_module, recorded_experts, router_stats_current, sync_plan, update_manifest, write_json)
 from mfgguf.run.records import ModuleMeta
 
@@ -70,7 +70,7 @@ def sync(run: Path, *, merge: str = "mean", restat: bool = True,
     if stats_from not in ("train", "pass"):
         raise MfggufError(f"unknown --stats-from {stats_from!r}; choose train (the last round's steps) or pass")
     rd = RunDir(run)
-    info = rd.info()
+    info = rd.run_info()
     check_no_outer(rd)
     t0 = time.perf_counter()
     plan_file = rd.pending_sync()
@@ -141,7 +141,7 @@ def _final_statistics(rd: RunDir, ids: list[int], stats_from: str, device: str, 
 def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[int]:
     """The experts that take part in the sync rounds: `experts` where given, else the set the trunk's last sync
     recorded (a held-out expert sits out every round), else every expert of the partition."""
-    n = int(rd.info()["n_experts"])
+    n = rd.run_info().n_experts
     recorded = recorded_experts(trunk)
     if experts is None:
         return list(recorded or range(1, n + 1))
@@ -157,7 +157,7 @@ def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[i
 # ---- staging: compute every new module under rounds/sync_<k>/after ------------------------------
 
 
-def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, progress: bool) -> Path:
+def _stage(rd: RunDir, info: RunInfo, ids: list[int], merge: str, device: str, progress: bool) -> Path:
     from mfgguf.modules.module import load_module, model_config, trunk_shapes
     from mfgguf.train.experts.expert import load_trunk_meta
     n = len(ids)
@@ -186,7 +186,7 @@ def _stage(rd: RunDir, info: dict, ids: list[int], merge: str, device: str, prog
 
     manifest = read_manifest(rd)
     tmod = load_module(rd, 0, manifest)
-    cfg = model_config(tmod, info.get("vocab_size") or trunk["config"]["vocab_size"])
+    cfg = model_config(tmod, info.vocab_size or trunk["config"]["vocab_size"])
     mods = [load_module(rd, i, manifest) for i in ids]
     shapes = trunk_shapes(cfg)
     what = merge_plan(mods, shapes, merge)

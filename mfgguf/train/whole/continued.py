@@ -86,7 +86,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     trunk = read_module(rd, 0, at=(first, first_meta)).to_json()
     if trunk.get("source") != "base":
         raise MfggufError(f"{rd.root}'s trunk was trained here, not imported; continued pretraining starts from a base")
-    n = int(rd.info()["n_experts"])
+    n = rd.run_info().n_experts
     if not shards or any(not 1 <= i <= n for i in shards):
         raise MfggufError(f"--shards {','.join(map(str, shards))} is out of range; this run has shards 1..{n}")
     cfg = ModelConfig.from_dict(trunk["config"])

@@ -40,7 +40,7 @@ from mfgguf.data.masks import counted_share, load_mask, mask_path
 from mfgguf.gguf.edit import copy_with_kv, read_f32, read_kv, set_f32, write_edited
 from mfgguf.gguf.schema import TUNING_KEY
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, atomic_path, read_module_meta
+from mfgguf.run import ModuleMeta, RunDir, atomic_path, read_module
 
 VALIDATION_FRACTION = 0.1  # the tail of each shard that tuning never trains on: the keep-or-drop sample
 
@@ -82,8 +82,8 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
     if len(experts) + prov["complement"] < 2:
         raise MfggufError(f"{model} routes {len(experts) + prov['complement']} FFN; router tuning needs a MoE GGUF with 2+ experts")
     metas = _checked_metas(rd, model, experts)  # {0: trunk, i: expert i}
-    ctx = int(t.ctx or metas[0]["config"]["ctx_len"])
-    budget = t.tokens if t.tokens is not None else sum(int(metas[i].get("tokens_seen") or 0) for i in experts) // 100
+    ctx = int(t.ctx or metas[0].config["ctx_len"])
+    budget = t.tokens if t.tokens is not None else sum(int(metas[i].tokens_seen or 0) for i in experts) // 100
     if budget < 1:
         raise MfggufError(f"--tokens {budget} is too small; pass a positive number of tuning tokens")
     header = read_header(model)
@@ -250,7 +250,7 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
                         np.concatenate(val_masks) if masked else None)
 
 
-def _checked_metas(rd: RunDir, model: Path, experts: list[int]) -> dict[int, dict]:
+def _checked_metas(rd: RunDir, model: Path, experts: list[int]) -> dict[int, ModuleMeta]:
     """The metadata of the trunk (0) and `experts`, which must be the very modules the file was built from
     (its recorded sha256s)."""
     shas = read_kv(model).get("mfgguf.module_sha256") or []
@@ -262,8 +262,8 @@ def _checked_metas(rd: RunDir, model: Path, experts: list[int]) -> dict[int, dic
         path = rd.module_meta(i)
         if not path.is_file():
             raise MfggufError(f"{path} is missing; pass the RUN the model was assembled from")
-        metas[i] = read_module_meta(rd, i)
-        if metas[i].get("sha256") != sha:
+        metas[i] = read_module(rd, i)
+        if metas[i].sha256 != sha:
             what = "the trunk" if i == 0 else f"expert {i}"
             raise MfggufError(f"{what} in {rd.root} is not the one {model} was assembled from; pass the right --run")
     return metas

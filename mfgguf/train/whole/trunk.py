@@ -29,7 +29,7 @@ from mfgguf.model import seed_name_map, trunk_model, trunk_name_map
 from mfgguf.options import TrainOptions
 from mfgguf.plots import loss_curve
 from mfgguf.head_loss import LOGITS_CHUNK
-from mfgguf.run import RunDir, module_name, write_module, write_module_streamed
+from mfgguf.run import RunDir, RunInfo, module_name, write_module, write_module_streamed
 from mfgguf.train.whole import branch as br
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import cooldown_start, schedule_steps
@@ -158,13 +158,13 @@ def train_trunk(run: Path, *, preset: str = DEFAULT_PRESET, options: TrainOption
     t_start = time.perf_counter()
     options.check("trunk", "train-trunk")
     rd = RunDir(run)
-    info = rd.info()
+    info = rd.run_info()
     if imported(rd.root) is not None and rd.module_file(0).is_file() and not restart:
         raise MfggufError(f"{rd.root}'s trunk is the base model imported by `mfgguf import-base`; training a trunk here"
                           " would replace it. Train experts against it (`mfgguf train-expert`), or pass --restart to"
                           " replace it with a trunk trained from scratch")
     p = get_preset(preset)
-    cfg = replace(p.model, vocab_size=int(info["vocab_size"]), n_experts=int(info["n_experts"]), **options.model_changes())
+    cfg = replace(p.model, vocab_size=int(info.vocab_size), n_experts=info.n_experts, **options.model_changes())
     cfg.validate()
     tc = options.train_config(p.trunk)
     dev = resolve_device(device)
@@ -230,7 +230,7 @@ def _streams(cfg, tc, ckpt_dir: Path, accum: int | None, budget: int | None, lim
     return streamed
 
 
-def _train_streamed(rd: RunDir, info: dict, preset: str, cfg, tc, data, dev, prec: str, ckpt_dir: Path, budget: int,
+def _train_streamed(rd: RunDir, info: RunInfo, preset: str, cfg, tc, data, dev, prec: str, ckpt_dir: Path, budget: int,
                     accum: int, progress: bool, t_start: float) -> dict:
     """train_trunk's second half for a layer-streamed run (streamed.py): same meta, same module file."""
     from mfgguf.train.engine.offload import ParamStore, trunk_units

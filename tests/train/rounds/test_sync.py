@@ -267,7 +267,7 @@ def test_a_killed_sync_finishes_with_the_same_bytes(round1, tmp_path):
     sync(whole, progress=False)
     # the state a SIGKILL after the first rename leaves: plan staged, trunk file replaced, its JSON not
     rd = RunDir(killed)
-    info = rd.info()
+    info = rd.run_info()
     plan_file = sync_mod._stage(rd, info, list(EXPERTS), "mean", "cpu", False)
     os.replace(plan_file.parent / "after" / "trunk.safetensors", rd.module_file(0))
     for args in (["train-expert", killed, "--expert", "1", "--shared", "attn", "--rounds", "2", "--no-progress"],

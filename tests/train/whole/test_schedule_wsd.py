@@ -193,6 +193,7 @@ def test_expert_starts_from_the_branch_point_at_its_lr(wsd_run, tmp_path):
 
 def test_eval_counts_the_trunks_cooldown_and_names_each_baselines_schedule(wsd_run):
     from mfgguf.eval.baselines.scratch import pick_schedule
+    from mfgguf.run import ModuleMeta
     from mfgguf.eval.training_flops import flops_section
     from mfgguf.flops import trunk_step_flops
     from mfgguf.eval.report import report_markdown
@@ -205,8 +206,9 @@ def test_eval_counts_the_trunks_cooldown_and_names_each_baselines_schedule(wsd_r
     assert t["cooldown_flops"] == trunk["cooldown_tokens"] * trunk_step_flops(trunk["config"]).total > 0
     assert f["total"] == t["flops"] == trunk["train_flops"]  # the cooldown is in the totals the baselines get
 
-    assert pick_schedule({"cosine": {"validation_loss_mean": 4.2}, "wsd": {"validation_loss_mean": 4.1}})[0] == "wsd"
-    assert pick_schedule({"cosine": {"validation_loss_mean": 4.0}, "wsd": {"validation_loss_mean": 4.1}})[0] == "cosine"
+    loss = lambda v: ModuleMeta.from_json({"validation_loss_mean": v})  # noqa: E731
+    assert pick_schedule({"cosine": loss(4.2), "wsd": loss(4.1)})[0] == "wsd"
+    assert pick_schedule({"cosine": loss(4.0), "wsd": loss(4.1)})[0] == "cosine"
     r = _report()
     r["flops"]["modules"] = {"trunk": t}
     r["dense_schedules"] = {"dense, FLOP-matched": {"chosen": "wsd", "validation_loss": {"cosine": 4.2, "wsd": 4.1}}}
