@@ -163,9 +163,9 @@ def _tune_rows(rd: RunDir, model: Path, sample: TuningSample, t: RouterTuning, c
         for epoch in range(t.epochs):
             order = rng.permutation(len(windows))
             for s in range(0, len(order), t.batch_size):
-                rows = order[s:s + t.batch_size]
-                xy = torch.from_numpy(windows[rows])  # (b, ctx + 1)
-                y = xy[:, 1:] if sample.counted is None else mask_targets(xy[:, 1:], sample.counted[rows])  # (b, ctx)
+                picked = order[s:s + t.batch_size]
+                xy = torch.from_numpy(windows[picked])  # (b, ctx + 1)
+                y = xy[:, 1:] if sample.counted is None else mask_targets(xy[:, 1:], sample.counted[picked])  # (b, ctx)
                 opt.zero_grad(set_to_none=True)
                 total = 0.0
                 for part, yp in zip(xy.split(t.micro_batch), y.split(t.micro_batch)):  # (m, ctx + 1), (m, ctx)
