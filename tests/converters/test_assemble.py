@@ -48,7 +48,7 @@ from mfgguf.gguf.inspect import inspect_gguf, format_inspect
 for lay in ("shared-expert", "folded"):
     assemble(Path({str(run)!r}), Path({str(tmp_path)!r}) / (lay + ".gguf"), quant="q4_k", layout=lay, progress=True)
 assemble(Path({str(run)!r}), Path({str(tmp_path)!r}) / "dense.gguf", experts=[], progress=False)
-format_inspect(inspect_gguf(Path({str(tmp_path)!r}) / "granitemoe.gguf"))
+format_inspect(inspect_gguf(Path({str(tmp_path)!r}) / "shared-expert.gguf"))
 assert "torch" not in sys.modules, "the assembler imported torch"
 # VmHWM, not ru_maxrss: Linux carries the parent's (pytest's) high-water mark across fork+exec
 print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])

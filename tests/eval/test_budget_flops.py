@@ -14,7 +14,7 @@ from mfgguf.eval.baselines import imported
 from mfgguf.eval.baselines.budgeted import evaluate_baselines
 from mfgguf.eval.evaluate import EvalConfig
 from mfgguf.flops import continued_step_flops
-from mfgguf.run import RunDir
+from mfgguf.run import ModuleMeta, RunDir
 
 
 def test_the_cli_passes_the_budget_to_the_baselines_alone_and_refuses_a_malformed_one(monkeypatch, tmp_path):
@@ -51,7 +51,7 @@ def test_planned_experts_set_the_baselines_tokens_from_their_flops(monkeypatch, 
     def fake_train(rd, run, *, mode, tokens, lr, shards, trunk_sha256, force=False, needs=(), seed=None,
                    weights=True):
         trained.append((run.name, mode, tokens, shards))
-        return {"tokens_seen": tokens, "validation_loss": {"d4": 1.0, "d5": 1.0}}
+        return ModuleMeta.from_json({"tokens_seen": tokens, "validation_loss": {"d4": 1.0, "d5": 1.0}})
 
     monkeypatch.setattr(imported, "train_base", fake_train)
     monkeypatch.setattr(imported, "first_trunk_sha256", lambda rd: "sha")

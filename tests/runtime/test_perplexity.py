@@ -171,7 +171,7 @@ def test_chunks_scores_each_domains_first_windows(tiny_gguf, trained_run):
 def test_a_mask_scores_only_the_tokens_it_counts(tiny_gguf, trained_run):
     """A conversation's domain is scored on the targets its loss mask counts (its assistant turns), as trained."""
     ctx = 32
-    toks = next(iter(_heldout(trained_run).values()))[: 2 * ctx]
+    toks = next(iter(_test_tokens(trained_run).values()))[: 2 * ctx]
     mask = (np.random.default_rng(0).random(len(toks)) < 0.5).astype(np.uint8)  # (T,) 1: the token counts
     r = perplexity(tiny_gguf, toks, ctx=ctx, mask=mask)
     nll, n = 0.0, 0

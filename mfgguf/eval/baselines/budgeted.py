@@ -23,7 +23,7 @@ from pathlib import Path
 from mfgguf.errors import MfggufError
 from mfgguf.eval.evaluate import EvalConfig, Evaluation, baseline_models, check_windows, measure_model, train_baselines
 from mfgguf.eval.general import check_benchmarks, score_general, with_questions
-from mfgguf.run import RunDir, read_module_meta, write_json
+from mfgguf.run import RunDir, read_module, write_json
 
 BUDGETED = ("flop", "lora", "lora-domain")  # the baselines a FLOP budget sets (wallclock reads the experts' walls)
 
@@ -34,10 +34,13 @@ def planned_metas(rd: RunDir, budget: dict[int, float]) -> dict:
     from mfgguf.options import TrainOptions
     from mfgguf.train.experts.config import expert_config
 
-    trunk, info = read_module_meta(rd, 0), rd.info()
+    typed, info = read_module(rd, 0), rd.run_info()
+    if typed.source != "base":
+        raise MfggufError(f"--budget-flops is for an imported base's baselines; {rd.root}'s trunk was trained here")
     bad = [i for i in budget if not 0 < i <= info.n_experts]
     if bad:
         raise MfggufError(f"--budget-flops names shard {bad[0]}; {rd.root} has shards 1 to {info.n_experts}")
+    trunk = typed.to_json()  # eval's stages take the records as dicts (eval/evaluate.py)
     batch = expert_config(trunk, TrainOptions()).tc.batch_size
     return {0: trunk, **{i: {"kind": "expert", "index": i, "shard": i, "shard_domains": info.shard_domains(i),
                              "config": trunk["config"], "train": {"batch_size": batch}, "tokens_seen": 0,
@@ -56,8 +59,6 @@ def evaluate_baselines(run: Path, out: Path | None = None, cfg: EvalConfig = Eva
     check_benchmarks(cfg.benchmarks, cfg.benchmark_tasks)
     rd = RunDir(run)
     metas = planned_metas(rd, budget)
-    if metas[0].get("source") != "base":
-        raise MfggufError(f"--budget-flops is for an imported base's baselines; {rd.root}'s trunk was trained here")
     check_windows(rd, cfg.ctx, cfg.max_tokens_per_domain)
     out = Path(out) if out else rd.root / "eval"
     (out / "models").mkdir(parents=True, exist_ok=True)
