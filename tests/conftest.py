@@ -6,7 +6,9 @@ real GGUF). Tests that modify a RUN copy it first with `copy_run`.
 
 from __future__ import annotations
 
+import importlib
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,13 @@ def sigkill_at_checkpoint(code: str, args: list[str], state: Path) -> int:
     finally:
         rc = proc.wait()
     return rc
+
+
+def script_module(name: str):
+    """A module of scripts/ (house, gen_cli_docs...), imported without leaving scripts/ on sys.path."""
+    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(scripts)

@@ -4,19 +4,15 @@ read the same as the file in the repository, so a verb or option that changes ch
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
+
+from tests.conftest import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _gen():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import gen_cli_docs
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return gen_cli_docs
+    return script_module("gen_cli_docs")
 
 
 def test_cli_docs_are_current():

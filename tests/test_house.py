@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import script_module
+
 ROOT = Path(__file__).resolve().parents[1]
 ZERO = ("upward_imports", "cycles", "private_names", "long_modules", "crowded_folders", "long_functions", "figures",
         "dead_paths", "broken_links", "headline_figures", "diary", "machine_paths", "long_readme", "long_guides", "study_verdicts")
@@ -31,12 +33,7 @@ def test_house_counts():
 
 
 def _house():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import house
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return house
+    return script_module("house")
 
 
 def test_docs_checks_catch_a_bad_tree(tmp_path):
@@ -93,11 +90,7 @@ def test_slugs_are_githubs():
 
 def test_floors_name_every_module():
     """A module no floor names is reported as an upward import, so a new top-level module needs its floor."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import house
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    house = _house()
     root = ROOT / "mfgguf"
     for p in root.rglob("*.py"):
         assert house.floor("mfgguf", house.module_name(root, p)) is not None, p
