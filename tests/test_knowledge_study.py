@@ -166,6 +166,8 @@ def test_summary_pairs_each_method_with_its_seeds_base_across_runs(tmp_path):
     assert res["rows"] == 12 and res["chosen"] == 2
     s = ks.summarize(ks.load_rows(out))
     assert s["phase2"]["seeds"] == [1, 2] and s["phase2"]["epochs"] == 4
+    assert ks.summarize(rows[:2], [1, 2, 4, 8])["chosen"] is None  # phase 1 half run: nothing chosen yet
+    assert ks.summarize(rows[:4], [1, 2, 4, 8])["chosen"] == 2
     m = s["phase2"]["methods"]
     tt = {k: v["questions-train-test"] for k, v in m.items()}
     # paired over the same 40 tasks, each method's run against its seed's base from the moe run

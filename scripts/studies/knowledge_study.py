@@ -373,7 +373,7 @@ def parse(argv=None):
 def main(argv=None) -> None:
     a = parse(argv)
     if a.summarise:
-        print(json.dumps(write_summary(a.out)))
+        print(json.dumps(write_summary(a.out, a.epochs)))
         return
     from mfgguf.machine import cpu
 
@@ -409,7 +409,7 @@ def main(argv=None) -> None:
         print(json.dumps({"run": row["run"], **row.get("headline", {})}), flush=True)
         runs, _ = plan(a, rows, template, SPEEDS[sp_name])  # phase 1's choice may change what comes next
     if rows:
-        print(json.dumps(write_summary(a.out)))
+        print(json.dumps(write_summary(a.out, a.epochs)))
 
 
 if __name__ == "__main__":

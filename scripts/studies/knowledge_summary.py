@@ -51,13 +51,15 @@ def verdict(points: list[float], intervals: list[list[float]], up: str = "gain",
     return "within the noise"
 
 
-def summarize(rows: list[dict]) -> dict:
-    """{"phase1": {epochs: figures}, "chosen", "phase2": knowledge_phase2.py's summary, paired across runs}."""
+def summarize(rows: list[dict], epochs: list[int] | None = None) -> dict:
+    """{"phase1": {epochs: figures}, "chosen", "phase2": knowledge_phase2.py's summary, paired across runs}; "chosen"
+    is None while a run of the planned `epochs` is missing (phase 1 not done: nothing is chosen yet)."""
     p1 = sorted((r for r in rows if r.get("phase") == 1), key=lambda r: r["epochs"])
     phase1 = {r["epochs"]: {**r["valid_questions"], "valid_ppl": r["valid_ppl"], "valid_ppl_base": r["valid_ppl_base"]}
               for r in p1}
     # the rule over every phase-1 run, the extension included
-    chosen = pick_epochs({e: f["accuracy"] for e, f in phase1.items()}) if phase1 else None
+    done = bool(phase1) and all(e in phase1 for e in epochs or ())
+    chosen = pick_epochs({e: f["accuracy"] for e, f in phase1.items()}) if done else None
     out = {"phase1": phase1, "chosen": chosen}
     p2 = kp.summarize_phase2(rows, spread, verdict)
     if p2:
@@ -83,7 +85,8 @@ def markdown(rows: list[dict], summ: dict) -> str:
         ppl = ", ".join(f"{d} {v:.3f} (base {f['valid_ppl_base'][d]:.3f})" for d, v in f["valid_ppl"].items())
         L.append(f"| {e}{' (chosen)' if e == summ['chosen'] else ''} | {f['correct']}/{f['tasks']} |"
                  f" {100 * f['accuracy']:.1f}% | {f['points']:+.1f} | {f['low']:+.1f} to {f['high']:+.1f} | {ppl} |")
-    L += ["", "Choice: the highest validation-question accuracy, ties to fewer epochs."]
+    L += ["", "Choice: the highest validation-question accuracy, ties to fewer epochs"
+          + ("." if summ["chosen"] is not None else "; none yet, while phase 1 has runs to go.")]
     p2 = summ.get("phase2")
     if p2:
         L += ["", f"## Phase 2: methods at {p2['epochs']} epochs (seeds {', '.join(map(str, p2['seeds']))})", "",
@@ -150,11 +153,11 @@ def plot(summ: dict, path: Path) -> None:
     save_figure(fig, path, plt)
 
 
-def write_summary(out: Path) -> dict:
+def write_summary(out: Path, epochs: list[int] | None = None) -> dict:
     rows = load_rows(out)
     if not rows:
         sys.exit(f"knowledge_study: {out} holds no finished run yet")
-    summ = summarize(rows)
+    summ = summarize(rows, epochs)
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     md.write_text(markdown(rows, summ).replace("(knowledge-study.png)", f"({png.name})"))
     plot(summ, png)
