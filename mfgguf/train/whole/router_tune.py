@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mfgguf.data.masks import counted_share, load_mask, mask_path
+from mfgguf.data.masks import counted_share, load_mask
 from mfgguf.gguf.edit import copy_with_kv, read_f32, read_kv, set_f32, write_edited
 from mfgguf.gguf.schema import TUNING_KEY
 from mfgguf.errors import MfggufError
@@ -226,7 +226,7 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
 
     n_win = max(len(experts), math.ceil(tokens / ctx))
     per_val = max(1, math.ceil(val_tokens / len(experts) / val_ctx))
-    wins, vals, win_masks, val_masks = [], [], [], []
+    wins, vals, win_masks, val_masks, masked = [], [], [], [], False
     for k, i in enumerate(experts):
         per = n_win // len(experts) + (k < n_win % len(experts))
         path = rd.shard(i)
@@ -238,6 +238,7 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
             raise MfggufError(f"{path} has {len(s)} tokens, too few for --ctx {ctx} and a validation window of {val_ctx}; "
                               "pass a smaller --ctx or --val-ctx")
         m = load_mask(path, len(s))
+        masked |= m is not None
         m = np.ones(len(s), np.uint8) if m is None else m  # (T,)
         for a in window_starts(cut, ctx, seed, i, np.arange(per)):
             wins.append(np.asarray(s[a:a + ctx + 1], np.int64))
@@ -245,7 +246,6 @@ def sample_windows(rd: RunDir, experts: list[int], tokens: int, ctx: int, val_to
         for a in np.linspace(cut, len(s) - val_ctx, min(per_val, (len(s) - cut) // val_ctx)).astype(np.int64):
             vals.append(np.asarray(s[a:a + val_ctx], np.int64))
             val_masks.append(np.asarray(m[a:a + val_ctx]))
-    masked = any(mask_path(rd.shard(i)).is_file() for i in experts)
     return TuningSample(np.stack(wins), np.stack(win_masks) if masked else None, np.concatenate(vals),
                         np.concatenate(val_masks) if masked else None)
 
