@@ -16,7 +16,7 @@ from mfgguf.eval.baselines.sides import parse_baselines
 from mfgguf.eval.training_flops import run_flops, tokens_for_flops
 from mfgguf.flops import expert_step_flops, trunk_step_flops
 from mfgguf.model import Transformer, trunk_model, trunk_name_map
-from mfgguf.run import RunDir, read_module_meta
+from mfgguf.run import ModuleMeta, RunDir, read_module_meta
 from mfgguf.train.experts.expert import build_expert_model, expert_params
 from mfgguf.train.engine.driver import get_batch
 from mfgguf.train.engine.loop import forward_loss, load_tokens, make_optimizer
@@ -85,9 +85,9 @@ def test_expert_step_matches_torch_count(trained_run, shared):
     assert measured == expert_step_flops(cfg, sorted(names), causal=False).total
 
 
-def _meta(kind: str, cfg: ModelConfig, tokens: int, **kw) -> dict:
-    return {"kind": kind, "config": cfg.to_dict(), "tokens_seen": tokens, "preset": "small",
-            "train": {"batch_size": 16, "lr": 2e-3, "seed": 1, "eval_tokens": 65536}, **kw}
+def _meta(kind: str, cfg: ModelConfig, tokens: int, **kw) -> ModuleMeta:
+    return ModuleMeta.from_json({"kind": kind, "config": cfg.to_dict(), "tokens_seen": tokens, "preset": "small",
+                                 "train": {"batch_size": 16, "lr": 2e-3, "seed": 1, "eval_tokens": 65536}, **kw})
 
 
 def test_budgets_of_the_small_demo_shape():
@@ -109,7 +109,7 @@ def test_budgets_of_the_small_demo_shape():
     m1b = {0: _meta("trunk", big, 1000), **{i: _meta("expert", big, 1000) for i in range(1, 101)}}
     assert [p.key for p in plan_baselines(m1b)] == ["flop", "wallclock"]
     # a `rounds` key: R rounds back to back of the longest expert's per-round job
-    assert run_flops({**metas, 0: {**metas[0], "rounds": 2}})["rounds"] == 2
+    assert run_flops({**metas, 0: ModuleMeta.from_json({**metas[0].to_json(), "rounds": 2})})["rounds"] == 2
     assert tokens_for_flops(1.0, cfg, step) == step  # at least one step
 
 

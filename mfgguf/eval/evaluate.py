@@ -47,7 +47,7 @@ from mfgguf.eval.plots import eval_plots
 from mfgguf.eval.report import Goals, curves, goals, recipe, report_markdown
 from mfgguf.eval.spread import spreads
 from mfgguf.eval.training_flops import flops_section
-from mfgguf.run import RunDir, read_module, router_stats_current, write_json, write_text
+from mfgguf.run import ModuleMeta, RunDir, read_module, router_stats_current, write_json, write_text
 
 STATS_ROUTERS = ("ridge", "centroid")  # routers computed from the experts' statistics (uniform, random: controls)
 
@@ -126,7 +126,7 @@ class Evaluation:
     rd: RunDir
     cfg: EvalConfig
     force: bool
-    metas: dict  # {0: trunk meta, i: expert i's meta}, the experts trained (so far)
+    metas: dict[int, ModuleMeta]  # {0: the trunk's record, i: expert i's}, the experts trained (so far)
     subset: list[int] | None  # the experts in the MoE when not all of them (an imported base's forgetting test)
     test: dict  # domain -> test tokens (routing accuracy)
     out: Path
@@ -163,8 +163,7 @@ def _open(run: Path, out: Path | None, cfg: EvalConfig, force: bool) -> Evaluati
     subset = ids if len(ids) < n else None
     if subset:
         _say(f"experts {','.join(map(str, ids))} are trained: the MoE holds those")
-    # as dicts from here: the baselines, training_flops and report (shared with the study scripts) read them so
-    metas = {0: trunk.to_json(), **{i: read_module(rd, i).to_json() for i in ids}}
+    metas = {0: trunk, **{i: read_module(rd, i) for i in ids}}
     if "ridge" in cfg.routers and not router_stats_current(rd, subset):
         from mfgguf.train.experts.pooled import pool_router_stats
 
@@ -366,11 +365,11 @@ def _report(ev: Evaluation, models: dict, results: dict, validation: dict, best:
 # ---- models ------------------------------------------------------------------------------------
 
 
-def _best_expert_per_domain(metas: dict, domains: list[str]) -> dict[str, int]:
+def _best_expert_per_domain(metas: dict[int, ModuleMeta], domains: list[str]) -> dict[str, int]:
     """The oracle's choice: for each domain the expert with the lowest held-out loss on it."""
     best = {}
     for d in domains:
-        losses = {i: m["validation_loss"][d] for i, m in metas.items() if i > 0 and d in m.get("validation_loss", {})}
+        losses = {i: m.validation_loss[d] for i, m in metas.items() if i > 0 and d in m.validation_loss}
         if not losses:
             raise MfggufError(f"no expert recorded a held-out loss on domain {d!r}; retrain the experts with this mfgguf")
         best[d] = min(losses, key=losses.get)

@@ -16,6 +16,7 @@ from mfgguf.config import ModelConfig
 from mfgguf.eval.general import general_markdown
 from mfgguf.eval.training_flops import rounds_of
 from mfgguf.flops import trunk_step_flops
+from mfgguf.run import ModuleMeta
 
 
 @dataclass(frozen=True)
@@ -62,26 +63,26 @@ def goals(results: dict, best: str, best_stats: str | None, oracle_mixed: dict, 
     return g
 
 
-def curves(trunk: dict, dense_metas: dict) -> dict:
+def curves(trunk: ModuleMeta, dense_metas: dict[str, ModuleMeta]) -> dict:
     """Held-out mean-loss curves: {model: [[tokens, training FLOPs, mean loss over domains], ...]}."""
     out = {}
     for name, m in {"trunk alone": trunk, **dense_metas}.items():
-        per_tok = trunk_step_flops(m["config"]).total
-        out[name] = [[t, t * per_tok, sum(h.values()) / len(h)] for _, t, h in m.get("validation_history") or [] if h]
+        per_tok = trunk_step_flops(m.config).total
+        out[name] = [[t, t * per_tok, sum(h.values()) / len(h)] for _, t, h in m.validation_history if h]
     return out
 
 
-def recipe(metas: dict) -> dict:
-    """How the modules were trained, from their metadata: what a reader needs to reproduce the row."""
+def recipe(metas: dict[int, ModuleMeta]) -> dict:
+    """How the modules were trained, from their records: what a reader needs to reproduce the row."""
     trunk, experts = metas[0], [m for i, m in metas.items() if i]
-    t = (experts[0].get("train") or {}) if experts else {}
-    sync = trunk.get("sync") or {}
-    cfg = ModelConfig.from_dict(trunk.get("config") or {})
-    seen = trunk.get("tokens_seen")
-    return {"experts": len(experts), "seed_expert": bool((trunk.get("config") or {}).get("seed_expert")),
+    t = experts[0].train if experts else {}
+    sync = trunk.sync or {}
+    cfg = ModelConfig.from_dict(trunk.config or {})
+    seen = trunk.tokens_seen
+    return {"experts": len(experts), "seed_expert": bool((trunk.config or {}).get("seed_expert")),
             "shared": t.get("shared", "none"), "shared_lr_scale": t.get("shared_lr_scale", 1.0),
             "rounds": rounds_of(metas), "expert_tokens": t.get("tokens"), "merge": sync.get("merge"),
-            "trunk_schedule": (trunk.get("train") or {}).get("schedule", "cosine"),
+            "trunk_schedule": trunk.schedule,
             "expert_schedule": t.get("schedule", "cosine") if experts else None,
             "outer_lr": sync.get("outer_lr", 1.0) if sync else None,
             "outer_momentum": sync.get("outer_momentum", 0.0) if sync else None,

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 from mfgguf.flops import module_flops, trunk_step_flops
+from mfgguf.run import ModuleMeta
 
 FORMULAS = {
     "convention": "matmul FLOPs only (2 per multiply-add); no norms/softmax/loss/optimizer; no recompute;"
@@ -38,15 +39,15 @@ FORMULAS = {
 }
 
 
-def rounds_of(metas: dict) -> int:
-    """Training rounds R: the largest `rounds` (or `round`) key in any module's metadata, else 1."""
-    return max([1] + [int(m[k]) for m in metas.values() for k in ("rounds", "round") if isinstance(m.get(k), int)])
+def rounds_of(metas: dict[int, ModuleMeta]) -> int:
+    """Training rounds R: the largest `rounds` (or `round`) of any module's record, else 1."""
+    return max([1] + [n for m in metas.values() for n in (m.rounds, m.round)])
 
 
-def run_flops(metas: dict, *, causal: bool = True) -> dict:
+def run_flops(metas: dict[int, ModuleMeta], *, causal: bool = True) -> dict:
     """Training FLOPs of a modular run: per module, total, and the critical path.
 
-    metas: {0: trunk meta, i: expert i's meta}, tokens_seen counting all of a module's training.
+    metas: {0: the trunk's record, i: expert i's}, tokens_seen counting all of a module's training.
     total = trunk + every expert job. critical_path = trunk + R x the longest expert's per-round
     job (its FLOPs / R): the wall clock when every expert has its own machine and rounds run back
     to back.
@@ -65,21 +66,21 @@ def tokens_for_flops(flops: float, cfg, tokens_per_step: int, *, causal: bool = 
     return steps * tokens_per_step
 
 
-def flops_section(metas: dict, trained: list = ()) -> dict:
+def flops_section(metas: dict[int, ModuleMeta], trained: list = ()) -> dict:
     """report.json's `flops`: the formulas, every module's training FLOPs and tokens, and a row per model: the
     trunk alone, the MoE, then each trained baseline (`trained`: eval/baselines/baseline.py's records, which
     write their own rows)."""
     fl = run_flops(metas)
-    modules = {("trunk" if i == 0 else f"expert {i}"): {"tokens": m["tokens_seen"], "flops": fl["modules"][i],
-                                                      "flops_per_token": fl["modules"][i] / max(1, m["tokens_seen"]),
-                                                      "shared_tensors": len(m.get("shared_tensors") or [])}
+    modules = {("trunk" if i == 0 else f"expert {i}"): {"tokens": m.tokens_seen, "flops": fl["modules"][i],
+                                                      "flops_per_token": fl["modules"][i] / max(1, m.tokens_seen),
+                                                      "shared_tensors": len(m.shared_tensors)}
                for i, m in metas.items()}
-    if metas[0].get("cooldown_tokens"):  # a wsd trunk's cooldown after its branch point: counted like any step
+    if metas[0].cooldown_tokens:  # a wsd trunk's cooldown after its branch point: counted like any step
         t = modules["trunk"]
-        t["cooldown_tokens"] = metas[0]["cooldown_tokens"]
+        t["cooldown_tokens"] = metas[0].cooldown_tokens
         t["cooldown_flops"] = t["cooldown_tokens"] * t["flops_per_token"]
-    models = {"trunk alone": {"tokens": metas[0]["tokens_seen"], "flops": fl["trunk"]},
-              "moe (trunk + every expert)": {"tokens": sum(m["tokens_seen"] for m in metas.values()), "flops": fl["total"],
+    models = {"trunk alone": {"tokens": metas[0].tokens_seen, "flops": fl["trunk"]},
+              "moe (trunk + every expert)": {"tokens": sum(m.tokens_seen for m in metas.values()), "flops": fl["total"],
                                              "critical_path_flops": fl["critical_path"]},
               **{t.label: t.flops for t in trained}}
     return {"formulas": FORMULAS, "modules": modules, "models": models, "rounds": fl["rounds"],

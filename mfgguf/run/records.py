@@ -81,6 +81,12 @@ class ModuleMeta:
     train_s: float | None = None  # seconds in training steps
     tokens_per_s: float | None = None  # training tokens a second this process trained (its resumed steps left out)
     wall_s: float | None = None  # seconds its stage took
+    startup_s: float | None = None  # its process's start before its clock (imports); records older than it lack it
+    shard: int | None = None  # experts: the shard they trained on (their index)
+    validation_history: list = field(default_factory=list)  # [[step, tokens, {domain: loss}], ...] as it trained
+    cooldown_tokens: int | None = None  # a wsd trunk: tokens of its cooldown after its branch point
+    streamed: dict | None = None  # a trunk trained streamed: its memory_budget (baselines train under it too)
+    planned_flops: float | None = None  # an expert not trained, planned at these FLOPs (eval --budget-flops)
     json: dict = field(default_factory=dict, repr=False, compare=False)  # the record as on disk, in its key order
 
     @classmethod
@@ -99,7 +105,9 @@ class ModuleMeta:
                    experts=dict(g("experts") or {}), validation_loss_mean=g("validation_loss_mean"),
                    final_loss=g("final_loss"), epochs=g("epochs"), precision=g("precision"), continued=g("continued"),
                    restat_tokens=_int(d, "restat_tokens", 0), train_s=g("train_s"), tokens_per_s=g("tokens_per_s"),
-                   wall_s=g("wall_s"), json=dict(d))
+                   wall_s=g("wall_s"), startup_s=g("startup_s"), shard=g("shard"),
+                   validation_history=list(g("validation_history") or []), cooldown_tokens=g("cooldown_tokens"),
+                   streamed=g("streamed"), planned_flops=g("planned_flops"), json=dict(d))
 
     @classmethod
     def of(cls, meta: "ModuleMeta | dict") -> "ModuleMeta":

@@ -1,6 +1,7 @@
 """The questions the stages ask of a RUN's state, answered once: which experts are trained, whether the pooled
 router statistics are current for a set of experts (and why not), whether the router-stats pass can run here,
-and whether the RUN is ready to assemble (and what to run first).
+whether the trunk's file is the one the manifest recorded, and whether the RUN is ready to assemble (and what to
+run first).
 
 Each answer reads the typed records (records.py) through rundir.py; a reason is a sentence completing
 "the pooled router statistics ..." or naming the command that fixes it.
@@ -13,6 +14,9 @@ Example:
 
 from __future__ import annotations
 
+from mfgguf.errors import MfggufError
+from mfgguf.run.files import sha256_file
+from mfgguf.run.plans import manifest
 from mfgguf.run.records import ModuleMeta, module_name
 from mfgguf.run.rundir import RunDir, read_json, read_module, untrained_reason
 
@@ -31,6 +35,21 @@ def module_record(rd: RunDir, index: int) -> ModuleMeta | None:
 def trunk_sha256(rd: RunDir) -> str | None:
     """The current trunk's sha256 (None where no trunk is trained)."""
     return read_module(rd, 0).sha256 if rd.module_meta(0).is_file() else None
+
+
+def current_trunk(rd: RunDir) -> ModuleMeta:
+    """The trunk's record, after checking that no sync is half done and that its file is the one the manifest
+    recorded (an expert trained against a modified trunk would fit weights nothing serves)."""
+    rd.check_no_pending_sync()
+    if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
+        raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
+    meta = read_module(rd, 0)
+    recorded = manifest(rd).sha256("trunk")
+    actual = sha256_file(rd.module_file(0))
+    if actual != meta.sha256 or (recorded and actual != recorded):
+        raise MfggufError(f"{rd.module_file(0)} does not match its recorded sha256 (modified or damaged);"
+                          f" retrain it with `mfgguf train-trunk {rd.root}`")
+    return meta
 
 
 def trained_experts(rd: RunDir, ids: list[int] | None = None) -> list[int]:
@@ -79,5 +98,5 @@ def assemble_blocked(rd: RunDir, ids: list[int] | None = None) -> str | None:
     return None
 
 
-__all__ = ["assemble_blocked", "module_record", "pool_blocked", "router_stats_current", "stats_stale_reason", "trained_experts",
+__all__ = ["assemble_blocked", "current_trunk", "module_record", "pool_blocked", "router_stats_current", "stats_stale_reason", "trained_experts",
            "trunk_sha256"]

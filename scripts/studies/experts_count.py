@@ -182,7 +182,7 @@ def result_row(a, run: Path, n: int, seed: int) -> dict:
     walls, the cluster partition's balance."""
     from mfgguf.flops import module_flops
     from mfgguf.machine import cpu
-    from mfgguf.run import RunDir, read_module_meta
+    from mfgguf.run import RunDir, read_module
 
     rep = read_json(run / "eval" / "report.json")
     methods = eval_methods(rep) if rep else measured_methods(run)
@@ -194,18 +194,18 @@ def result_row(a, run: Path, n: int, seed: int) -> dict:
                                       "domains": {d: v["ppl"] for d, v in routed["moe"]["domains"].items()}}
     rd = RunDir(run)
     info = read_json(run / "run.json")
-    metas = {int(s["id"]): read_module_meta(rd, int(s["id"])) for s in info["shards"]}
+    metas = {int(s["id"]): read_module(rd, int(s["id"])) for s in info["shards"]}
     toks = sorted(int(s["tokens"]) for s in info["shards"])
     purity = [max(s["domains"].values()) / max(1, s["tokens"]) for s in info["shards"]] if "domains" in info["shards"][0] else []
     # an imported base's trunk trains nothing: the experts' FLOPs are the run's
     expert_flops = (rep["flops"]["models"]["moe (trunk + every expert)"]["flops"] if rep
                     else sum(module_flops(m) for m in metas.values()))
     return {"n": n, "seed": seed, "tokens": a.tokens, "tokens_per_expert": a.tokens // n, "expert_ff": a.expert_ff,
-            "batch_size": a.batch_size, "expert_params": sum(sum(x * y for x, y in m["tensors"].values())
+            "batch_size": a.batch_size, "expert_params": sum(sum(x * y for x, y in m.tensors.values())
                                                               for m in metas.values()) // n,
             "training_flops": expert_flops, "methods": methods,
-            "train_wall_s": sum(float(m["wall_s"]) for m in metas.values()),
-            "critical_path_s": max(float(m["wall_s"]) for m in metas.values()),
+            "train_wall_s": sum(float(m.wall_s) for m in metas.values()),
+            "critical_path_s": max(float(m.wall_s) for m in metas.values()),
             "eval_wall_s": (rep or {}).get("wall_s"), "clusters": {"tokens_min": toks[0], "tokens_median": statistics.median(toks),
                                                           "tokens_max": toks[-1],
                                                           "purity_mean": round(statistics.mean(purity), 3) if purity else None},

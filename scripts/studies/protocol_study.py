@@ -258,7 +258,7 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
     from mfgguf.eval.baselines.imported import expert_walls
     from mfgguf.eval.measure import mixed
     from mfgguf.eval.spread import spreads
-    from mfgguf.run import RunDir, read_module_meta
+    from mfgguf.run import RunDir, read_module, read_module_meta
 
     rep = read_json(run / "eval" / "report.json")
     models, flops, trained = rep["models"], rep["flops"]["models"], list(ids)
@@ -269,7 +269,7 @@ def result_row(a, run: Path, tokens: int, seed: int, ids: dict[str, int]) -> dic
                 "ppl_all": rep["results"][label]["overall"]["ppl"], "domains": {d: v["ppl"] for d, v in doms.items()}}
 
     rd = RunDir(run)
-    walls, syncs = expert_walls(rd, {i: read_module_meta(rd, i) for i in ids.values()})
+    walls, syncs = expert_walls(rd, {i: read_module(rd, i) for i in ids.values()})
     methods, chosen, top1 = {}, None, {}
     for name, m in models.items():
         # a gate validation turned down has no test figures (eval scores the chosen one of each top-k)

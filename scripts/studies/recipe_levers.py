@@ -96,14 +96,14 @@ def score(a, run: Path, ids: list[int]) -> dict:
 def row(a, name: str, lever: tuple, run: Path, ids: list[int], wall_s: float) -> dict:
     from mfgguf.eval.baselines.imported import expert_walls
     from mfgguf.eval.training_flops import flops_section
-    from mfgguf.run import RunDir, read_module_meta
+    from mfgguf.run import RunDir, read_module
 
     rd = RunDir(run)
-    metas = {0: read_module_meta(rd, 0), **{i: read_module_meta(rd, i) for i in ids}}
+    metas = {0: read_module(rd, 0), **{i: read_module(rd, i) for i in ids}}
     walls, syncs = expert_walls(rd, {i: metas[i] for i in ids})
     return {"lever": name, "expert_ff": lever[0], "shared": lever[1], "rounds": lever[2], "lr": lever[3],
             "tokens_per_domain": a.tokens, "seed": a.seed, "validation": score(a, run, ids),
-            "expert_validation_nats": {d: metas[i]["validation_loss"].get(d) for d, i in zip(DOMAINS, ids)},
+            "expert_validation_nats": {d: metas[i].validation_loss.get(d) for d, i in zip(DOMAINS, ids)},
             "flops": flops_section(metas, [])["total"], "train_wall_s": sum(walls.values()) + syncs,
             "critical_path_s": max(walls.values()) + syncs, "wall_s": round(wall_s, 1),
             "machines": read_json(run / "machines.json") or []}

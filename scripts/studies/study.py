@@ -97,10 +97,10 @@ def _budget(dense_run: Path) -> int | None:
 def _budget_plan(run: Path, key: str) -> int | None:
     """Tokens `mfgguf eval` will give baseline `key` (dense-flop / dense-wallclock) for this RUN."""
     from mfgguf.eval.baselines.scratch import plan_baselines
-    from mfgguf.run import RunDir, read_module_meta
+    from mfgguf.run import RunDir, read_module
 
     rd = RunDir(run)
-    metas = {i: read_module_meta(rd, i) for i in range(0, rd.info()["n_experts"] + 1)}
+    metas = {i: read_module(rd, i) for i in range(0, rd.run_info().n_experts + 1)}
     return next((b.tokens for b in plan_baselines(metas, ("flop", "wallclock")) if f"dense-{b.key}" == key), None)
 
 

@@ -53,13 +53,14 @@ def test_the_config_seed_reaches_the_imported_side(monkeypatch, tmp_path):
             return Outcome()
 
     monkeypatch.setattr(ev_mod, "side_for", lambda trunk: Side())
-    ev = ev_mod.Evaluation(RunDir(tmp_path), ev_mod.EvalConfig(seed=5), False, {0: {"source": "base"}}, None, {}, tmp_path)
+    ev = ev_mod.Evaluation(RunDir(tmp_path), ev_mod.EvalConfig(seed=5), False,
+                           {0: ModuleMeta.from_json({"source": "base"})}, None, {}, tmp_path)
     ev_mod.train_baselines(ev)
     assert seen["job"].seed == 5
 
     monkeypatch.setattr(imported, "plan_and_train", lambda rd, metas, out, which, force, seed, lrs:
                         seen.update(seed=seed, lrs=lrs) or ([], {}))
-    imported.Imported().train(Job(RunDir(tmp_path), {0: {}}, tmp_path, None, False, ("cosine",), seed=5,
+    imported.Imported().train(Job(RunDir(tmp_path), {0: ModuleMeta()}, tmp_path, None, False, ("cosine",), seed=5,
                                   lrs={"lora": (3e-3,)}))
     assert seen["seed"] == 5 and seen["lrs"] == {"lora": (3e-3,)}
 
@@ -112,7 +113,7 @@ def test_train_base_reuses_a_training_whose_step_did_not_divide_the_tokens(monke
 def test_a_dense_baseline_is_trained_with_the_seed_and_again_for_another(monkeypatch, tmp_path):
     from mfgguf.eval.baselines import scratch
 
-    trunk = {"preset": "tiny", "train": {"batch_size": 8, "lr": 1e-3, "seed": 1234, "eval_tokens": 512}}
+    trunk = ModuleMeta.from_json({"preset": "tiny", "train": {"batch_size": 8, "lr": 1e-3, "seed": 1234, "eval_tokens": 512}})
     plan = scratch.Baseline("flop", "dense, FLOP-matched", 64, 1e12, 8192, 1e6)
     (tmp_path / "dense-flop" / "modules").mkdir(parents=True)
     (tmp_path / "dense-flop" / "modules" / "trunk.json").write_text("{}")
@@ -171,7 +172,8 @@ def test_the_cluster_loras_alone_with_one_lr_train_no_grid(monkeypatch, tmp_path
     monkeypatch.setattr(imported, "module_flops", lambda m: 1e12)
     monkeypatch.setattr(imported, "first_trunk_view", lambda rd, out: None)
     cfg = get_preset("tiny").model.__dict__
-    metas = {0: {"config": cfg}, 1: {"train": {"batch_size": 4}, "shard": 1, "shard_domains": ["c"]}}
+    metas = {0: ModuleMeta.from_json({"config": cfg}),
+             1: ModuleMeta.from_json({"train": {"batch_size": 4}, "shard": 1, "shard_domains": ["c"]})}
     rd = RunDir(tmp_path)
     plans, grid = imported.plan_and_train(rd, metas, tmp_path / "b", ("lora-domain",), lrs={"lora": (3e-3,)})
     assert trained == [] and cluster_loras == [3e-3] and [p.key for p in plans] == ["lora-domain"]

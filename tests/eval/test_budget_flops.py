@@ -43,9 +43,10 @@ def test_planned_experts_set_the_baselines_tokens_from_their_flops(monkeypatch, 
     cfg = get_preset("tiny").model
     step = 8 * cfg.ctx_len
     budget = {4: 3e12, 5: 1e12}
-    planned = {i: {"kind": "expert", "index": i, "shard": i, "shard_domains": {f"d{i}": 100}, "config": cfg.to_dict(),
-                   "train": {"batch_size": 8}, "tokens_seen": 0, "planned_flops": f} for i, f in budget.items()}
-    metas = {0: {"config": cfg.to_dict(), "source": "base"}, **planned}
+    planned = {i: ModuleMeta.from_json({"kind": "expert", "index": i, "shard": i, "shard_domains": {f"d{i}": 100},
+                                        "config": cfg.to_dict(), "train": {"batch_size": 8}, "tokens_seen": 0,
+                                        "planned_flops": f}) for i, f in budget.items()}
+    metas = {0: ModuleMeta.from_json({"config": cfg.to_dict(), "source": "base"}), **planned}
     trained = []
 
     def fake_train(rd, run, *, mode, tokens, lr, shards, trunk_sha256, force=False, needs=(), seed=None,

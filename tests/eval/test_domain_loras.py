@@ -9,7 +9,7 @@ import numpy as np
 from mfgguf.eval.baselines.imported import train_domain_loras
 from mfgguf.eval.domain_loras import measure_domain_loras
 from mfgguf.flops import module_flops
-from mfgguf.run import RunDir, read_module_meta
+from mfgguf.run import RunDir, read_module, read_module_meta
 from mfgguf.runtime.perplexity import perplexity
 from tests.train.whole.test_continued import base_run, cli  # noqa: F401  (the module-scoped fixture)
 
@@ -21,7 +21,7 @@ def test_one_adapter_per_shard_flop_matched_and_scored_with_its_domain(base_run,
         r = cli("train-expert", run, "--expert", i, "--tokens", 4096, "--eval-tokens", 512, "--no-progress")
         assert r.exit_code == 0, r.output
     rd = RunDir(run)
-    metas = {i: read_module_meta(rd, i) for i in (0, 1, 2)}
+    metas = {i: read_module(rd, i) for i in (0, 1, 2)}
     adapters = train_domain_loras(rd, metas, tmp_path / "out", lr=1e-2)
     assert [a.shard for a in adapters] == [1, 2] and all(a.adapter.is_file() for a in adapters)
     for a in adapters:  # each adapter spent its expert's FLOPs, within half an optimizer step

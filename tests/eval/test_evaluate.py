@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from mfgguf.cli.app import app
 from mfgguf.eval.training_flops import run_flops
-from mfgguf.run import RunDir, read_module_meta
+from mfgguf.run import RunDir, read_module, read_module_meta
 
 QUANTS = "q8_0,q4_k"  # quantized copies compared with f16
 DENSE = {"flop": "dense, FLOP-matched", "wallclock": "dense, wall-clock-matched",
@@ -32,9 +32,9 @@ def test_eval_report(trained_run, tmp_path):
 
     # Dense baselines spend the modular run's FLOPs (all of them, or the critical path's) within one step.
     rd = RunDir(trained_run)
-    metas = {i: read_module_meta(rd, i) for i in range(4)}
+    metas = {i: read_module(rd, i) for i in range(4)}
     fl = run_flops(metas)
-    cfg = metas[0]["config"]
+    cfg = metas[0].config
     budget = {"flop": fl["total"], "wallclock": fl["critical_path"], "total": fl["total"]}
     width = {"flop": cfg["anchor_ff"] + cfg["expert_ff"], "wallclock": cfg["anchor_ff"] + cfg["expert_ff"],
              "total": cfg["anchor_ff"] + 3 * cfg["expert_ff"]}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from mfgguf.run import RunDir
+from mfgguf.run import ModuleMeta, RunDir
 
 SECTIONS = {"base_baselines": None, "dense_schedules": {}}  # report.json's per-side sections, as when empty
 
@@ -41,7 +41,7 @@ class Job:
     """What a side needs to train its baselines."""
 
     rd: RunDir
-    metas: dict  # {0: trunk meta, i: expert i's meta}: the experts in the MoE
+    metas: dict[int, ModuleMeta]  # {0: the trunk's record, i: expert i's}: the experts in the MoE
     out: Path  # the eval directory: each baseline's RUN lives under it
     which: tuple[str, ...] | None  # the keys asked for (a side ignores the other side's); None: its default set
     force: bool  # retrain even where a matching baseline exists
@@ -67,7 +67,7 @@ class Outcome:
     """A side's baselines trained, and what of them the report shows beyond a row each."""
 
     trained: list[Trained] = field(default_factory=list)
-    curves: dict[str, dict] = field(default_factory=dict)  # label -> module meta whose held-out curve is drawn
+    curves: dict[str, ModuleMeta] = field(default_factory=dict)  # label -> the record whose held-out curve is drawn
     sections: dict = field(default_factory=dict)  # report.json sections of this side (keys of SECTIONS)
 
 

@@ -23,28 +23,27 @@ from pathlib import Path
 from mfgguf.errors import MfggufError
 from mfgguf.eval.evaluate import EvalConfig, Evaluation, baseline_models, check_windows, measure_model, train_baselines
 from mfgguf.eval.general import check_benchmarks, score_general, with_questions
-from mfgguf.run import RunDir, read_module, write_json
+from mfgguf.run import ModuleMeta, RunDir, read_module, write_json
 
 BUDGETED = ("flop", "lora", "lora-domain")  # the baselines a FLOP budget sets (wallclock reads the experts' walls)
 
 
-def planned_metas(rd: RunDir, budget: dict[int, float]) -> dict:
+def planned_metas(rd: RunDir, budget: dict[int, float]) -> dict[int, ModuleMeta]:
     """{0: the trunk's record, i: the record an expert on shard i would leave, as far as its baselines read it (its
     shard, domains, batch and `planned_flops`)}; budget: {shard: FLOPs}."""
     from mfgguf.options import TrainOptions
     from mfgguf.train.experts.config import expert_config
 
-    typed, info = read_module(rd, 0), rd.run_info()
-    if typed.source != "base":
+    trunk, info = read_module(rd, 0), rd.run_info()
+    if trunk.source != "base":
         raise MfggufError(f"--budget-flops is for an imported base's baselines; {rd.root}'s trunk was trained here")
     bad = [i for i in budget if not 0 < i <= info.n_experts]
     if bad:
         raise MfggufError(f"--budget-flops names shard {bad[0]}; {rd.root} has shards 1 to {info.n_experts}")
-    trunk = typed.to_json()  # eval's stages take the records as dicts (eval/evaluate.py)
     batch = expert_config(trunk, TrainOptions()).tc.batch_size
-    return {0: trunk, **{i: {"kind": "expert", "index": i, "shard": i, "shard_domains": info.shard_domains(i),
-                             "config": trunk["config"], "train": {"batch_size": batch}, "tokens_seen": 0,
-                             "planned_flops": float(f)} for i, f in sorted(budget.items())}}
+    return {0: trunk, **{i: ModuleMeta.from_json({
+        "kind": "expert", "index": i, "shard": i, "shard_domains": info.shard_domains(i), "config": trunk.config,
+        "train": {"batch_size": batch}, "tokens_seen": 0, "planned_flops": float(f)}) for i, f in sorted(budget.items())}}
 
 
 def evaluate_baselines(run: Path, out: Path | None = None, cfg: EvalConfig = EvalConfig(), *,

@@ -41,7 +41,7 @@ from mfgguf.eval.baselines.baseline import Job, Kind, Outcome, Trained, keys
 from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
 from mfgguf.eval.domain_loras import DomainAdapter, domain_owners
 from mfgguf.flops import continued_step_flops, module_flops
-from mfgguf.run import ModuleMeta, RunDir, link_or_copy, read_json, read_module, update_manifest
+from mfgguf.run import ModuleMeta, RunDir, SyncPlan, link_or_copy, read_json, read_module, update_manifest
 from mfgguf.stages import run_stage
 
 GRID = {"full": (1e-4, 3e-4, 1e-3), "lora": (1e-3, 3e-3, 1e-2)}  # peak LRs tried for each kind of training
@@ -65,7 +65,7 @@ class BasePlan:
     adapters: tuple[DomainAdapter, ...] = ()  # lora-domain: one llama.cpp adapter per shard, on the base (run)
 
 
-def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | None = None,
+def plan_and_train(rd: RunDir, metas: dict[int, ModuleMeta], out: Path, which: tuple[str, ...] | None = None,
                    force: bool = False, seed: int | None = None,
                    lrs: dict[str, tuple[float, ...]] | None = None) -> tuple[list[BasePlan], dict]:
     """Train (or reuse) the LR grid and the baselines `which` (default all) against the trained experts in `metas`
@@ -76,10 +76,10 @@ def plan_and_train(rd: RunDir, metas: dict, out: Path, which: tuple[str, ...] | 
     lrs = {**GRID, **(lrs or {})}
     kinds = [k for k in IMPORTED if k.key in which]
     experts = {i: m for i, m in metas.items() if i > 0}
-    cfg = ModelConfig.from_dict(metas[0]["config"])
-    step = experts[min(experts)]["train"]["batch_size"] * cfg.ctx_len
-    shards = sorted(int(m["shard"]) for m in experts.values())
-    trained = sorted({d for m in experts.values() for d in m.get("shard_domains") or []})
+    cfg = ModelConfig.from_dict(metas[0].config)
+    step = experts[min(experts)].train["batch_size"] * cfg.ctx_len
+    shards = sorted(int(m.shard) for m in experts.values())
+    trained = sorted({d for m in experts.values() for d in m.shard_domains or []})
     flops = sum(expert_flops(m) for m in experts.values())
     # the experts' walls, read only where a wall-clock-matched baseline is asked (planned experts have none)
     critical_s = critical_path_s(rd, experts) if any(k.budget == "seconds" for k in kinds) else 0.0
@@ -151,10 +151,10 @@ def first_trunk_view(rd: RunDir, out: Path) -> RunDir | None:
     return view
 
 
-def expert_flops(meta: dict) -> float:
+def expert_flops(meta: ModuleMeta) -> float:
     """An expert's training FLOPs, the budget its baselines match: its record's (mfgguf/flops.py), or the FLOPs a
     planned expert carries (`planned_flops`: `mfgguf eval --budget-flops`, eval/baselines/budgeted.py)."""
-    return float(meta["planned_flops"]) if "planned_flops" in meta else module_flops(meta)
+    return float(meta.planned_flops) if meta.planned_flops is not None else module_flops(meta)
 
 
 def matched_tokens(flops: float, per_token: float, step: int) -> int:
@@ -187,22 +187,22 @@ def train_base(rd: RunDir, run: Path, *, mode: str, tokens: int, lr: float, shar
     return read_module(view, 0, weights_kept=weights)
 
 
-def train_domain_loras(rd: RunDir, metas: dict, out: Path, lr: float, force: bool = False,
+def train_domain_loras(rd: RunDir, metas: dict[int, ModuleMeta], out: Path, lr: float, force: bool = False,
                        seed: int | None = None) -> list[DomainAdapter]:
     """Train (or reuse) one LoRA per trained expert's shard, each for that expert's FLOPs; metas: {0: trunk, i: expert}.
     Only each adapter and its record are kept: the merged trunk a LoRA also yields is a whole base's weights, which
     at a hundred clusters would be a hundred bases on the disk."""
-    cfg = ModelConfig.from_dict(metas[0]["config"])
+    cfg = ModelConfig.from_dict(metas[0].config)
     per_step = continued_step_flops(cfg, "lora").total
     first = first_trunk_sha256(rd)
     adapters = []
     for i, m in sorted((i, m) for i, m in metas.items() if i > 0):
-        step = int(m["train"]["batch_size"]) * cfg.ctx_len
+        step = int(m.train["batch_size"]) * cfg.ctx_len
         tokens = matched_tokens(expert_flops(m), per_step, step)
-        shard, run = int(m["shard"]), out / f"lora-shard{m['shard']}"
+        shard, run = int(m.shard), out / f"lora-shard{m.shard}"
         train_base(rd, run, mode="lora", tokens=tokens, lr=lr, shards=[shard], trunk_sha256=first,
                    force=force, needs=(ADAPTER_FILE,), seed=seed, weights=False)
-        held = m.get("shard_domains") or ()  # {domain: tokens} where run.json counts them
+        held = m.shard_domains or ()  # {domain: tokens} where run.json counts them
         weights = tuple(int(held[d]) for d in held) if isinstance(held, dict) else ()
         adapters.append(DomainAdapter(shard, tuple(held), tokens, lr, run, weights))
     return adapters
@@ -220,7 +220,7 @@ class Imported:
                  " (continued pretraining, LoRA), not dense models from scratch")
             which = tuple(k for k in job.which if k in keys(IMPORTED)) if job.which is not None else None
             plans, grid = plan_and_train(job.rd, job.metas, job.out, which, job.force, job.seed, job.lrs)
-        trained = sorted({d for i, m in job.metas.items() if i for d in m.get("shard_domains") or []})
+        trained = sorted({d for i, m in job.metas.items() if i for d in m.shard_domains or []})
         section = {"grid": grid, "plans": [_plan_json(p) for p in plans], "trained_domains": trained}
         return Outcome(trained=[_trained(p) for p in plans], sections={"base_baselines": section})
 
@@ -247,26 +247,26 @@ def _trained(p: BasePlan) -> Trained:
                           "flops_per_token": spent / max(1, seen), f"budget_{_KIND[p.key].budget}": p.budget})
 
 
-def critical_path_s(rd: RunDir, experts: dict) -> float:
+def critical_path_s(rd: RunDir, experts: dict[int, ModuleMeta]) -> float:
     """Seconds of the MoE's critical path with a machine per expert: the slowest expert's walls summed over its rounds,
     plus the wall of every sync."""
     walls, syncs = expert_walls(rd, experts)
     return max(walls.values()) + syncs
 
 
-def expert_walls(rd: RunDir, experts: dict) -> tuple[dict[int, float], float]:
-    """({i: expert i's walls summed over its rounds}, the walls of every sync summed); experts: {i: expert i's meta}.
+def expert_walls(rd: RunDir, experts: dict[int, ModuleMeta]) -> tuple[dict[int, float], float]:
+    """({i: expert i's walls summed over its rounds}, the walls of every sync summed); experts: {i: expert i's record}.
     Each round's record is kept under rounds/sync_k/before/, each sync's wall in its plan; each wall with the start
     of the process that ran it (`startup_s`: the imports before its clock; records made before it was kept lack it)."""
     plans = sorted(rd.rounds.glob("sync_*/sync.json")) if rd.rounds.is_dir() else []
     walls = {}
     for i, m in experts.items():
-        rounds = [read_json(f, "a round's expert record") for p in plans if (f := p.parent / "before" / rd.module_meta(i).name).is_file()]
-        if int(m.get("round") or 1) > max((int(r.get("round") or 1) for r in rounds), default=0):
+        rounds = [ModuleMeta.from_json(read_json(f, "a round's expert record")) for p in plans
+                  if (f := p.parent / "before" / rd.module_meta(i).name).is_file()]
+        if (m.round or 1) > max(((r.round or 1) for r in rounds), default=0):
             rounds.append(m)  # a round trained since the last sync (or no sync at all); a restat keeps its round
-        walls[i] = sum(float(r.get("wall_s") or r["train_s"]) + float(r.get("startup_s") or 0.0) for r in rounds)
-    syncs = sum(float((s := read_json(p, "a sync plan")).get("wall_s") or 0.0) + float(s.get("startup_s") or 0.0)
-                for p in plans)
+        walls[i] = sum(float(r.wall_s or r.train_s) + float(r.startup_s or 0.0) for r in rounds)
+    syncs = sum((s := SyncPlan.from_json(read_json(p, "a sync plan"))).wall_s + s.startup_s for p in plans)
     return walls, syncs
 
 

@@ -67,7 +67,7 @@ class Scratch:
             chosen, m = pick_schedule(trained)
             outcome.sections["dense_schedules"][b.label] = {
                 "chosen": chosen, "validation_loss": {s: t.validation_loss_mean for s, t in trained.items()}}
-            outcome.curves[b.label] = m.to_json()  # report.curves reads its validation history
+            outcome.curves[b.label] = m  # report.curves reads its validation history
             outcome.trained.append(Trained(
                 b.key, b.label, runs[chosen].root, runs[chosen].root.name,  # dense-<key>[-<schedule>]: the one kept
                 row={"kind": "dense", "baseline": b.key, "anchor_ff": b.anchor_ff, "tokens": m.tokens_seen,
@@ -93,14 +93,14 @@ def default_baselines(cfg: ModelConfig, n_experts: int) -> tuple[str, ...]:
     return ("flop", "wallclock") + (("total",) if total_ff <= TOTAL_MAX_RATIO * cfg.anchor_ff else ())
 
 
-def plan_baselines(metas: dict, which: tuple[str, ...] | None = None) -> list[Baseline]:
-    """The baselines to train for a modular run (metas: {0: trunk meta, i: expert i's meta})."""
+def plan_baselines(metas: dict[int, ModuleMeta], which: tuple[str, ...] | None = None) -> list[Baseline]:
+    """The baselines to train for a modular run (metas: {0: the trunk's record, i: expert i's})."""
     trunk = metas[0]
-    cfg = ModelConfig.from_dict(trunk["config"])
+    cfg = ModelConfig.from_dict(trunk.config)
     n = len([i for i in metas if i > 0])
     which = default_baselines(cfg, n) if which is None else tuple(k for k in which if k in keys(SCRATCH))
     fl = run_flops(metas)
-    per_step = trunk["train"]["batch_size"] * cfg.ctx_len
+    per_step = trunk.train["batch_size"] * cfg.ctx_len
     ff = {"active": cfg.anchor_ff + cfg.expert_ff, "total": cfg.anchor_ff + n * cfg.expert_ff}
     kinds = {k.key: k for k in SCRATCH}
     plans = []
@@ -112,7 +112,7 @@ def plan_baselines(metas: dict, which: tuple[str, ...] | None = None) -> list[Ba
     return plans
 
 
-def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool = False,
+def train_baseline(rd: RunDir, trunk: ModuleMeta, b: Baseline, out: Path, force: bool = False,
                    schedule: str = "cosine", seed: int | None = None) -> RunDir:
     """Train (once) baseline `b` with LR `schedule` in out/dense-<key> (cosine) or out/dense-<key>-<schedule>,
     a copy of RUN sharing its data; return that RUN. `seed`: its init and data order (None: the trunk's).
@@ -121,7 +121,7 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
     replaced) when they do not, e.g. after the experts were retrained, or with `force`.
     """
     dense = RunDir(out / (f"dense-{b.key}" if schedule == "cosine" else f"dense-{b.key}-{schedule}"))
-    tc = trunk["train"]
+    tc = trunk.train
     seed = tc["seed"] if seed is None else int(seed)
     if dense.module_meta(0).is_file() and not force:
         m = read_module(dense, 0)
@@ -137,11 +137,11 @@ def train_baseline(rd: RunDir, trunk: dict, b: Baseline, out: Path, force: bool 
     args = [a for k, v in same.items() if v is not None for a in (k, v)]
     # batch_size is already the whole step's (x --accum); a streamed trunk's budget binds its baselines
     # too, and any baseline over the RAM available streams by itself (train_trunk's estimate)
-    args += ["--accum", 1] + (["--memory-budget", trunk["streamed"]["memory_budget"]] if trunk.get("streamed") else [])
+    args += ["--accum", 1] + (["--memory-budget", trunk.streamed["memory_budget"]] if trunk.streamed else [])
     args += ["--schedule", schedule] + (["--cooldown", tc.get("cooldown", 0.2)] if schedule == "wsd" else [])
     _say(f"train {b.label} ({schedule}): anchor_ff {b.anchor_ff}, {b.tokens:,} tokens, {b.budget_flops:.3e} FLOPs budget")
-    run_stage(f"train {b.label} ({schedule})", ["train-trunk", dense.root, "--preset", trunk["preset"], "--tokens", b.tokens,
-                                   "--anchor-ff", b.anchor_ff, "--precision", trunk.get("precision", "auto"),
+    run_stage(f"train {b.label} ({schedule})", ["train-trunk", dense.root, "--preset", trunk.preset, "--tokens", b.tokens,
+                                   "--anchor-ff", b.anchor_ff, "--precision", trunk.precision or "auto",
                                    "--no-progress", *args])
     return dense
 

@@ -20,9 +20,9 @@ from mfgguf.run import ModuleMeta
 SIDES: dict[bool, Side] = {False: Scratch(), True: Imported()}  # by "is the trunk an imported base"
 
 
-def side_for(trunk: ModuleMeta | dict) -> Side:
-    """The side of the trunk whose module record is `trunk` (a dict where eval still passes one)."""
-    return SIDES[ModuleMeta.of(trunk).source == "base"]
+def side_for(trunk: ModuleMeta) -> Side:
+    """The side of the trunk whose module record is `trunk`."""
+    return SIDES[trunk.source == "base"]
 
 
 def parse_baselines(spec: str) -> tuple[str, ...] | None:

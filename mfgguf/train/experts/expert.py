@@ -28,7 +28,7 @@ from mfgguf.model import SEED_FFN, Transformer, share_tied_embedding, trunk_name
 from mfgguf.options import TrainOptions
 from mfgguf.plots import loss_curve
 from mfgguf.run.records import ModuleMeta
-from mfgguf.run import RunDir, manifest, module_name, read_module, sha256_file, write_module
+from mfgguf.run import RunDir, current_trunk, module_name, read_module, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import smooth
 from mfgguf.train.engine.loop import (check_token_range, evaluate, validation_losses, limit_heap_retention, load_tokens,
@@ -43,20 +43,6 @@ from mfgguf.train.experts.tailstats import TailStats, moments_path, write_moment
 from mfgguf.train.rounds.ends import round_end
 from mfgguf.train.whole.trunk import plan_activations
 
-
-
-def load_trunk_meta(rd: RunDir) -> dict:
-    """The trunk's metadata, after checking that its file is the one the manifest recorded."""
-    rd.check_no_pending_sync()
-    if not rd.module_file(0).is_file() or not rd.module_meta(0).is_file():
-        raise MfggufError(f"the trunk is missing in {rd.modules}; train it first with `mfgguf train-trunk {rd.root}`")
-    meta = read_module(rd, 0)
-    recorded = manifest(rd).sha256("trunk")
-    actual = sha256_file(rd.module_file(0))
-    if actual != meta.sha256 or (recorded and actual != recorded):
-        raise MfggufError(f"{rd.module_file(0)} does not match its recorded sha256 (modified or damaged);"
-                          f" retrain it with `mfgguf train-trunk {rd.root}`")
-    return meta.to_json()
 
 
 def build_expert_model(rd: RunDir, cfg: ModelConfig, seed: int, dev: torch.device, bf16_trunk: bool,
@@ -188,7 +174,7 @@ def open_job(run: Path, expert: int, options: TrainOptions, device: str, precisi
     rd = RunDir(run)
     info = rd.run_info()
     i = rd.check_expert_index(expert)
-    trunk = ModuleMeta.from_json(load_trunk_meta(rd))
+    trunk = current_trunk(rd)
     ec = expert_config(trunk.json, options)
     cfg, tc, preset = ec.cfg, ec.tc, ec.preset
     pc.SharedCopies(cfg, tc).check()

@@ -34,8 +34,7 @@ import torch
 from mfgguf.config import ModelConfig
 from mfgguf.errors import MfggufError
 from mfgguf.run.records import ModuleMeta
-from mfgguf.run import RunDir, module_name, read_module, trained_expert, write_router_stats
-from mfgguf.train.experts.expert import load_trunk_meta
+from mfgguf.run import RunDir, current_trunk, module_name, read_module, trained_expert, write_router_stats
 from mfgguf.train.engine.loop import load_tokens, resolve_device
 from mfgguf.train.rounds.restat import precision_of
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
@@ -62,7 +61,7 @@ def pool_router_stats(run: Path, *, tokens: int | None = None, device: str = "cp
     t0 = time.perf_counter()
     rd = RunDir(run)
     info = rd.run_info()
-    trunk = ModuleMeta.from_json(load_trunk_meta(rd))
+    trunk = current_trunk(rd)
     cfg = ModelConfig.from_dict(trunk.config)
     dev = resolve_device(device)
     stats = RouterStats(cfg.n_layers, cfg.dim, second_moment=True)

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import time
 
-from mfgguf.run import SHARED_PREFIX, RunDir, read_module, write_module
+from mfgguf.run import SHARED_PREFIX, RunDir, current_trunk, read_module, write_module
 from mfgguf.train.engine.weights import read_safetensors
-from mfgguf.train.experts.expert import load_trunk_meta
 from mfgguf.train.experts.stats import RouterStats
 
 ON = "own trunk copy, the last round's training steps"
@@ -31,12 +30,12 @@ ON = "own trunk copy, the last round's training steps"
 def adopt(rd: RunDir, i: int, moments: RouterStats, pooled: RouterStats) -> dict:
     """Expert i as a module of the final trunk with the statistics its last round recorded; `moments` into `pooled`."""
     t0 = time.perf_counter()
-    trunk = load_trunk_meta(rd)
+    trunk = current_trunk(rd)
     meta = read_module(rd, i)
     tensors = {k: t for k, t in read_safetensors(rd.module_file(i)) if not k.startswith(SHARED_PREFIX)}
     pooled.add(moments)
     out = write_module(rd, i, tensors, {
-        **meta.to_json(), "trunk_sha256": trunk["sha256"], "shared_merged": True, "router_stats_on": ON,
+        **meta.to_json(), "trunk_sha256": trunk.sha256, "shared_merged": True, "router_stats_on": ON,
         "validation_on": "own trunk copy", "restat_tokens": 0,
         "restat_s": time.perf_counter() - t0,
         "premerge": meta.premerge(),

@@ -21,9 +21,9 @@ import time
 
 from mfgguf.config import ModelConfig
 from mfgguf.errors import MfggufError
-from mfgguf.run import RunDir, module_name, read_module, write_module
+from mfgguf.run import RunDir, current_trunk, module_name, read_module, write_module
 from mfgguf.run.records import ModuleMeta
-from mfgguf.train.experts.expert import build_expert_model, load_trunk_meta
+from mfgguf.train.experts.expert import build_expert_model
 from mfgguf.train.engine.loop import evaluate, validation_losses, load_tokens, mean, resolve_device
 from mfgguf.train.experts.stats import RouterStats, stats_tokens
 from mfgguf.train.engine.weights import read_safetensors, trunk_alone
@@ -56,7 +56,7 @@ def restat(run: Path, expert: int, *, device: str = "cpu", pooled: RouterStats |
     t0 = time.perf_counter()
     rd = RunDir(run)
     i = rd.check_expert_index(int(expert))
-    trunk = ModuleMeta.of(load_trunk_meta(rd))
+    trunk = current_trunk(rd)
     meta = read_module(rd, i)
     if not trunk.final:
         raise MfggufError(f"{rd.root}'s trunk is not final: run `mfgguf sync {rd.root}` after the experts' last round first")

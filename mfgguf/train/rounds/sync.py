@@ -37,8 +37,9 @@ from mfgguf.gguf.fileio import pwrite_all
 from mfgguf.modules.merge import merge_plan, merged_chunks
 from mfgguf.errors import MfggufError, retired
 from mfgguf.machine import startup_s
-from mfgguf.run import (RunDir, RunInfo, SyncPlan, atomic_path, link_or_copy, module_meta_for, module_name, read_manifest,
-                        read_module, recorded_experts, router_stats_current, sync_plan, update_manifest, write_json)
+from mfgguf.run import (RunDir, RunInfo, SyncPlan, atomic_path, current_trunk, link_or_copy, module_meta_for, module_name,
+                        read_manifest, read_module, recorded_experts, router_stats_current, sync_plan, update_manifest,
+                        write_json)
 from mfgguf.run.records import ModuleMeta
 
 SYNC_FORMAT = "mfgguf-sync"
@@ -159,10 +160,9 @@ def synced_experts(rd: RunDir, trunk: dict, experts: list[int] | None) -> list[i
 
 def _stage(rd: RunDir, info: RunInfo, ids: list[int], merge: str, device: str, progress: bool) -> Path:
     from mfgguf.modules.module import load_module, model_config, trunk_shapes
-    from mfgguf.train.experts.expert import load_trunk_meta
     n = len(ids)
-    trunk = load_trunk_meta(rd)
-    k = int(trunk.get("syncs", 0))
+    trunk = current_trunk(rd)
+    k = trunk.syncs
     metas = {}
     missing = [i for i in ids if not rd.module_meta(i).is_file()]
     if missing:
@@ -171,7 +171,7 @@ def _stage(rd: RunDir, info: RunInfo, ids: list[int], merge: str, device: str, p
                           f" every sync with --experts")
     for i in ids:
         m = read_module(rd, i)
-        if m.trunk_sha256 != trunk["sha256"] or m.round != k + 1:
+        if m.trunk_sha256 != trunk.sha256 or m.round != k + 1:
             raise MfggufError(f"{module_name(i)} has not trained round {k + 1} against the current trunk;"
                               f" run `mfgguf train-expert {rd.root} --expert {i}` first")
         metas[i] = m
@@ -186,7 +186,7 @@ def _stage(rd: RunDir, info: RunInfo, ids: list[int], merge: str, device: str, p
 
     manifest = read_manifest(rd)
     tmod = load_module(rd, 0, manifest)
-    cfg = model_config(tmod, info.vocab_size or trunk["config"]["vocab_size"])
+    cfg = model_config(tmod, info.vocab_size or trunk.config["vocab_size"])
     mods = [load_module(rd, i, manifest) for i in ids]
     shapes = trunk_shapes(cfg)
     what = merge_plan(mods, shapes, merge)
@@ -208,9 +208,10 @@ def _stage(rd: RunDir, info: RunInfo, ids: list[int], merge: str, device: str, p
     from mfgguf.train.engine.loop import mean
 
     held, before_held = _scores(rd, trunk, list(metas.values()), new_trunk, scored=k + 2 >= R, device=device)
-    tmeta = {**{k2: v for k2, v in trunk.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
-             "syncs": k + 1, "rounds": R, "final": final, "synced_from": trunk["sha256"],
-             "trained_validation_loss": trunk.get("trained_validation_loss", trunk.get("validation_loss")),
+    was = trunk.to_json()  # the merged trunk's record is this one's, keys this mfgguf does not know included
+    tmeta = {**{k2: v for k2, v in was.items() if k2 not in ("file", "sha256", "bytes", "tensors")},
+             "syncs": k + 1, "rounds": R, "final": final, "synced_from": trunk.sha256,
+             "trained_validation_loss": was.get("trained_validation_loss", was.get("validation_loss")),
              "validation_loss": held, "validation_loss_mean": mean(held) if held else None,
              "sync": {"merge": merge, "merged_tensors": list(what), "experts": n,
                       "expert_ids": ids}}
@@ -223,7 +224,7 @@ def _stage(rd: RunDir, info: RunInfo, ids: list[int], merge: str, device: str, p
     return d / "sync.json"
 
 
-def _scores(rd: RunDir, trunk: dict, metas: list[dict], new_trunk: Path, *, scored: bool, device: str) -> tuple[dict, dict]:
+def _scores(rd: RunDir, trunk: ModuleMeta, metas: list[ModuleMeta], new_trunk: Path, *, scored: bool, device: str) -> tuple[dict, dict]:
     """(held-out loss of the merged trunk, of the trunk it was merged from), each {} where nobody reads it.
 
     The last round's experts compare with the trunk they start from, and the final trunk is reported; a
@@ -237,7 +238,7 @@ def _scores(rd: RunDir, trunk: dict, metas: list[dict], new_trunk: Path, *, scor
     held = trunk_validation_loss(rd, new_trunk, trunk, device, (tokens, precision)) if scored else {}
     # an imported base has no held-out loss of its own: the before is its score, cached by its first expert
     before = (reference_validation_loss(rd, trunk, tokens, resolve_device(device), precision)
-              if scored and (trunk.get("validation_loss") or not trunk.get("syncs")) else {})
+              if scored and (trunk.validation_loss or not trunk.syncs) else {})
     return held, before
 
 

@@ -22,7 +22,7 @@ from mfgguf.cli.app import app
 from mfgguf.config import ModelConfig
 from mfgguf.flops import continued_step_flops, expert_step_flops, module_flops, trunk_step_flops
 from mfgguf.eval.domain_loras import LABEL as LORA_DOMAIN_LABEL
-from mfgguf.run import RunDir, read_module_meta
+from mfgguf.run import RunDir, read_module, read_module_meta
 from mfgguf.train.whole.continued import _inject_lora, _merged
 from mfgguf.train.engine.weights import trunk_alone
 from tests.base.test_import_base import save_hf_llama
@@ -275,12 +275,12 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
         assert r.exit_code == 0, r.output
     from mfgguf.eval.baselines.imported import critical_path_s, plan_and_train
 
-    metas = {i: read_module_meta(rd, i) for i in range(3)}
+    metas = {i: read_module(rd, i) for i in range(3)}
     plans, grid = plan_and_train(rd, metas, tmp_path / "baselines", ("flop", "wallclock"))
     assert set(grid) == {"full"} and len(grid["full"]["validation_loss_trained_domains"]) == 3
     # every baseline starts from the imported base, not from the trunk the syncs merged the experts' attention into
     first = json.loads((rd.rounds / "sync_01" / "before" / "trunk.json").read_text())["sha256"]
-    assert first != metas[0]["sha256"] and rd.first_trunk[0].parent.name == "before"
+    assert first != metas[0].sha256 and rd.first_trunk[0].parent.name == "before"
     for p in plans:
         assert read_module_meta(RunDir(p.run), 0)["continued"]["from_trunk_sha256"] == first, p.key
     from mfgguf.eval.baselines.imported import first_trunk_view
@@ -298,9 +298,9 @@ def test_eval_on_a_gguf_base_with_sync_rounds_reads_validation_for_every_choice(
 
     speed = max(read_module_meta(RunDir(tmp_path / "baselines" / f"grid-full-lr{lr}"), 0)["tokens_per_s"]
                 for lr in grid["full"]["validation_loss_trained_domains"])
-    step = metas[1]["train"]["batch_size"] * metas[0]["config"]["ctx_len"]
+    step = metas[1].train["batch_size"] * metas[0].config["ctx_len"]
     assert wall.tokens == max(step, math.floor(speed * wall.budget / step) * step)
-    assert all(metas[i]["restat_tokens"] > 0 for i in (1, 2))  # the final sync's passes, counted in module_flops
+    assert all(metas[i].restat_tokens > 0 for i in (1, 2))  # the final sync's passes, counted in module_flops
     # a later seed spends its training on the LR chosen before: a one-point grid, that very run reused here
     chosen = grid["full"]["chosen_lr"]
     again, one = plan_and_train(rd, metas, tmp_path / "baselines", ("flop",), lrs={"full": (chosen,)})

@@ -200,7 +200,7 @@ def test_eval_counts_the_trunks_cooldown_and_names_each_baselines_schedule(wsd_r
     from tests.eval.test_report import _report
 
     trunk = read_module_meta(RunDir(wsd_run), 0)
-    f = flops_section({0: trunk})
+    f = flops_section({0: ModuleMeta.from_json(trunk)})
     t = f["modules"]["trunk"]
     assert t["tokens"] == trunk["tokens_seen"] == trunk["branch"]["tokens"] + trunk["cooldown_tokens"]
     assert t["cooldown_flops"] == trunk["cooldown_tokens"] * trunk_step_flops(trunk["config"]).total > 0
