@@ -38,8 +38,7 @@ _RESTART = typer.Option(False, "--restart", help="Delete this module's checkpoin
 _PROGRESS = typer.Option(True, "--progress/--no-progress", help="Show a progress bar.")
 
 
-def _line(meta: dict, run: Path) -> str:
-    m = ModuleMeta.from_json(meta)
+def _line(m: ModuleMeta, run: Path) -> str:
     held, extra = m.validation_loss, ""
     if m.kind == "expert":
         base = m.trunk_validation_loss
@@ -72,7 +71,7 @@ def train_trunk_cmd(
 
     meta = train_trunk(run, preset=preset, options=options, device=device, progress=progress, precision=precision,
                        restart=restart, memory_budget=memory_budget, stream=stream, accum=accum)
-    typer.echo(_line(meta, run))
+    typer.echo(_line(ModuleMeta.from_json(meta), run))
 
 
 @command("train-expert", help=_doc("experts.expert", "train_expert"))
@@ -87,7 +86,8 @@ def train_expert_cmd(
 
     meta = train_expert(run, expert, options=options, device=device, progress=progress, precision=precision,
                         restart=restart)
-    line, m = _line(meta, run), ModuleMeta.from_json(meta)
+    m = ModuleMeta.from_json(meta)
+    line = _line(m, run)
     if m.rounds > 1:
         line += f" (round {m.round} of {m.rounds})"
     typer.echo(line)
@@ -119,7 +119,7 @@ def train_base_cmd(
                            precision=precision, compile=compile, progress=progress, force=force)
     from mfgguf.run import read_module
 
-    typer.echo(_line({**read_module(view, 0).to_json(), "kind": "trunk"}, view.root))
+    typer.echo(_line(read_module(view, 0), view.root))  # the trained base's record is a trunk's, as the base's
 
 
 @command("train-experts", help=_doc("fanout.schedule", "train_experts"))

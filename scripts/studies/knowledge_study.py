@@ -212,12 +212,13 @@ def epoch_tokens(run: Path, epochs: int, shard: int) -> int:
     """`--tokens` for `epochs` passes over a shard: rounded up to whole steps, since a run trains tokens // (batch x
     ctx) steps and a shard's size rounded down would leave the last windows of its last pass untrained."""
     from mfgguf.options import TrainOptions
+    from mfgguf.run import ModuleMeta
     from mfgguf.train.experts.config import expert_config
 
     trunk = read_json(run / "modules" / "trunk.json")
     if trunk is None:  # a dry run before the template exists
         return epochs * shard
-    ec = expert_config(trunk, TrainOptions())
+    ec = expert_config(ModuleMeta.from_json(trunk), TrainOptions())
     step = ec.tc.batch_size * ec.cfg.ctx_len
     return -(-epochs * shard // step) * step
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from mfgguf.config import DEFAULT_PRESET, ModelConfig, TrainConfig, get_preset
 from mfgguf.options import TrainOptions
+from mfgguf.run import ModuleMeta
 
 
 @dataclass(frozen=True)
@@ -25,17 +26,17 @@ class ExpertConfig:
     preset: str  # the trunk's preset, whose expert defaults the options override
 
 
-def expert_config(trunk: dict, options: TrainOptions) -> ExpertConfig:
-    """The shape and the TrainConfig an expert of this trunk (its metadata record) trains with under `options`."""
-    preset = trunk.get("preset") or DEFAULT_PRESET
+def expert_config(trunk: ModuleMeta, options: TrainOptions) -> ExpertConfig:
+    """The shape and the TrainConfig an expert of this trunk (its module record) trains with under `options`."""
+    preset = trunk.preset or DEFAULT_PRESET
     tc = at_branch_lr(options.train_config(get_preset(preset).expert), trunk, options)
-    return ExpertConfig(ModelConfig.from_dict(trunk["config"]), tc, preset)
+    return ExpertConfig(ModelConfig.from_dict(trunk.config), tc, preset)
 
 
-def at_branch_lr(tc: TrainConfig, trunk: dict, options) -> TrainConfig:
+def at_branch_lr(tc: TrainConfig, trunk: ModuleMeta, options) -> TrainConfig:
     """A wsd expert of a wsd trunk runs at the trunk's branch LR (its stable LR) with no warm-up: it continues
     a trunk that never cooled down instead of re-warming one that did. --lr / --warmup-frac, when given, win."""
-    b = trunk.get("branch")
+    b = trunk.branch
     if tc.schedule != "wsd" or not b:
         return tc
     return replace(tc, lr=b["lr"] if options.lr is None else tc.lr,

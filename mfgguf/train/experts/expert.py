@@ -175,7 +175,7 @@ def open_job(run: Path, expert: int, options: TrainOptions, device: str, precisi
     info = rd.run_info()
     i = rd.check_expert_index(expert)
     trunk = current_trunk(rd)
-    ec = expert_config(trunk.json, options)
+    ec = expert_config(trunk, options)
     cfg, tc, preset = ec.cfg, ec.tc, ec.preset
     pc.SharedCopies(cfg, tc).check()
     rnd = _round(rd, trunk, tc, i)

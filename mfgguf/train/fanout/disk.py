@@ -50,7 +50,7 @@ def _bytes(shape) -> int:
 
 def _shared(plan: RunPlan) -> int:
     """Bytes of the private trunk copies a job trains (0 without --shared)."""
-    shapes = plan.trunk.get("tensors") or {}
+    shapes = plan.trunk.tensors
     return sum(_bytes(shapes[n]) + PER_TENSOR for n in shared_tensor_names(plan.cfg, plan.tc.shared) if n in shapes)
 
 
@@ -88,7 +88,7 @@ def estimate(plan: RunPlan, workers: int) -> dict[str, int]:
     experts = {i for i, _ in todo}
     inflight = 2 * min(workers, len(todo)) * ckpt  # a save writes the new checkpoint beside the old
     kept = len(experts - set(plan.checkpoints)) * ckpt if R > 1 else 0  # each expert's, between its rounds
-    trunk = int(plan.trunk.get("bytes") or 0)
+    trunk = int(plan.trunk.bytes or 0)
     syncs = (R - plan.first_round + 1) if tc.shared != "none" and todo else 0
     rewrite = len(experts) * (_ffn(plan) + JSON_FIXED + history) if syncs else 0  # the final sync's FFN + means
     out = {

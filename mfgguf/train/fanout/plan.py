@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions
-from mfgguf.run import RunDir
+from mfgguf.run import ModuleMeta, RunDir
 from mfgguf.train.experts.config import expert_config
 
 
@@ -32,7 +32,7 @@ class RunPlan:
     todo: tuple[tuple[int, int], ...]  # the (expert, round) jobs left, in the order they run
     cfg: ModelConfig  # the trunk's shape, which every expert shares
     tc: TrainConfig  # every job's training options over the trunk's preset
-    trunk: dict = field(repr=False)  # the trunk's record (its tensors' shapes: disk.py)
+    trunk: ModuleMeta = field(repr=False)  # the trunk's record (its tensors' shapes: disk.py)
     at_step: dict = field(default_factory=dict)  # (expert, round) -> schedule step its checkpoint holds
     checkpoints: tuple[int, ...] = ()  # experts with a checkpoint on disk now (a killed job's, or between rounds)
 
@@ -67,15 +67,15 @@ class RunPlan:
         return self.total_tokens - sum(self.job_tokens(r) - self.resumed_tokens((i, r)) for i, r in self.todo)
 
 
-def run_plan(rd: RunDir, ids: list[int], trunk: dict, rounds: int, opts: JobOptions, trained: list[int]) -> RunPlan:
+def run_plan(rd: RunDir, ids: list[int], trunk: ModuleMeta, rounds: int, opts: JobOptions, trained: list[int]) -> RunPlan:
     """The jobs left of `ids` over `rounds` rounds, `trained` being the experts that finished the current round."""
     from mfgguf.train.engine import checkpoint as ckpt_io
     from mfgguf.train.engine.driver import schedule_steps
 
     ec = expert_config(trunk, opts.train)
     cfg, tc = ec.cfg, ec.tc
-    first = int(trunk.get("syncs", 0)) + 1
-    todo = () if trunk.get("final") else (
+    first = trunk.syncs + 1
+    todo = () if trunk.final else (
         tuple((i, first) for i in ids if i not in trained)
         + tuple((i, r) for r in range(first + 1, rounds + 1) for i in ids))
     at_step, held = {}, []

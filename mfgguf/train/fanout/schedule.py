@@ -113,7 +113,7 @@ def train_experts(run: Path, *, experts: str | list[int] | None = None, workers:
     rounds = int(job.train.rounds or _rounds_in_run(rd, ids) or 1)
     opts = replace(job, train=replace(job.train, rounds=rounds))
     _drop_finished_checkpoints(rd, ids, trunk)
-    plan = run_plan(rd, ids, trunk.to_json(), rounds, opts, [i for i in ids if _trained(rd, i, trunk, trunk.syncs + 1)])
+    plan = run_plan(rd, ids, trunk, rounds, opts, [i for i in ids if _trained(rd, i, trunk, trunk.syncs + 1)])
     check_shards(rd, plan)
     n_workers, threads = plan_workers(trunk.preset or DEFAULT_PRESET, workers) if ray is None else (len(ids), 1)
     need = estimate(plan, n_workers)

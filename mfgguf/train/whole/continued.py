@@ -83,22 +83,22 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
     t_start = time.perf_counter()
     # the trunk before any sync: a synced RUN's modules/ holds the merged trunk, which carries the experts' training
     first, first_meta = rd.first_trunk
-    trunk = read_module(rd, 0, at=(first, first_meta)).to_json()
-    if trunk.get("source") != "base":
+    trunk = read_module(rd, 0, at=(first, first_meta))
+    if trunk.source != "base":
         raise MfggufError(f"{rd.root}'s trunk was trained here, not imported; continued pretraining starts from a base")
     n = rd.run_info().n_experts
     if not shards or any(not 1 <= i <= n for i in shards):
         raise MfggufError(f"--shards {','.join(map(str, shards))} is out of range; this run has shards 1..{n}")
-    cfg = ModelConfig.from_dict(trunk["config"])
+    cfg = ModelConfig.from_dict(trunk.config)
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
-    expert_tc = get_preset(trunk.get("preset", DEFAULT_PRESET)).expert
+    expert_tc = get_preset(trunk.preset or DEFAULT_PRESET).expert
     tc = replace(expert_tc, tokens=int(tokens), lr=float(lr), eval_every=0, eval_tokens=4096, ckpt_every=10**9,
                  compile=compile, shared="none", rounds=1)
     if seed is not None:
         tc = replace(tc, seed=int(seed))
     ckpt_meta = {"module": "continued", "kind": mode, "tokens": tc.tokens, "lr": tc.lr, "shards": list(shards),
-                 "seed": tc.seed, "rank": rank if mode == "lora" else None, "from_trunk_sha256": trunk["sha256"]}
+                 "seed": tc.seed, "rank": rank if mode == "lora" else None, "from_trunk_sha256": trunk.sha256}
     resume = resumable(out, ckpt_meta)
     if Path(out).exists() and not (force or resume):
         raise MfggufError(f"{out} already exists; pass --force to replace it")
@@ -127,7 +127,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
         model = _merged(model, cfg)
     held = validation_losses(view.validation_dir, model, tc.eval_tokens, route, dev, prec)
     tensors = {k: v.detach().float().contiguous() for k, v in model.trunk_tensors().items()}
-    meta = {**{k: trunk[k] for k in ("kind", "source", "base", "preset", "config")},
+    meta = {**{k: trunk.to_json()[k] for k in ("kind", "source", "base", "preset", "config")},  # as the base has them
             "train": {**tc.__dict__}, "precision": prec, "steps": res.steps, "tokens_seen": res.tokens_seen,
             "final_loss": res.final_loss, "train_s": res.train_s, "tokens_per_s": fresh / max(res.train_s, 1e-9),
             "resumed_from_step": res.resumed_from, "ckpt_s": round(res.ckpt_s, 2), "epochs": res.epochs,
@@ -135,7 +135,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
             # resumed: the killed processes' training seconds too, so the wall is the training's, not its last process's
             "wall_s": time.perf_counter() - t_start + res.train_s_before, "resumed_train_s": res.train_s_before,
             "startup_s": startup_s(t_start),  # this process's start before t_start (imports), which wall_s misses
-            "continued": {"mode": mode, "from_trunk_sha256": trunk["sha256"], "shards": list(shards), "lr": lr,
+            "continued": {"mode": mode, "from_trunk_sha256": trunk.sha256, "shards": list(shards), "lr": lr,
                           "seed": seed, "rank": rank if mode == "lora" else None, "micro_batch": micro,
                           "adapter": adapter.name if adapter else None,
                           "trained_params": sum(p.numel() for p in named.values())}}

@@ -30,7 +30,7 @@ from mfgguf.cli.app import app
 from mfgguf.config import get_preset
 from mfgguf.errors import MfggufError
 from mfgguf.options import JobOptions, TrainOptions
-from mfgguf.run import RunDir, read_module_meta
+from mfgguf.run import ModuleMeta, RunDir, read_module_meta
 from mfgguf.train.fanout.jobs import Job
 from mfgguf.train.fanout.plan import RunPlan
 from mfgguf.train.fanout.schedule import train_experts
@@ -99,7 +99,7 @@ def test_progress_counts_the_whole_run():
     checkpoint before this command; now expert 2 is done and expert 3 is 2 steps in, 4 s after the start."""
     p = get_preset("tiny")
     plan = RunPlan(experts=(1, 2, 3), rounds=2, first_round=1, steps=10, per_step=100,
-                   todo=((2, 1), (3, 1), (1, 2), (2, 2), (3, 2)), cfg=p.model, tc=p.expert, trunk={},
+                   todo=((2, 1), (3, 1), (1, 2), (2, 2), (3, 2)), cfg=p.model, tc=p.expert, trunk=ModuleMeta(),
                    at_step={(2, 1): 3, (3, 1): 0})
     assert plan.total_tokens == 3000 and plan.done_tokens == 500 + 300 and plan.total_jobs == 6
     prog = RunProgress(plan, time.perf_counter() - 4.0)

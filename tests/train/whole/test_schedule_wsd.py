@@ -20,7 +20,7 @@ from mfgguf.config import ModelConfig, TrainConfig
 from mfgguf.errors import MfggufError
 from mfgguf.model import trunk_model
 from mfgguf.options import JobOptions, TrainOptions
-from mfgguf.run import RunDir, read_module_meta
+from mfgguf.run import ModuleMeta, RunDir, read_module_meta
 from mfgguf.train.experts import shared as sh
 from mfgguf.train.experts.config import at_branch_lr
 from mfgguf.train.whole.branch import branch_files, branch_names, read_branch, start_from_branch
@@ -161,10 +161,10 @@ def test_expert_starts_from_the_branch_point_at_its_lr(wsd_run, tmp_path):
     branch = read_branch(rd, trunk)
     cfg = ModelConfig.from_dict(trunk["config"])
     opts = TrainOptions(tokens=4096, schedule="wsd", shared="norms", eval_every=0, eval_tokens=1024)
-    tc = at_branch_lr(opts.train_config(TrainConfig()), trunk, opts)
+    tc = at_branch_lr(opts.train_config(TrainConfig()), ModuleMeta.from_json(trunk), opts)
     assert tc.lr == branch["lr"] == 3e-3 and tc.warmup_frac == 0.0 and lr_at(0, 100, tc) == branch["lr"]
     given = replace(opts, lr=1e-3)
-    assert at_branch_lr(given.train_config(TrainConfig()), trunk, given).lr == 1e-3  # --lr, when given, wins
+    assert at_branch_lr(given.train_config(TrainConfig()), ModuleMeta.from_json(trunk), given).lr == 1e-3  # --lr, when given, wins
 
     # The start: the seed FFN and the shared copies are the branch point's, with its AdamW moments;
     # the frozen trunk is the cooled-down one the MoE runs with.
@@ -193,7 +193,6 @@ def test_expert_starts_from_the_branch_point_at_its_lr(wsd_run, tmp_path):
 
 def test_eval_counts_the_trunks_cooldown_and_names_each_baselines_schedule(wsd_run):
     from mfgguf.eval.baselines.scratch import pick_schedule
-    from mfgguf.run import ModuleMeta
     from mfgguf.eval.training_flops import flops_section
     from mfgguf.flops import trunk_step_flops
     from mfgguf.eval.report import report_markdown
