@@ -39,7 +39,7 @@ def gguf_provenance(path: Path) -> dict:
     h = read_gguf_header(path)  # our parser: gguf-py's reader takes seconds over a real base's vocabulary
     value = h.value
     experts = value("mfgguf.experts") or []
-    complement = bool(value("mfgguf.complement"))  # routed slot 0 is the seed
+    routed_seed = bool(value("mfgguf.complement"))  # routed slot 0 is the seed
     rows = {}
     with open(path, "rb") as f:
         for t in h.tensors:
@@ -50,11 +50,11 @@ def gguf_provenance(path: Path) -> dict:
                 f.seek(h.data_offset + t.offset)
                 n = int(np.prod(t.shape))
                 rows[int(t.name.split(".")[1])] = np.fromfile(f, dtype, n).astype(np.float32).reshape(
-                    len(experts) + complement, -1)  # (N, dim)
+                    len(experts) + routed_seed, -1)  # (N, dim)
     return {"experts": [int(e) for e in experts], "top_k": int(value("mfgguf.top_k") or 0),
             "layout": layout_name(value("mfgguf.layout") or ""), "router": value("mfgguf.router"),
             "merge": value("mfgguf.merge") or "none",
-            "router_rows": [rows[l] for l in sorted(rows)], "complement": complement, "arch": value("general.architecture")}
+            "router_rows": [rows[l] for l in sorted(rows)], "routed_seed": routed_seed, "arch": value("general.architecture")}
 
 
 def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list[int], merge: str) -> dict[str, np.ndarray]:
@@ -83,11 +83,11 @@ def merged_trunk_tensors(rd: RunDir, trunk: dict[str, np.ndarray], experts: list
 
 def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[int] | None = None,
                     router_rows: list[np.ndarray] | None = None, top_k: int = 1, merge: str = "mean",
-                    complement: bool = False) -> tuple[Transformer, str]:
+                    routed_seed: bool = False) -> tuple[Transformer, str]:
     """Build the f32 reference Transformer of an assembled model; returns (model, route).
 
     With `gguf_path`, experts, top-k, router rows and the merge come from that file; otherwise
-    pass them (merge as `assemble`'s). `complement`: the seed is routed slot 0, the experts follow it.
+    pass them (merge as `assemble`'s). `routed_seed`: the seed is routed slot 0, the experts follow it.
     """
     from safetensors.torch import load_file
 
@@ -95,7 +95,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
     if gguf_path is not None:
         prov = gguf_provenance(Path(gguf_path))
         experts, top_k, router_rows = prov["experts"], prov["top_k"], prov["router_rows"]
-        complement = prov["complement"]
+        routed_seed = prov["routed_seed"]
         merge = prov["merge"]
         if merge == "ties":  # the file runs in llama.cpp as it is; only its trunk cannot be rebuilt here
             raise retired(f"{gguf_path} was assembled", "--merge ties", "assemble it again with --merge mean")
@@ -106,7 +106,7 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
     class _M:  # the minimal shape model_config reads
         meta = trunk_meta
 
-    cfg = replace(model_config(_M, vocab), n_experts=len(experts) + complement, top_k=max(1, top_k))
+    cfg = replace(model_config(_M, vocab), n_experts=len(experts) + routed_seed, top_k=max(1, top_k))
     trunk = load_file(str(rd.module_file(0)))
     if not experts:  # the trunk alone: anchor, + the seed FFN when it has one
         model, route = trunk_model(cfg)
@@ -118,9 +118,9 @@ def reference_model(run: Path, gguf_path: Path | None = None, *, experts: list[i
     merged = merged_trunk_tensors(rd, {k: v.numpy() for k, v in trunk.items()}, experts, merge)
     trunk.update({k: torch.from_numpy(v) for k, v in merged.items()})
     model.load_trunk(trunk)
-    if complement:
+    if routed_seed:
         model.load_seed(trunk)  # into slot 0
-    for slot, i in enumerate(experts, start=int(complement)):
+    for slot, i in enumerate(experts, start=int(routed_seed)):
         model.load_expert(load_file(str(rd.module_file(i))), slot)
     if router_rows is None or len(router_rows) != cfg.n_layers:
         raise MfggufError("the reference needs router rows for every layer; pass gguf_path or router_rows")

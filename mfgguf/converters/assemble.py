@@ -125,7 +125,7 @@ def assemble(run: Path, out: Path, *, quant: str = "q8_0", top_k: int | None = N
     threads = threads or Q.default_threads()
     with atomic_path(out, suffix=f".{os.getpid()}") as tmp:
         kind = p.arch if p.arch in WRITERS and p.layout != "dense" else p.layout
-        w = (SEED_SLOT_WRITERS if p.complement else WRITERS)[kind](p, tmp, threads, progress, fast_quant, prof)
+        w = (SEED_SLOT_WRITERS if p.routed_seed else WRITERS)[kind](p, tmp, threads, progress, fast_quant, prof)
         try:
             for phase in (w.header, w.preallocate, w.stream, w.merge, w.fold, w.router, w.finish):
                 with prof.phase(phase.__name__):

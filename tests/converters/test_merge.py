@@ -184,7 +184,7 @@ def test_the_reference_of_a_file_merged_with_the_removed_ties_is_refused(attn_ru
     import mfgguf.reference as ref
 
     monkeypatch.setattr(ref, "gguf_provenance", lambda path: {"experts": [1], "top_k": 1, "router_rows": [],
-                                                              "complement": False, "merge": "ties", "arch": "granitemoe"})
+                                                              "routed_seed": False, "merge": "ties", "arch": "granitemoe"})
     with pytest.raises(MfggufError, match="--merge ties, which mfgguf removed.*2a0bd6e"):
         ref.reference_model(attn_run, tmp_path / "ties.gguf")
 

@@ -66,7 +66,7 @@ class Plan:
     slots: list[Slot]
     merge: str = "none"  # how the experts' copies of trunk tensors are merged (merge.py)
     merged: dict[str, list[int]] = field(default_factory=dict)  # trunk tensor -> expert positions holding a copy
-    complement: bool = False  # the seed is routed slot 0: a seed gate (routing/seed_gate.py)
+    routed_seed: bool = False  # the seed is routed slot 0: a seed gate (routing/seed_gate.py)
     seed_gate: float | None = None  # plain experts with the seed routed: its row is this x the ridge rows' sum
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # tensors no module holds, from the config alone
     header: bytes = b""  # header_bytes: key-values and tensor infos, not padded
@@ -115,8 +115,8 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
     N = len(ids)
     if seed_gate is not None and not N:
         raise MfggufError("--seed-gate routes the seed beside experts, and none is selected; drop it or select experts")
-    comp = N > 0 and sg.check(router, cfg.seed_expert, seed_gate)
-    R = N + comp  # routed experts: the seed is one more when a gate routes it
+    routed_seed = N > 0 and sg.check(router, cfg.seed_expert, seed_gate)
+    R = N + routed_seed  # routed experts: the seed is one more when a gate routes it
     top_k = 1 if top_k is None else top_k
     pooled = None
     if N and router == "ridge":
@@ -147,10 +147,10 @@ def plan(run: RunDir, *, quant: str, top_k: int | None, router: str, layout: str
         kv = [(k, t, ctx if k == f"{arch}.context_length" else v) for k, t, v in kv]
     kv += tok_kv
     kv += _mfgguf_kv(cfg, info, trunk, mods, ids, pooled, lay=lay, quant=quant, router=router, top_k=top_k,
-                     comp=comp, merged=merged, merge=merge, seed_gate=seed_gate)
+                     routed_seed=routed_seed, merged=merged, merge=merge, seed_gate=seed_gate)
     vocab_tokens = next((v[1] for k, _, v in tok_kv if k == "tokenizer.ggml.tokens"), None)
     kv += [(BASE, "STRING", name)] + (expert_kv(run, ids, [m.meta for m in mods], vocab_tokens) if N else [])
-    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, merged, comp,
+    p = Plan(run, cfg, arch, lay, quant, top_k, router, ids, trunk, mods, pooled, kv, slots, merge, merged, routed_seed,
              seed_gate, constants=_constants(cfg, arch))
     _place(p)
     return p
@@ -181,7 +181,7 @@ def _expert_modules(run: RunDir, ids: list[int], manifest: dict, trunk: Module, 
 
 
 def _mfgguf_kv(cfg: ModelConfig, info: RunInfo, trunk: Module, mods: list[Module], ids: list[int], pooled: Module | None, *,
-               lay: str, quant: str, router: str, top_k: int, comp: bool, merged: dict, merge: str,
+               lay: str, quant: str, router: str, top_k: int, routed_seed: bool, merged: dict, merge: str,
                seed_gate: float | None = None) -> list[tuple[str, str, object]]:
     """The `mfgguf.*` keys: what the file was assembled from and how, and what `extend` recomputes the router from."""
     N = len(mods)
@@ -203,13 +203,13 @@ def _mfgguf_kv(cfg: ModelConfig, info: RunInfo, trunk: Module, mods: list[Module
         kv.append(("mfgguf.router_stats_sha256", "STRING", pooled.meta.sha256))
     if N:
         kv.append(("mfgguf.experts", "ARRAY", ("UINT32", ids)))
-    if N and needs_stats(router) and not comp:  # what `mfgguf extend` recomputes the router from (routing/stats.py)
+    if N and needs_stats(router) and not routed_seed:  # what `mfgguf extend` recomputes the router from (routing/stats.py)
         counts = [int(m.meta.router_stats_count) for m in mods]
         src = pooled.meta.sha256 if pooled is not None else ""  # "": no G (centroid)
         src_n = int(pooled.meta.router_stats_count or sum(counts)) if pooled is not None else 0
         kv += routerstats.kv_entries(n_layers=cfg.n_layers, dim=cfg.dim, counts=counts, sources=[src],
                                      source_counts=[src_n], ridge=router == "ridge")
-    if comp:  # only then: other files stay byte-identical
+    if routed_seed:  # only then: other files stay byte-identical
         kv.append(("mfgguf.complement", "BOOL", True))  # routed slot 0 is the seed, slot p + 1 expert ids[p]
     if seed_gate is not None:
         kv.append(("mfgguf.seed_gate", "FLOAT64", float(seed_gate)))  # f64: the exact C given

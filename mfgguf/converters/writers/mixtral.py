@@ -53,7 +53,7 @@ class MixtralWriter(JoinedAnchorWriter):
         return lambda r0, x: pwrite_all(self.scratch.fileno(), x, base + r0 * x.shape[1] * 4)
 
     def _fold(self) -> None:
-        for slot_i in range(len(self.p.expert_modules) + self.p.complement):  # the seed's slot 0 too, where routed
+        for slot_i in range(len(self.p.expert_modules) + self.p.routed_seed):  # the seed's slot 0 too, where routed
             self._fold_anchor_rows(slot_i)
 
     def _fold_anchor_rows(self, slot_i: int) -> None:
@@ -72,7 +72,7 @@ class MixtralWriter(JoinedAnchorWriter):
             if blk(l, "ffn_down_shexp") in self.deferred_down:
                 s = p.slot(blk(l, "ffn_down_exps"))
                 base = s.offset + slot_i * s.expert_bytes
-                mod = p.expert_modules[slot_i - p.complement]  # a routed seed's slot: refused with a merged anchor
+                mod = p.expert_modules[slot_i - p.routed_seed]  # a routed seed's slot: refused with a merged anchor
                 e = mod.entries[blk(l, "ffn_down")]
                 step = max(1, CHUNK_BYTES // ((cfg.anchor_ff + cfg.expert_ff) * 4))
                 fd = open_checked(mod)

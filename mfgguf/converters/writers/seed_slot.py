@@ -7,7 +7,7 @@ slot, the seed's too), expert p's FFN into slot p + 1, and the router phase writ
 converters/routing/seed_gate.py says which.
 
 Example:
-    >>> SEED_SLOT_WRITERS["shared-expert"](p, tmp, threads=2, progress=False)  # p.complement is True
+    >>> SEED_SLOT_WRITERS["shared-expert"](p, tmp, threads=2, progress=False)  # p.routed_seed is True
 """
 
 from __future__ import annotations

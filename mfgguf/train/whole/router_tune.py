@@ -79,8 +79,8 @@ def tune_router(model: Path, run: Path, out: Path, *, tuning: RouterTuning = Rou
     _check_args(model, out, rd, t, force)
     prov = gguf_provenance(model)
     experts = prov["experts"]
-    if len(experts) + prov["complement"] < 2:
-        raise MfggufError(f"{model} routes {len(experts) + prov['complement']} FFN; router tuning needs a MoE GGUF with 2+ experts")
+    if len(experts) + prov["routed_seed"] < 2:
+        raise MfggufError(f"{model} routes {len(experts) + prov['routed_seed']} FFN; router tuning needs a MoE GGUF with 2+ experts")
     metas = _checked_metas(rd, model, experts)  # {0: trunk, i: expert i}
     ctx = int(t.ctx or metas[0].config["ctx_len"])
     budget = t.tokens if t.tokens is not None else sum(int(metas[i].tokens_seen or 0) for i in experts) // 100

@@ -52,7 +52,7 @@ def test_seed_is_slot_zero_and_its_row_is_the_gate_times_the_rows_sum(gated_run,
     r = assemble(gated_run, out, quant="f32", router="ridge", seed_gate=0.5, progress=False)
     assert r["top_k"] == 1 and r["seed_gate"] == 0.5  # plain experts trained as one: top-1 by default
     prov = gguf_provenance(out)
-    assert prov["complement"] and prov["arch"] == "granitemoe"
+    assert prov["routed_seed"] and prov["arch"] == "granitemoe"
     t = _tensors(out)
     with safe_open(str(RunDir(gated_run).module_file(0)), "np") as f:
         assert np.array_equal(t["blk.0.ffn_up_exps.weight"][0], f.get_tensor("blk.0.ffn_up_seed.weight"))
