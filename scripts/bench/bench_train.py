@@ -266,6 +266,7 @@ def bench_step(work: Path, preset: str, module: str, mode: str, batch: int | Non
     from mfgguf.train.engine.driver import get_batch
     from mfgguf.train.experts.expert import build_expert_model, expert_params
     from mfgguf.train.engine.loop import InMemorySteps, resolve_device, resolve_precision
+    from mfgguf.train.engine.records import Checkpoints, StepSetup
     from mfgguf.train.whole.trunk import wants_recompute
 
     p = get_preset(preset)
@@ -284,8 +285,7 @@ def bench_step(work: Path, preset: str, module: str, mode: str, batch: int | Non
         model, route = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="random"), "single"
         named = expert_params(model)
         fpt = expert_step_flops(cfg).total
-    impl = InMemorySteps(model, named, tc, dev=dev, precision=prec, route=route, recompute=rec,
-                         ckpt_dir=work / "ckpt", ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None)
+    impl = InMemorySteps(model, named, tc, StepSetup(dev, prec, route, recompute=rec), Checkpoints(work / "ckpt", {}))
     impl.resume()
     if mode == "before":  # one AdamW kernel per arithmetic operation, as before fused AdamW
         impl.opt = torch.optim.AdamW(impl.opt.param_groups, lr=tc.lr, betas=(0.9, 0.95), eps=tc.adam_eps, foreach=False)

@@ -136,6 +136,7 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     from mfgguf.train.experts.expert import build_expert_model, expert_params
     from mfgguf.train.experts.shared import lr_scales, shared_names, shared_params
     from mfgguf.train.engine.loop import InMemorySteps, limit_heap_retention
+    from mfgguf.train.engine.records import Checkpoints, StepSetup
     from mfgguf.train.whole.trunk import plan_activations
 
     rd = RunDir(run)
@@ -155,9 +156,9 @@ def _ours(run: Path, kind: str, batch: int, ctx: int, prec: str):
     copies = list(shared_names(cfg, tc.shared)) if tc.shared != "none" else []
     model = build_expert_model(rd, cfg, 1, dev, bf16_trunk=prec == "bf16", init="seed", trainable=copies)
     named = {**expert_params(model), **(shared_params(model, tc.shared) if copies else {})}
-    impl = InMemorySteps(model, named, tc, dev=dev, precision=prec, route="single", recompute=recompute,
-                         ckpt_dir=Path(run) / "bench-ckpt", ckpt_meta={}, lr_scale=lr_scales(model, tc) if copies else None,
-                         keep=frozenset(), resume_from=None, micro=micro)
+    setup = StepSetup(dev, prec, "single", recompute=recompute, micro=micro,
+                      lr_scale=lr_scales(model, tc) if copies else None)
+    impl = InMemorySteps(model, named, tc, setup, Checkpoints(Path(run) / "bench-ckpt", {}))
     impl.resume()
     if kind.endswith("-short-head"):  # the head's chunks of LOGITS_CHUNK logits in fp32 too (85 positions at SmolLM2)
         import mfgguf.head_loss

@@ -10,7 +10,7 @@ the history; at a curve point, the weights made current (`settle`) and the valid
 then the checkpoint, which holds both histories.
 
 Example:
-    >>> res = train_steps(steps_impl, data, tc, ctx_len=256, stream=0, label="trunk", progress=False)
+    >>> res = train_steps(steps_impl, data, tc, Drive(stream=0, label="trunk", progress=False), ctx_len=256)
     >>> res.history[-1]  # [step, tokens, loss]
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,6 +29,7 @@ from mfgguf.config import TrainConfig
 from mfgguf.data.masks import mask_targets
 from mfgguf.errors import MfggufError
 from mfgguf.run.legacy import renamed
+from mfgguf.train.engine.records import Drive
 from mfgguf.train.engine.status import StatusFile
 
 
@@ -185,14 +185,13 @@ class LoopResult:
     epochs: float = 0.0  # passes over its data that tokens_seen makes (epochs_of)
 
 
-def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, *, ctx_len: int, stream: int, label: str,
-                progress: bool, validation: Callable[[], dict] | None = None, until: int | None = None,
-                mask: np.ndarray | None = None) -> LoopResult:
-    """Drive `impl` over the schedule's steps (up to `until`, a sync round's end) on shuffled epochs of
-    `data`'s windows (get_batch). `validation()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and after
-    the schedule's last one (not at a round's end: nothing is decided on a round's score; docs/benchmarks.md,
-    the recipe's wall): the validation curve, kept in checkpoints. `mask` (data/masks.py: as long as `data`, 0 on
-    context tokens) leaves the targets it zeroes out of every step's loss."""
+def train_steps(impl: Steps, data: np.ndarray, tc: TrainConfig, drive: Drive, *, ctx_len: int) -> LoopResult:
+    """Drive `impl` over the schedule's steps (up to `drive.until`, a sync round's end) on shuffled epochs of
+    `data`'s windows (get_batch). The validation curve is not recorded at a round's end: nothing is decided on a
+    round's score (docs/benchmarks.md, the recipe's wall). The mask leaves the targets it zeroes out of every
+    step's loss."""
+    stream, label, progress, validation, until, mask = (drive.stream, drive.label, drive.progress, drive.validation,
+                                                         drive.until, drive.mask)
     check_schedule(tc)
     per_step = tc.batch_size * ctx_len
     steps = schedule_steps(tc, ctx_len)

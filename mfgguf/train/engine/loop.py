@@ -17,9 +17,8 @@ import ctypes
 import os
 import sys
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +35,7 @@ from mfgguf.model import Transformer, rope_for
 from mfgguf.run import RunInfo
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import LoopResult, schedule_steps, train_steps
+from mfgguf.train.engine.records import Checkpoints, Drive, StepSetup
 from mfgguf.train.experts.tailstats import PREFIX as TAIL_PREFIX
 from mfgguf.train.experts.tailstats import TailStats
 
@@ -229,14 +229,14 @@ def make_optimizer(named_params: dict[str, torch.nn.Parameter], tc: TrainConfig,
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(0.9, 0.95), eps=tc.adam_eps, fused=True)
 
 
-def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc: TrainConfig, info: RunInfo, dev,
-                precision: str, recompute: bool, validation: dict, t_start: float) -> dict:
+def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc: TrainConfig, info: RunInfo,
+                setup: StepSetup, validation: dict, t_start: float) -> dict:
     """The metadata every module records about its training (trunk and experts alike)."""
     fresh_tokens = res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len  # this process's share
     return {
         "kind": kind, "preset": preset, "config": cfg.to_dict(), "train": asdict(tc),
-        "partition": info.partition, "device": dev.type, "precision": precision, "recompute": recompute,
-        "compiled": res.compiled,
+        "partition": info.partition, "device": setup.dev.type, "precision": setup.precision,
+        "recompute": setup.recompute, "compiled": res.compiled,
         "steps": res.steps, "tokens_seen": res.tokens_seen, "epochs": res.epochs, "final_loss": res.final_loss,
         "validation_loss": validation, "validation_loss_mean": mean(validation) if validation else None,  # a round's end: none
         "train_s": res.train_s, "tokens_per_s": fresh_tokens / max(res.train_s, 1e-9),
@@ -247,44 +247,27 @@ def result_meta(res: LoopResult, *, kind: str, preset: str, cfg: ModelConfig, tc
 
 
 def run_loop(model: Transformer, named_params: dict[str, torch.nn.Parameter], data: np.ndarray, tc: TrainConfig,
-             *, dev, precision: str, route: str, stream: int, ckpt_dir: Path, ckpt_meta: dict,
-             recompute: bool = False, progress: bool = True, label: str = "train",
-             validation: Callable[[], dict] | None = None, lr_scale: dict[str, float] | None = None,
-             until: int | None = None, keep: frozenset[str] = frozenset(),
-             resume_from: dict | None = None, branch_path: Path | None = None,
-             start_state: dict[str, dict] | None = None, micro: int | None = None,
-             tail: TailStats | None = None, ckpt_seconds: float | None = None,
-             mask: np.ndarray | None = None) -> LoopResult:
-    """Train `named_params` of `model` on shuffled epochs of `data`'s windows; checkpoint and resume in `ckpt_dir`.
+             *, setup: StepSetup, ckpt: Checkpoints, drive: Drive, start_state: dict[str, dict] | None = None,
+             tail: TailStats | None = None) -> LoopResult:
+    """Train `named_params` of `model` on shuffled epochs of `data`'s windows, a step computed as `setup` says;
+    checkpoint and resume in `ckpt.dir`; `drive`: the batch order, the validation curve, a round's end (records.py).
 
-    `ckpt_meta` (config, trunk sha...) must match a checkpoint found there, else an error says how to
-    start over. `validation()` ({domain: loss}), when given, is recorded every `tc.eval_every` steps and
-    after the last one: the held-out curve, kept in checkpoints like the loss history. `lr_scale`
-    {name: factor} scales some parameters' LR (make_optimizer). `until` stops after that many of the
-    schedule's steps (a sync round: the LR schedule still spans the whole run) and checkpoints
-    there; `keep` names parameters a resumed checkpoint must not overwrite (checkpoint.load), and
-    `resume_from` is what that checkpoint must match instead of `ckpt_meta` (the previous round's).
-    `branch_path` (a wsd trunk) is where the branch point is kept when the cooldown begins (branch.py);
     `start_state` {name: {"exp_avg", "exp_avg_sq", "step"}} gives parameters AdamW moments to start
     from (an expert continuing from the branch point), unless a checkpoint is resumed. `tail` gathers
     router statistics in the steps from its `first_step` on (tailstats.py), kept in the checkpoints.
-    `ckpt_seconds` also checkpoints once that long has passed since the last save (a whole model's
-    state, where a step count would save too often on a short run or too rarely on a long one).
-    `mask`: the loss mask of `data` (data/masks.py; None: every target counts).
     Returns the loss and held-out histories and token counts.
     """
-    impl = InMemorySteps(model, named_params, tc, dev=dev, precision=precision, route=route, recompute=recompute,
-                         ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, lr_scale=lr_scale, keep=keep, resume_from=resume_from,
-                         until=until, branch_path=branch_path, start_state=start_state, micro=micro, tail=tail,
-                         ckpt_seconds=ckpt_seconds)
+    impl = InMemorySteps(model, named_params, tc, setup, ckpt, start_state=start_state, tail=tail)
+    validation = drive.validation
+
     def curve() -> dict:
         out = validation()
         model.train()  # validation() leaves the model in eval mode
         return out
 
     model.train()
-    res = train_steps(impl, data, tc, ctx_len=model.cfg.ctx_len, stream=stream, label=label, progress=progress,
-                      validation=curve if validation else None, until=until, mask=mask)
+    drive = replace(drive, validation=curve if validation else None)
+    res = train_steps(impl, data, tc, drive, ctx_len=model.cfg.ctx_len)
     res.compiled = impl.compiled
     return res
 
@@ -293,34 +276,30 @@ class InMemorySteps:
     """The in-memory step (autograd over the model, global-norm clip, AdamW) and its checkpoints:
     every `ckpt_every` steps and at the end of a sync round (driver.Steps)."""
 
-    def __init__(self, model: Transformer, named_params: dict[str, torch.nn.Parameter], tc: TrainConfig, *, dev,
-                 precision: str, route: str, recompute: bool, ckpt_dir: Path, ckpt_meta: dict,
-                 lr_scale: dict[str, float] | None, keep: frozenset[str], resume_from: dict | None,
-                 until: int | None = None, branch_path: Path | None = None, start_state: dict | None = None,
-                 micro: int | None = None, tail: TailStats | None = None, ckpt_seconds: float | None = None):
-        self.model, self.named, self.tc, self.dev, self.prec, self.route = model, named_params, tc, dev, precision, route
-        self.micro = micro or tc.batch_size  # sequences per forward/backward; the step accumulates batch_size / micro
-        self.recompute, self.ckpt_dir, self.ckpt_meta = recompute, ckpt_dir, ckpt_meta
-        self.keep, self.expect = keep, resume_from or ckpt_meta
+    def __init__(self, model: Transformer, named_params: dict[str, torch.nn.Parameter], tc: TrainConfig,
+                 setup: StepSetup, ckpt: Checkpoints, *, start_state: dict | None = None,
+                 tail: TailStats | None = None):
+        self.model, self.named, self.tc = model, named_params, tc
+        self.dev, self.prec, self.route, self.recompute = setup.dev, setup.precision, setup.route, setup.recompute
+        self.micro = setup.micro or tc.batch_size  # the step accumulates batch_size / micro
+        self.ckpt, self.saved_at = ckpt, time.perf_counter()
         self.tail = tail
-        self.ckpt_seconds, self.saved_at = ckpt_seconds, time.perf_counter()
         self.params = list(named_params.values())
-        self.opt = make_optimizer(named_params, tc, lr_scale)
+        self.opt = make_optimizer(named_params, tc, setup.lr_scale)
         for name, st in (start_state or {}).items():  # a checkpoint, when resumed, replaces these
             p = named_params[name]
             self.opt.state[p] = {"step": torch.tensor(float(st["step"]), dtype=torch.float32, device=p.device),
                                  "exp_avg": st["exp_avg"].to(p.device, p.dtype).reshape(p.shape).clone(),
                                  "exp_avg_sq": st["exp_avg_sq"].to(p.device, p.dtype).reshape(p.shape).clone()}
-        self.branch_path = branch_path
         self.steps = schedule_steps(tc, model.cfg.ctx_len)
-        self.end = self.steps if until is None else min(self.steps, until)
         self.compiled = False
         self._fwd = None  # the model's training forward: compiled or eager, chosen once the steps to run are known
 
     def resume(self) -> dict | None:
-        state = ckpt_io.load(self.ckpt_dir, self.named, self.opt, self.expect, self.keep)
+        ck = self.ckpt
+        state = ckpt_io.load(ck.dir, self.named, self.opt, ck.resume_from or ck.meta, ck.keep)
         if state and self.tail:
-            self.tail.load_state(ckpt_io.load_extra(self.ckpt_dir, TAIL_PREFIX))
+            self.tail.load_state(ckpt_io.load_extra(ck.dir, TAIL_PREFIX))
         # decided by the whole schedule (every round of it), not what is left: a resumed run, and each round of a
         # synced one, computes exactly as an uninterrupted run does
         work = matmul_work(self.model, self.steps, self.tc.batch_size * self.model.cfg.ctx_len)
@@ -376,17 +355,18 @@ class InMemorySteps:
 
     def checkpoint(self, step: int, state: dict, last: bool) -> None:
         # a round that ends before the schedule does keeps its state: the next round resumes from it after `sync`
-        due = self.ckpt_seconds is not None and time.perf_counter() - self.saved_at >= self.ckpt_seconds
+        every_s = self.ckpt.every_s
+        due = every_s is not None and time.perf_counter() - self.saved_at >= every_s
         if (last and step < self.steps) or (not last and (step % self.tc.ckpt_every == 0 or due)):
-            ckpt_io.save(self.ckpt_dir, self.named, self.opt, {**self.ckpt_meta, **state},
+            ckpt_io.save(self.ckpt.dir, self.named, self.opt, {**self.ckpt.meta, **state},
                          extra=self.tail.state_tensors() if self.tail else None)
             self.saved_at = time.perf_counter()
 
     def branch(self, step: int, state: dict) -> None:
-        if self.branch_path is not None:
+        if self.ckpt.branch_path is not None:
             from mfgguf.train.whole.branch import save_in_memory
 
-            save_in_memory(self.branch_path, self.named, self.opt, {**self.ckpt_meta, **state})
+            save_in_memory(self.ckpt.branch_path, self.named, self.opt, {**self.ckpt.meta, **state})
 
     def finish(self) -> None:
         pass

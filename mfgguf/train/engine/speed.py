@@ -27,6 +27,7 @@ from mfgguf.config import get_preset
 from mfgguf.model import trunk_model
 from mfgguf.train.engine.driver import get_batch
 from mfgguf.train.engine.loop import InMemorySteps, resolve_device, resolve_precision
+from mfgguf.train.engine.records import Checkpoints, StepSetup
 
 
 def measure_steps(preset: str, *, vocab_size: int, seed_expert: bool, batch_size: int | None = None,
@@ -48,8 +49,7 @@ def measure_steps(preset: str, *, vocab_size: int, seed_expert: bool, batch_size
     named = {n: q for n, q in model.named_parameters() if q.requires_grad}
     data = np.random.default_rng(0).integers(0, vocab_size, 1 << 16, dtype=np.uint16)
     with tempfile.TemporaryDirectory(prefix="mfgguf-speed-") as tmp:
-        impl = InMemorySteps(model, named, tc, dev=dev, precision=prec, route=route, recompute=False,
-                             ckpt_dir=Path(tmp), ckpt_meta={}, lr_scale=None, keep=frozenset(), resume_from=None)
+        impl = InMemorySteps(model, named, tc, StepSetup(dev, prec, route), Checkpoints(Path(tmp), {}))
         impl.resume()
         model.train()
         for s in range(2):  # warm-up

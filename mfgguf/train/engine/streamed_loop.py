@@ -16,6 +16,7 @@ from mfgguf.errors import MfggufError
 from mfgguf.train.engine.driver import LoopResult, train_steps
 from mfgguf.train.engine.loop import eval_windows
 from mfgguf.train.engine.offload import Slot, load_state
+from mfgguf.train.engine.records import Drive
 
 from mfgguf.train.engine.streamed import StreamedTrunk
 
@@ -36,15 +37,12 @@ def init_from_seed(cfg: ModelConfig, seed: int) -> Callable[[Slot], torch.Tensor
     return init
 
 
-def streamed_loop(trunk: StreamedTrunk, data: np.ndarray, tc: TrainConfig, *, stream: int, ckpt_meta: dict,
-                  progress: bool, label: str, validation: Callable[[], dict] | None, branch_path=None,
-                  mask: np.ndarray | None = None) -> LoopResult:
+def streamed_loop(trunk: StreamedTrunk, data: np.ndarray, tc: TrainConfig, drive: Drive, *, ckpt_meta: dict,
+                  branch_path=None) -> LoopResult:
     """`run_loop` for a StreamedTrunk: the same driver, batches, schedule and held-out curve; every step
-    is a checkpoint. `branch_path`: where a wsd run keeps its branch point (branch.py); `mask`: `data`'s loss
-    mask (data/masks.py)."""
+    is a checkpoint. `branch_path`: where a wsd run keeps its branch point (branch.py)."""
     impl = StreamedSteps(trunk, tc, ckpt_meta, branch_path)
-    res = train_steps(impl, data, tc, ctx_len=trunk.cfg.ctx_len, stream=stream, label=label, progress=progress,
-                      validation=validation, mask=mask)
+    res = train_steps(impl, data, tc, drive, ctx_len=trunk.cfg.ctx_len)
     res.io_per_step = impl.io or [0, 0]
     return res
 

@@ -33,6 +33,7 @@ from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import smooth
 from mfgguf.train.engine.loop import (check_token_range, evaluate, validation_losses, limit_heap_retention, load_tokens,
                                       resolve_device, resolve_precision, result_meta, run_loop, schedule_steps)
+from mfgguf.train.engine.records import Checkpoints, Drive, StepSetup
 from mfgguf.train.engine.weights import read_safetensors, set_param
 from mfgguf.train.experts import pieces as pc
 from mfgguf.train.experts.base_score import reference_validation_loss
@@ -155,14 +156,14 @@ def train_expert(run: Path, expert: int, *, options: TrainOptions = TrainOptions
     until = round_end(steps, tc.rounds, job.rnd)
     tail = pc.statistics(cfg, tc, steps) if until == steps else None  # the last round gathers the router statistics
     curve = lambda: validation_losses(rd.validation_dir, model, tc.curve_tokens, ffn.route, job.dev, job.prec)  # noqa: E731
-    res = run_loop(model, named, job.data, tc, dev=job.dev, precision=job.prec, route=ffn.route, stream=i,
-                   ckpt_dir=ckpt_dir, ckpt_meta=ckpt_meta, recompute=rec, progress=progress,
-                   label=_label(i, job.rnd, tc.rounds), validation=curve, lr_scale=shared.lr_scales(model), until=until,
-                   keep=keep, resume_from=resume_from, start_state=start_state, micro=micro, tail=tail,
-                   mask=load_mask(rd.shard(i), len(job.data)))
+    setup = StepSetup(job.dev, job.prec, ffn.route, recompute=rec, micro=micro, lr_scale=shared.lr_scales(model))
+    drive = Drive(stream=i, label=_label(i, job.rnd, tc.rounds), progress=progress, validation=curve, until=until,
+                  mask=load_mask(rd.shard(i), len(job.data)))
+    ckpt = Checkpoints(ckpt_dir, ckpt_meta, keep=keep, resume_from=resume_from)
+    res = run_loop(model, named, job.data, tc, setup=setup, ckpt=ckpt, drive=drive, start_state=start_state, tail=tail)
     if job.rnd < tc.rounds:
-        return _write_round(job, model, res, ffn, shared, rec, t_start)
-    meta = _finish(job, model, res, ffn, shared, tail, rec, micro, t_start, clock, before)
+        return _write_round(job, model, res, ffn, shared, setup, t_start)
+    meta = _finish(job, model, res, ffn, shared, tail, setup, t_start, clock, before)
     ckpt_io.remove(ckpt_dir)
     return meta
 
@@ -192,8 +193,8 @@ def _build(job: pc.Job, ffn: pc.PlainFfn, shared: pc.SharedCopies) -> Transforme
                               init=job.tc.expert_init, trainable=shared.names())
 
 
-def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, tail: TailStats | None, rec: bool,
-            micro: int, t_start: float, clock: dict, before: dict) -> dict:
+def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, tail: TailStats | None,
+            setup: StepSetup, t_start: float, clock: dict, before: dict) -> dict:
     """The last round's module: its validation score, router statistics, record, tensors and loss curve."""
     tc, cfg, rd, i = job.tc, job.cfg, job.rd, job.i
     t = time.perf_counter()
@@ -211,10 +212,10 @@ def _finish(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, 
                                  hook=stats.hook)
     clock.update(validation=t1 - t, stats=time.perf_counter() - t1)
     meta = {
-        **result_meta(res, kind="expert", preset=job.preset, cfg=cfg, tc=tc, info=job.info, dev=job.dev,
-                      precision=job.prec, recompute=rec, validation=validation, t_start=t_start),
+        **result_meta(res, kind="expert", preset=job.preset, cfg=cfg, tc=tc, info=job.info, setup=setup,
+                      validation=validation, t_start=t_start),
         "index": i,
-        "micro_batch": micro,
+        "micro_batch": setup.micro,
         "trunk_sha256": job.trunk.sha256,
         "shard": i,
         "shard_domains": job.info.shard_domains(i),
@@ -265,7 +266,8 @@ def _label(i: int, rnd: int, rounds: int) -> str:
     return module_name(i) if rounds == 1 else f"{module_name(i)} round {rnd}/{rounds}"
 
 
-def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, rec: bool, t_start: float) -> dict:
+def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCopies, setup: StepSetup,
+                 t_start: float) -> dict:
     """The module file after a round that is not the last: FFNs + shared copies for `mfgguf sync`.
 
     No router statistics (the next round changes them); the checkpoint stays for the next round.
@@ -274,8 +276,8 @@ def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCop
     validation = last[2] if last is not None and last[0] == res.steps else {}  # a round's end is not scored
     i, tc = job.i, job.tc
     meta = {
-        **result_meta(res, kind="expert", preset=job.preset, cfg=job.cfg, tc=tc, info=job.info, dev=job.dev,
-                      precision=job.prec, recompute=rec, validation=validation, t_start=t_start),
+        **result_meta(res, kind="expert", preset=job.preset, cfg=job.cfg, tc=tc, info=job.info, setup=setup,
+                      validation=validation, t_start=t_start),
         "index": i, "trunk_sha256": job.trunk.sha256, "shard": i, "shard_domains": job.info.shard_domains(i),
         "trunk_validation_loss": job.trunk.json.get("validation_loss", {}), "router_stats_count": 0,
         **shared.record(), "round": job.rnd, "rounds": tc.rounds,

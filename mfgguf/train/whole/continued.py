@@ -39,6 +39,7 @@ from mfgguf.model import Transformer
 from mfgguf.run import RunDir, data_view, read_module, write_module
 from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.loop import validation_losses, limit_heap_retention, load_tokens, mean, resolve_device, resolve_precision, run_loop
+from mfgguf.train.engine.records import Checkpoints, Drive, StepSetup
 from mfgguf.train.whole.trunk import plan_activations
 from mfgguf.train.engine.weights import trunk_alone
 from mfgguf.train.whole.adapter import adapter_tensors
@@ -113,12 +114,12 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
         named = {n: p for n, p in model.named_parameters()}
         for p in named.values():
             p.requires_grad_(True)
-    rec, micro = plan_activations(cfg, tc.batch_size)
-    if rec:
+    setup = StepSetup(dev, prec, route, *plan_activations(cfg, tc.batch_size))  # (recompute, micro): the fields in order
+    if setup.recompute:
         limit_heap_retention()
-    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=view.checkpoint_dir(0),
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label=f"base, {mode}", micro=micro,
-                   ckpt_seconds=CKPT_SECONDS, mask=union_masks([rd.shard(i) for i in shards], len(data) // len(shards)))
+    mask = union_masks([rd.shard(i) for i in shards], len(data) // len(shards))
+    res = run_loop(model, named, data, tc, setup=setup, ckpt=Checkpoints(view.checkpoint_dir(0), ckpt_meta, every_s=CKPT_SECONDS),
+                   drive=Drive(stream=0, label=f"base, {mode}", progress=progress, mask=mask))
     fresh = res.tokens_seen - res.resumed_from * tc.batch_size * cfg.ctx_len  # this process's tokens: its speed
     adapter = None
     if mode == "lora":  # llama.cpp's own form of the same LoRA, for serving it unmerged beside the base
@@ -136,7 +137,7 @@ def train_continued(rd: RunDir, out: Path, *, mode: str, tokens: int, lr: float,
             "wall_s": time.perf_counter() - t_start + res.train_s_before, "resumed_train_s": res.train_s_before,
             "startup_s": startup_s(t_start),  # this process's start before t_start (imports), which wall_s misses
             "continued": {"mode": mode, "from_trunk_sha256": trunk.sha256, "shards": list(shards), "lr": lr,
-                          "seed": seed, "rank": rank if mode == "lora" else None, "micro_batch": micro,
+                          "seed": seed, "rank": rank if mode == "lora" else None, "micro_batch": setup.micro,
                           "adapter": adapter.name if adapter else None,
                           "trained_params": sum(p.numel() for p in named.values())}}
     write_module(view, 0, tensors, meta)

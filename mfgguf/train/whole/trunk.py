@@ -35,6 +35,7 @@ from mfgguf.train.engine import checkpoint as ckpt_io
 from mfgguf.train.engine.driver import cooldown_start, schedule_steps
 from mfgguf.train.engine.loop import (check_token_range, validation_losses, limit_heap_retention, load_tokens, resolve_device,
                    resolve_precision, result_meta, run_loop)
+from mfgguf.train.engine.records import Checkpoints, Drive, StepSetup
 
 ACTIVATION_BUDGET = 1 << 30  # bytes of saved activations above which blocks are recomputed (auto)
 MICRO_BATCH_PER_TRUNK = 1.5  # a large base's micro-batch may hold this many times its bf16 trunk in activations
@@ -193,15 +194,16 @@ def train_trunk(run: Path, *, preset: str = DEFAULT_PRESET, options: TrainOption
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}  # not the (unused) router row
     ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
     curve = lambda: validation_losses(rd.validation_dir, model, tc.curve_tokens, route, dev, prec)  # noqa: E731
-    res = run_loop(model, named, data, tc, dev=dev, precision=prec, route=route, stream=0, ckpt_dir=ckpt_dir,
-                   ckpt_meta=ckpt_meta, recompute=rec, progress=progress, label="trunk", validation=curve,
-                   branch_path=_branch_path(tc, ckpt_dir), mask=load_mask(rd.train_tokens, len(data)))
+    setup = StepSetup(dev, prec, route, recompute=rec)
+    ckpt = Checkpoints(ckpt_dir, ckpt_meta, branch_path=_branch_path(tc, ckpt_dir))
+    drive = Drive(stream=0, label="trunk", progress=progress, validation=curve, mask=load_mask(rd.train_tokens, len(data)))
+    res = run_loop(model, named, data, tc, setup=setup, ckpt=ckpt, drive=drive)
 
     validation = validation_losses(rd.validation_dir, model, tc.eval_tokens, route, dev, prec)
     if not validation:
         raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
-    meta = {**result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
-                          recompute=rec, validation=validation, t_start=t_start),
+    meta = {**result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, setup=setup,
+                          validation=validation, t_start=t_start),
             **_flops(cfg, res.tokens_seen), **schedule_meta(tc, cfg.ctx_len)}
     meta = write_module(rd, 0, model.trunk_tensors(), meta)
     _publish_branch(rd, tc, ckpt_dir, meta)
@@ -250,9 +252,10 @@ def _train_streamed(rd: RunDir, info: RunInfo, preset: str, cfg, tc, data, dev, 
     ckpt_meta = {"module": "trunk", "kind": "trunk", "preset": preset, "model": cfg.to_dict(), "train": asdict(tc)}
     ckpt_meta = json.loads(json.dumps(ckpt_meta))  # as state.json will hold it (tuples -> lists)
     try:
-        res = streamed_loop(trunk, data, tc, stream=0, ckpt_meta=ckpt_meta, progress=progress, label="trunk (streamed)",
-                            validation=lambda: streamed_validation_losses(trunk, rd.validation_dir, tc.curve_tokens, group),
-                            branch_path=_branch_path(tc, ckpt_dir), mask=load_mask(rd.train_tokens, len(data)))
+        curve = lambda: streamed_validation_losses(trunk, rd.validation_dir, tc.curve_tokens, group)  # noqa: E731
+        drive = Drive(stream=0, label="trunk (streamed)", progress=progress, validation=curve,
+                      mask=load_mask(rd.train_tokens, len(data)))
+        res = streamed_loop(trunk, data, tc, drive, ckpt_meta=ckpt_meta, branch_path=_branch_path(tc, ckpt_dir))
         validation = streamed_validation_losses(trunk, rd.validation_dir, tc.eval_tokens, group)
         if not validation:
             raise MfggufError(f"no held-out tokens in {rd.validation_dir}; re-create the run with `mfgguf prepare`")
@@ -260,8 +263,9 @@ def _train_streamed(rd: RunDir, info: RunInfo, preset: str, cfg, tc, data, dev, 
                     "estimated_peak_bytes": streamed_bytes(cfg, units, tc.batch_size, micro, spill),
                     "disk_bytes": store.disk_bytes(), "read_bytes_per_step": res.io_per_step[0],
                     "written_bytes_per_step": res.io_per_step[1]}
-        meta = {**result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, dev=dev, precision=prec,
-                              recompute=True, validation=validation, t_start=t_start),
+        setup = StepSetup(dev, prec, route, recompute=True)  # a streamed backward recomputes inside each block
+        meta = {**result_meta(res, kind="trunk", preset=preset, cfg=cfg, tc=tc, info=info, setup=setup,
+                              validation=validation, t_start=t_start),
                 **_flops(cfg, res.tokens_seen), **schedule_meta(tc, cfg.ctx_len), "streamed": streamed}
         names = trunk_name_map(cfg.n_layers, cfg.family) | (seed_name_map(cfg.n_layers) if cfg.seed_expert else {})
         where = {names[s.name]: (u, s) for u in units for s in u.slots}

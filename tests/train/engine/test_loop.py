@@ -101,6 +101,7 @@ def test_micro_batches_take_the_whole_batch_step(tmp_path):
     from mfgguf.config import get_preset
     from mfgguf.model import Transformer
     from mfgguf.train.engine.loop import InMemorySteps
+    from mfgguf.train.engine.records import Checkpoints, StepSetup
     from mfgguf.train.whole.trunk import EXPERT_STEP_BUDGET, plan_activations, step_bytes
 
     cfg = get_preset("tiny").model
@@ -111,9 +112,8 @@ def test_micro_batches_take_the_whole_batch_step(tmp_path):
         torch.manual_seed(0)
         model = Transformer(cfg)
         named = {k: v for k, v in model.named_parameters() if v.requires_grad}
-        impl = InMemorySteps(model, named, tc, dev=torch.device("cpu"), precision="fp32", route="anchor", recompute=False,
-                             ckpt_dir=tmp_path / str(micro), ckpt_meta={}, lr_scale=None, keep=frozenset(),
-                             resume_from=None, micro=micro)
+        impl = InMemorySteps(model, named, tc, StepSetup(torch.device("cpu"), "fp32", "anchor", micro=micro),
+                             Checkpoints(tmp_path / str(micro), {}))
         impl.resume()
         loss = impl._forward_backward(x[:, :-1], x[:, 1:])  # the step's gradient, before clipping and AdamW
         after.append((float(loss), {k: v.grad.clone() for k, v in named.items()}))
@@ -189,6 +189,7 @@ def test_bf16_step_casts_each_weight_once(tmp_path):
     from mfgguf.config import get_preset
     from mfgguf.model import Transformer
     from mfgguf.train.engine.loop import InMemorySteps, autocast
+    from mfgguf.train.engine.records import Checkpoints, StepSetup
 
     class Casts(TorchDispatchMode):
         def __init__(self, ptrs):
@@ -209,9 +210,8 @@ def test_bf16_step_casts_each_weight_once(tmp_path):
         torch.manual_seed(0)
         model = Transformer(cfg)
         named = {k: v for k, v in model.named_parameters() if v.requires_grad}
-        impl = InMemorySteps(model, named, tc, dev=torch.device("cpu"), precision="bf16", route="anchor", recompute=False,
-                             ckpt_dir=tmp_path / form, ckpt_meta={}, lr_scale=None, keep=frozenset(),
-                             resume_from=None, micro=2)
+        impl = InMemorySteps(model, named, tc, StepSetup(torch.device("cpu"), "bf16", "anchor", micro=2),
+                             Checkpoints(tmp_path / form, {}))
         impl.resume()
         if form == "step":
             mode = Casts({v.data_ptr() for v in named.values() if v.dim() == 2})

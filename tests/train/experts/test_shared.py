@@ -17,6 +17,7 @@ from mfgguf.run import SHARED_PREFIX, STATS_PREFIX, RunDir, sha256_file
 from mfgguf.train.experts.expert import build_expert_model, expert_params, train_expert
 from mfgguf.options import TrainOptions
 from mfgguf.train.engine.loop import load_tokens, make_optimizer, run_loop
+from mfgguf.train.engine.records import Checkpoints, Drive, StepSetup
 from mfgguf.train.experts.shared import lr_scales, shared_names, shared_params
 from mfgguf.train.experts.tailstats import moments_path
 from tests.conftest import copy_run
@@ -109,9 +110,9 @@ def test_shared_lr_scale_scales_the_copies_updates(trained_run, tmp_path):
         model = build_expert_model(rd, cfg, seed=0, dev=torch.device("cpu"), bf16_trunk=False,
                                    trainable=shared_names(cfg, "norms"))
         named = {**expert_params(model), **shared_params(model, "norms")}
-        run_loop(model, named, load_tokens(rd.shard(1), "shard"), tc, dev=torch.device("cpu"), precision="fp32",
-                 route="single", stream=1, ckpt_dir=tmp_path / str(scale), ckpt_meta={}, progress=False,
-                 lr_scale=lr_scales(model, tc))
+        run_loop(model, named, load_tokens(rd.shard(1), "shard"), tc,
+                 setup=StepSetup(torch.device("cpu"), "fp32", "single", lr_scale=lr_scales(model, tc)),
+                 ckpt=Checkpoints(tmp_path / str(scale), {}), drive=Drive(stream=1, progress=False))
         moved[scale] = max((model.get_parameter(n) - trunk[g]).abs().max().item() for n, g in shared_names(cfg, "norms").items())
     assert moved[1.0] > 1e-4 and moved[1e-6] < 1e-6, moved
 

@@ -17,6 +17,7 @@ from mfgguf.run import STATS_PREFIX, RunDir
 from mfgguf.train.engine.driver import get_batch
 from mfgguf.train.experts.expert import build_expert_model, expert_params, train_expert
 from mfgguf.train.engine.loop import InMemorySteps, forward_loss, load_tokens
+from mfgguf.train.engine.records import Checkpoints, StepSetup
 from mfgguf.train.experts.stats import RouterStats
 from mfgguf.train.experts.tailstats import TailStats, read_moments, tail_steps, write_moments
 from tests.conftest import copy_run
@@ -77,9 +78,8 @@ def test_only_the_last_steps_are_gathered(trained_run, tmp_path):
     per_step = tc.batch_size * cfg.ctx_len
     assert tail_steps(2 * per_step + 1, per_step, 6) == 3 and tail_steps(10**9, per_step, 6) == 6
     tail = TailStats(cfg.n_layers, cfg.dim, first_step=6 - tail_steps(2 * per_step, per_step, 6))
-    impl = InMemorySteps(model, expert_params(model), tc, dev=torch.device("cpu"), precision="fp32", route="single",
-                         recompute=False, ckpt_dir=tmp_path / "ck", ckpt_meta={}, lr_scale=None, keep=frozenset(),
-                         resume_from=None, micro=2, tail=tail)
+    impl = InMemorySteps(model, expert_params(model), tc, StepSetup(torch.device("cpu"), "fp32", "single", micro=2),
+                         Checkpoints(tmp_path / "ck", {}), tail=tail)
     impl.resume()
     data = load_tokens(rd.shard(1), "shard")
     for s in range(6):

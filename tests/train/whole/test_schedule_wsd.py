@@ -27,6 +27,7 @@ from mfgguf.train.whole.branch import branch_files, branch_names, read_branch, s
 from mfgguf.train.engine.driver import check_schedule, cooldown_start, lr_at, schedule_steps
 from mfgguf.train.experts.expert import build_expert_model, expert_params, train_expert
 from mfgguf.train.engine.loop import load_tokens, run_loop
+from mfgguf.train.engine.records import Checkpoints, Drive, StepSetup
 from mfgguf.train.whole.trunk import train_trunk
 from tests.conftest import copy_run
 
@@ -103,8 +104,8 @@ def test_branch_point_is_the_state_where_the_cooldown_begins(wsd_run, tmp_path):
     model, route = trunk_model(cfg)
     model.reset_parameters(torch.Generator().manual_seed(tc.seed))
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    run_loop(model, named, load_tokens(rd.train_tokens, "train"), tc, dev=torch.device("cpu"), precision="fp32",
-             route=route, stream=0, ckpt_dir=tmp_path / "ref", ckpt_meta={}, progress=False, until=start)
+    run_loop(model, named, load_tokens(rd.train_tokens, "train"), tc, setup=StepSetup(torch.device("cpu"), "fp32", route),
+             ckpt=Checkpoints(tmp_path / "ref", {}), drive=Drive(stream=0, progress=False, until=start))
     ref = load_file(tmp_path / "ref" / "state.safetensors")
     got = load_file(branch_files(rd)[0])
     assert {k for k in got if k.startswith("param.")} == {k for k in ref if k.startswith("param.")}
