@@ -279,7 +279,7 @@ def _write_round(job: pc.Job, model, res, ffn: pc.PlainFfn, shared: pc.SharedCop
         **result_meta(res, kind="expert", preset=job.preset, cfg=job.cfg, tc=tc, info=job.info, setup=setup,
                       validation=validation, t_start=t_start),
         "index": i, "trunk_sha256": job.trunk.sha256, "shard": i, "shard_domains": job.info.shard_domains(i),
-        "trunk_validation_loss": job.trunk.json.get("validation_loss", {}), "router_stats_count": 0,
+        "trunk_validation_loss": job.trunk.validation_loss, "router_stats_count": 0,
         **shared.record(), "round": job.rnd, "rounds": tc.rounds,
         **pc.BranchStart.record(job),
     }

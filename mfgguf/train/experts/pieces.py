@@ -109,14 +109,14 @@ class BranchStart:
 
     @staticmethod
     def state(job: Job, named: dict, ffn: PlainFfn, ckpt_state: dict | None) -> dict | None:
-        if job.rnd == 1 and ckpt_state is None and "branch" in job.trunk.json and job.tc.schedule == "wsd":
-            return br.start_from_branch(br.read_branch(job.rd, job.trunk.json), named,
+        if job.rnd == 1 and ckpt_state is None and job.trunk.branch is not None and job.tc.schedule == "wsd":
+            return br.start_from_branch(br.read_branch(job.rd, job.trunk), named,
                                         br.branch_names(job.cfg, job.tc))
         return None
 
     @staticmethod
     def record(job: Job) -> dict:
-        return {"branch_start": br.branch_record(job.trunk.json, job.tc)}
+        return {"branch_start": br.branch_record(job.trunk, job.tc)}
 
 
 class RoundStart:

@@ -120,7 +120,7 @@ class _Brief:
 
     @classmethod
     def of(cls, meta: ModuleMeta) -> "_Brief":
-        return cls(str(meta.sha256), precision_of(meta.json), _stats_tokens(meta))
+        return cls(str(meta.sha256), precision_of(meta), _stats_tokens(meta))
 
 
 def _stats_tokens(meta: ModuleMeta) -> int:

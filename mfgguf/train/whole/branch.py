@@ -187,10 +187,10 @@ def start_from_branch(branch: dict, named: dict[str, torch.nn.Parameter], names:
             for n, st in start.items()}
 
 
-def branch_record(trunk: dict, tc: TrainConfig) -> dict | None:
+def branch_record(trunk: ModuleMeta, tc: TrainConfig) -> dict | None:
     """The expert JSON's record of where it started: the trunk's branch point (wsd), else None."""
-    b = trunk.get("branch")
-    return {**b, "tensors": len(branch_names(ModelConfig.from_dict(trunk["config"]), tc))} if b and tc.schedule == "wsd" else None
+    b = trunk.branch
+    return {**b, "tensors": len(branch_names(ModelConfig.from_dict(trunk.config), tc))} if b and tc.schedule == "wsd" else None
 
 
 __all__ = ["BRANCH_FILE", "PARTS", "branch_files", "save_branch", "save_in_memory", "branch_meta", "publish", "clear",
