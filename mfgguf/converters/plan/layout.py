@@ -210,7 +210,8 @@ def _mfgguf_kv(cfg: ModelConfig, info: RunInfo, trunk: Module, mods: list[Module
         kv += routerstats.kv_entries(n_layers=cfg.n_layers, dim=cfg.dim, counts=counts, sources=[src],
                                      source_counts=[src_n], ridge=router == "ridge")
     if routed_seed:  # only then: other files stay byte-identical
-        kv.append(("mfgguf.complement", "BOOL", True))  # routed slot 0 is the seed, slot p + 1 expert ids[p]
+        # routed slot 0 is the seed, slot p + 1 expert ids[p]; the key keeps its older name so earlier files still read
+        kv.append(("mfgguf.complement", "BOOL", True))
     if seed_gate is not None:
         kv.append(("mfgguf.seed_gate", "FLOAT64", float(seed_gate)))  # f64: the exact C given
     if merged:  # only then: files without merged tensors stay byte-identical to those of earlier versions
