@@ -40,7 +40,7 @@ def get_batch(tokens: np.ndarray, seed: int, stream: int, step: int, batch_size:
     """Step `step`'s windows of ctx_len+1 tokens: the next `batch_size` of the epochs `window_starts` orders;
     a pure function of (seed, stream, step), so a resumed run draws the very batches it would have."""
     n = len(tokens)
-    if n < ctx_len + 2:
+    if n < ctx_len + 1:  # one window fits exactly (check_shards refuses the same shards up front)
         raise MfggufError(f"only {n} training tokens, fewer than one context of {ctx_len + 1}; add data")
     starts = window_starts(n, ctx_len, seed, stream, np.arange(step * batch_size, (step + 1) * batch_size))
     w = np.stack([np.asarray(tokens[s : s + ctx_len + 1], dtype=np.int64) for s in starts])  # (B, T+1)

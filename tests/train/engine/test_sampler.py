@@ -6,8 +6,10 @@ import math
 from collections import Counter
 
 import numpy as np
+import pytest
 import torch
 
+from mfgguf.errors import MfggufError
 from mfgguf.run import RunDir
 from mfgguf.train.engine.driver import epoch_grid, epochs_of, get_batch, grid_sizes
 from mfgguf.train.engine.loop import load_tokens
@@ -75,6 +77,14 @@ def test_a_batch_larger_than_the_shard_wraps_into_later_epochs():
     x, y = get_batch(np.arange(n, dtype=np.uint16), 0, 0, 0, 8, CTX)  # epochs 0, 1, 2 and half of 3
     assert x.shape == y.shape == (8, CTX) and int(y.max()) < n
     assert sorted(x[:3, 0].tolist()) == [0, CTX, 2 * CTX]
+
+
+def test_a_shard_of_one_window_trains_and_one_token_less_is_refused():
+    """check_shards (fan-out) lets through a shard of ctx_len + 1 tokens; the sampler must train it, not fail later."""
+    x, y = get_batch(np.arange(CTX + 1, dtype=np.uint16), 0, 0, 5, 2, CTX)  # every epoch is the one window
+    assert x[:, 0].tolist() == [0, 0] and int(y[0, -1]) == CTX
+    with pytest.raises(MfggufError, match=f"fewer than one context of {CTX + 1}"):
+        get_batch(np.arange(CTX, dtype=np.uint16), 0, 0, 0, 2, CTX)
 
 
 def test_real_shard_one_epoch_predicts_each_token_once(prepared_run):
